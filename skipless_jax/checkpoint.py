@@ -1,0 +1,131 @@
+"""Orbax checkpoints of the train state: async saves, keep-N, restore onto target shardings.
+
+A checkpoint holds the whole train state pytree (step, params, optimizer state, RNG, the
+non-finite counters) plus a small JSON `meta` item (the data position and the config). The
+data a step sees depends only on (seed, step), so the step is the data iterator's state.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+
+STATE, META = "state", "meta"
+
+
+def manager(workdir: str, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(
+        os.path.join(os.path.abspath(workdir), "checkpoints"),
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep,
+            enable_async_checkpointing=async_save,
+            create=True,
+        ),
+        item_names=(STATE, META),
+    )
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any]) -> None:
+    """Starts an (async) save of `state` at `step`; a step already saved is skipped."""
+    if step in mngr.all_steps():
+        return
+    mngr.save(
+        step,
+        args=ocp.args.Composite(
+            **{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}
+        ),
+        force=True,
+    )
+
+
+def abstract(tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs carrying the target shardings, for `restore`."""
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+    )
+
+
+def restore_latest(
+    mngr: ocp.CheckpointManager, abstract_state: Any
+) -> Optional[tuple[int, Any, dict[str, Any]]]:
+    """(step, state, meta) of the newest readable checkpoint, or None if there is none.
+
+    A checkpoint that fails to read (truncated, corrupted) is reported and the one before it
+    is tried, so a crash during a save never loses the run.
+    """
+    for step in sorted(mngr.all_steps(), reverse=True):
+        try:
+            restored = mngr.restore(
+                step,
+                args=ocp.args.Composite(
+                    **{STATE: ocp.args.StandardRestore(abstract_state), META: ocp.args.JsonRestore()}
+                ),
+            )
+        except Exception as err:  # noqa: BLE001 - any read failure means: try the previous one
+            logging.error("Checkpoint at step %d is unreadable (%s); trying the previous one.", step, err)
+            continue
+        return step, restored[STATE], dict(restored[META] or {})
+    return None
+
+
+def restore_from_path(path: str, abstract_state: Any) -> tuple[int, Any, dict[str, Any]]:
+    """Restores from a workdir, its `checkpoints/` folder, or one step folder of another run."""
+    path = os.path.abspath(path)
+    candidates = [os.path.join(path, "checkpoints"), path]
+    for directory in candidates:
+        if os.path.isdir(directory):
+            mngr = ocp.CheckpointManager(directory, item_names=(STATE, META), options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+            if mngr.all_steps():
+                found = restore_latest(mngr, abstract_state)
+                mngr.close()
+                if found is not None:
+                    return found
+    parent, name = os.path.split(path)
+    if name.isdigit() and os.path.isdir(parent):
+        mngr = ocp.CheckpointManager(parent, item_names=(STATE, META), options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+        restored = mngr.restore(
+            int(name),
+            args=ocp.args.Composite(
+                **{STATE: ocp.args.StandardRestore(abstract_state), META: ocp.args.JsonRestore()}
+            ),
+        )
+        mngr.close()
+        return int(name), restored[STATE], dict(restored[META] or {})
+    raise FileNotFoundError(f"no readable checkpoint at {path!r}")
+
+
+def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
+    """Only the parameters of a checkpoint (e.g. `config.init_from`, analysis of a run).
+
+    `abstract_params` gives the target shapes, dtypes and shardings; the optimizer state in
+    the checkpoint is not read.
+    """
+    path = os.path.abspath(path)
+    directory = os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
+    mngr = ocp.CheckpointManager(directory, item_names=(STATE, META), options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+    for step in sorted(mngr.all_steps(), reverse=True):
+        try:
+            restored = mngr.restore(
+                step,
+                args=ocp.args.Composite(
+                    **{STATE: ocp.args.PyTreeRestore(
+                        item={"params": abstract_params},
+                        restore_args=jax.tree.map(
+                            lambda x: ocp.ArrayRestoreArgs(sharding=getattr(x, "sharding", None)),
+                            {"params": abstract_params},
+                        ),
+                        partial_restore=True,
+                    )}
+                ),
+            )
+        except Exception as err:  # noqa: BLE001
+            logging.error("Checkpoint at step %d is unreadable (%s); trying the previous one.", step, err)
+            continue
+        mngr.close()
+        return step, restored[STATE]["params"]
+    mngr.close()
+    raise FileNotFoundError(f"no readable checkpoint with parameters at {path!r}")

@@ -1,0 +1,36 @@
+"""Config arguments: `configs/x.py:skip_sab=False,depth=8` -> typed values with defaults.
+
+The same argument names are used by every config that has them: skip_sab, skip_ffn, depth,
+seed, init, opt, tg, eps, variant.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+def _convert(key: str, text: str, default: Any) -> Any:
+    if isinstance(default, bool):
+        if text.lower() in ("true", "1", "yes"):
+            return True
+        if text.lower() in ("false", "0", "no"):
+            return False
+        raise ValueError(f"config arg {key}={text!r} must be True or False")
+    if default is None:
+        return None if text.lower() in ("none", "") else text
+    try:
+        return type(default)(text)
+    except ValueError:
+        raise ValueError(f"config arg {key}={text!r} must be of type {type(default).__name__}") from None
+
+
+def parse(arg: Optional[str], **defaults: Any) -> dict[str, Any]:
+    """'a=1,b=x' -> {'a': 1, 'b': 'x'} over `defaults`; unknown names are one-line errors."""
+    values = dict(defaults)
+    for item in filter(None, (arg or "").split(",")):
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or key not in defaults:
+            raise ValueError(f"config arg {item!r} is unknown; allowed: {', '.join(f'{k}=' for k in defaults)}")
+        values[key] = _convert(key, text.strip(), defaults[key])
+    return values

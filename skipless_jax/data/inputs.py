@@ -1,0 +1,89 @@
+"""From a config to the train and eval iterators (sources + transforms + pipeline)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Iterator
+
+import numpy as np
+
+from skipless_jax.data import pipeline, sources
+
+
+def image_size(config: Any) -> int:
+    """The model's input resolution: `config.input.image_size`, else the dataset's own."""
+    size = config.input.get("image_size")
+    return int(size) if size else sources.dataset_info(config.dataset.name).image_shape[0]
+
+
+def _transforms(config: Any):
+    info = sources.dataset_info(config.dataset.name)
+    size = image_size(config)
+    aug = config.input.get("aug")
+    if aug is None and size == info.image_shape[0]:
+        plain = functools.partial(pipeline.normalize, mean=info.mean, std=info.std)
+        return (lambda image, rng: plain(image)), plain, None
+    from skipless_jax.data import augment
+
+    crop_pct = config.input.get("crop_pct", 0.875)
+    evaluate = augment.eval_transform(size, crop_pct, info.mean, info.std)
+    if aug is None:  # no augmentation: train images go through the eval transform
+        train = lambda image, rng: evaluate(image)  # noqa: E731
+    else:
+        train = augment.train_transform(aug, size, info.mean, info.std)
+    batch = None
+    if aug is not None and (aug.get("mixup", 0) or aug.get("cutmix", 0)):
+        def batch(b: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+            images, labels = augment.mixup_cutmix(
+                b["image"], b["label"], info.num_classes, rng,
+                mixup_alpha=aug.mixup, cutmix_alpha=aug.cutmix,
+                switch_prob=aug.get("mixup_switch_prob", 0.5), label_smoothing=0.0,
+            )
+            return {**b, "image": images, "label": labels}
+    return train, evaluate, batch
+
+
+def train_iterator(
+    config: Any, start_step: int, process_index: int, process_count: int
+) -> Iterator[dict[str, np.ndarray]]:
+    info = sources.dataset_info(config.dataset.name)
+    source = sources.get_source(config.dataset.name, config.dataset.train_split, config.dataset.get("data_dir"))
+    train, _, batch = _transforms(config)
+    return pipeline.train_batches(
+        source,
+        train,
+        num_classes=info.num_classes,
+        global_batch_size=config.input.batch_size,
+        seed=config.seed,
+        start_step=start_step,
+        process_index=process_index,
+        process_count=process_count,
+        batch_transform=batch,
+        num_workers=config.input.get("num_workers", 0),
+    )
+
+
+def eval_iterator(
+    config: Any, process_index: int, process_count: int
+) -> tuple[Iterator[dict[str, np.ndarray]], int]:
+    """(process-local eval batches, number of real examples in the split)."""
+    info = sources.dataset_info(config.dataset.name)
+    source = sources.get_source(config.dataset.name, config.dataset.eval_split, config.dataset.get("data_dir"))
+    _, evaluate, _ = _transforms(config)
+    batches = pipeline.eval_batches(
+        source,
+        evaluate,
+        num_classes=info.num_classes,
+        global_batch_size=config.input.get("eval_batch_size") or config.input.batch_size,
+        process_index=process_index,
+        process_count=process_count,
+    )
+    return batches, len(source)
+
+
+def num_train_examples(config: Any) -> int:
+    info = sources.dataset_info(config.dataset.name)
+    split = config.dataset.train_split
+    if split in info.splits:
+        return info.splits[split]
+    return len(sources.get_source(config.dataset.name, split, config.dataset.get("data_dir")))

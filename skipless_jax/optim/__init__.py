@@ -1,0 +1,76 @@
+"""Where the optimizer is built: learning-rate schedule, weight-decay mask, registry by name.
+
+`build_optimizer(config, total_steps)` reads `config.optimizer` (name + hyperparameters),
+`config.schedule` and `config.grad_clip_norm`; a new optimizer is one entry in `OPTIMIZERS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import optax
+
+
+def warmup_cosine(
+    peak_lr: float, total_steps: int, warmup_steps: int, end_lr: float = 0.0, init_lr: float = 0.0
+) -> optax.Schedule:
+    """Linear warm-up init_lr→peak_lr over `warmup_steps`, cosine peak_lr→end_lr until `total_steps`."""
+    return optax.warmup_cosine_decay_schedule(
+        init_value=init_lr,
+        peak_value=peak_lr,
+        warmup_steps=warmup_steps,
+        decay_steps=max(total_steps, warmup_steps + 1),
+        end_value=end_lr,
+    )
+
+
+def build_schedule(config: Any, total_steps: int) -> optax.Schedule:
+    sched = config.schedule
+    return warmup_cosine(
+        config.optimizer.lr,
+        total_steps,
+        sched.warmup_steps,
+        sched.get("end_lr", 0.0),
+    )
+
+
+def decay_mask(params: Any) -> Any:
+    """True for tensors with ≥ 2 dims (kernels); biases, norms and 1-D tensors are not decayed."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def _adamw(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:
+    return optax.adamw(
+        lr,
+        b1=opt.get("b1", 0.9),
+        b2=opt.get("b2", 0.999),
+        eps=opt.get("eps", 1e-8),
+        weight_decay=opt.get("weight_decay", 0.0),
+        mask=decay_mask,
+    )
+
+
+def _sgd(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:
+    return optax.chain(
+        optax.add_decayed_weights(opt.get("weight_decay", 0.0), mask=decay_mask),
+        optax.sgd(lr, momentum=opt.get("momentum", 0.9)),
+    )
+
+
+OPTIMIZERS: dict[str, Callable[[Any, optax.Schedule], optax.GradientTransformation]] = {
+    "adamw": _adamw,
+    "sgd": _sgd,
+}
+
+
+def build_optimizer(config: Any, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """(gradient transformation incl. clipping and accumulation, lr schedule) from the config."""
+    name = config.optimizer.name
+    if name not in OPTIMIZERS:
+        raise ValueError(f"config.optimizer.name={name!r} is unknown; allowed: {sorted(OPTIMIZERS)}")
+    schedule = build_schedule(config, total_steps)
+    tx = OPTIMIZERS[name](config.optimizer, schedule)
+    if config.get("grad_clip_norm"):
+        tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
+    return tx, schedule

@@ -1,0 +1,292 @@
+"""Supervised training, top to bottom: mesh → data → model/optimizer (abstract first) →
+shardings → update step → checkpoint load → evaluators → loop.
+
+    python -m skipless_jax.main --config=configs/quickstart.py --workdir=/tmp/quickstart
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from clu import metric_writers, periodic_actions
+
+from skipless_jax import checkpoint, distributed, sharding, validate
+from skipless_jax.data import inputs, sources
+from skipless_jax.models import vit
+from skipless_jax.optim import build_optimizer
+
+
+class NonFiniteError(FloatingPointError):
+    """A non-finite loss or gradient stopped the run."""
+
+
+def steps_of(config: ml_collections.ConfigDict, name: str, steps_per_epoch: float) -> int:
+    """`config.<name>_steps`, else `config.<name>_epochs` × steps per epoch (rounded up)."""
+    holder, field = (config.schedule, name) if name == "warmup" else (config, name)
+    steps = holder.get(f"{field}_steps")
+    if steps is not None:
+        return int(steps)
+    return int(math.ceil(holder.get(f"{field}_epochs", 0) * steps_per_epoch))
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: float) -> jax.Array:
+    """Per-example softmax cross-entropy against (soft) labels smoothed by `smoothing`."""
+    labels = labels * (1.0 - smoothing) + smoothing / labels.shape[-1]
+    return optax.softmax_cross_entropy(logits, labels)
+
+
+def init_nonfinite() -> dict[str, jax.Array]:
+    return {
+        "count": jnp.zeros((), jnp.int32),
+        "first_step": jnp.full((), -1, jnp.int32),
+        "first_leaf": jnp.full((), -1, jnp.int32),
+    }
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """Everything that can be wrong with a config or its data fails here, before compiling."""
+    validate.validate_config(config)
+    sources.check_available(
+        config.dataset.name, [config.dataset.train_split, config.dataset.eval_split], config.dataset.get("data_dir")
+    )
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+    """Trains `config` in `workdir` (resuming from it) and returns the final metrics."""
+    check_config(config)
+    mesh = sharding.make_mesh(config.mesh)
+    distributed.log_topology(mesh)
+    is_chief = jax.process_index() == 0
+    info = sources.dataset_info(config.dataset.name)
+    image_size = inputs.image_size(config)
+    steps_per_epoch = inputs.num_train_examples(config) / config.input.batch_size
+    total_steps = steps_of(config, "total", steps_per_epoch)
+    config.schedule.warmup_steps = steps_of(config, "warmup", steps_per_epoch)
+
+    # ---- Model and optimizer, abstract first.
+    model = vit.build_model(config.model, info.num_classes)
+    tx, schedule = build_optimizer(config, total_steps)
+    dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
+
+    def init_state(rng: jax.Array) -> dict[str, Any]:
+        init_rng, train_rng = jax.random.split(rng)
+        params = model.init({"params": init_rng}, dummy, train=False)["params"]
+        return {
+            "step": jnp.zeros((), jnp.int32),
+            "params": params,
+            "opt_state": tx.init(params),
+            "rng": train_rng,
+            "nonfinite": init_nonfinite(),
+        }
+
+    rng = jax.random.PRNGKey(config.seed)
+    abstract_state = jax.eval_shape(init_state, rng)
+    state_shardings = sharding.tree_shardings(abstract_state, mesh, config.sharding_rules)
+    repl = sharding.replicated(mesh)
+    batch_sharding = sharding.batch_sharding(mesh)
+    leaf_names = [sharding.path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(abstract_state["params"])[0]]
+    num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_state["params"]))
+    logging.info("Model: %s parameters, %d train steps (%.1f per epoch).", f"{num_params:,}", total_steps, steps_per_epoch)
+
+    # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
+    mngr = checkpoint.manager(workdir, keep=config.get("keep_checkpoints", 3))
+    target = checkpoint.abstract(abstract_state, state_shardings)
+    restored = checkpoint.restore_latest(mngr, target)
+    if restored is not None:
+        step0, state, _ = restored
+        logging.info("Resumed from %s at step %d.", mngr.directory, step0)
+    elif config.get("resume"):
+        step0, state, _ = checkpoint.restore_from_path(config.resume, target)
+        logging.info("Resumed from config.resume=%s at step %d.", config.resume, step0)
+    else:
+        state = jax.jit(init_state, out_shardings=state_shardings)(rng)
+        if config.get("init_from"):
+            _, params = checkpoint.restore_params(config.init_from, target["params"])
+            state["params"] = params
+            logging.info("Initialized weights from config.init_from=%s.", config.init_from)
+    first_step = int(jax.device_get(state["step"]))
+
+    # ---- The update step (state donated) and the evaluation step.
+    smoothing = config.get("label_smoothing", 0.0)
+    skip_nonfinite = config.get("skip_nonfinite_steps", False)
+
+    def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+        step, params = state["step"], state["params"]
+        dropout_rng = jax.random.fold_in(state["rng"], step)
+
+        def loss_fn(params):
+            logits, _ = model.apply({"params": params}, batch["image"], train=True, rngs={"dropout": dropout_rng})
+            return cross_entropy(logits, batch["label"], smoothing).mean(), logits
+
+        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        new_params = optax.apply_updates(params, updates)
+
+        # A non-finite loss or gradient leaves params and optimizer state untouched; the host
+        # then stops the run (default) or counts the skipped step (skip_nonfinite_steps).
+        leaf_ok = jnp.stack([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)])
+        ok = jnp.isfinite(loss) & leaf_ok.all()
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)  # noqa: E731
+        nf = state["nonfinite"]
+        first = (nf["count"] == 0) & ~ok
+        nonfinite = {
+            "count": nf["count"] + (~ok).astype(jnp.int32),
+            "first_step": jnp.where(first, step, nf["first_step"]),
+            "first_leaf": jnp.where(first, jnp.where(leaf_ok.all(), -1, jnp.argmin(leaf_ok)), nf["first_leaf"]),
+        }
+        new_state = {
+            "step": step + 1,
+            "params": keep(new_params, params),
+            "opt_state": keep(opt_state, state["opt_state"]),
+            "rng": state["rng"],
+            "nonfinite": nonfinite,
+        }
+        metrics = {
+            "loss": loss,
+            "accuracy": (logits.argmax(-1) == batch["label"].argmax(-1)).mean(),
+            "grad_norm": optax.global_norm(grads),
+            "param_norm": optax.global_norm(params),
+            "lr": schedule(step),
+            "nonfinite_steps": nonfinite["count"],
+        }
+        return new_state, metrics
+
+    def eval_step(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        logits, _ = model.apply({"params": params}, batch["image"], train=False)
+        mask = batch["mask"]
+        correct = (logits.argmax(-1) == batch["label"].argmax(-1)) * mask
+        loss = cross_entropy(logits, batch["label"], 0.0) * mask
+        return {"correct": correct.sum(), "loss": loss.sum(), "count": mask.sum()}
+
+    p_train_step = jax.jit(train_step, donate_argnums=0, out_shardings=(state_shardings, repl))
+    p_eval_step = jax.jit(eval_step, out_shardings=repl)
+
+    def to_global(batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding, x), batch)
+
+    def evaluate(params: Any) -> dict[str, float]:
+        batches, num_examples = inputs.eval_iterator(config, jax.process_index(), jax.process_count())
+        totals = None
+        for batch in batches:
+            sums = p_eval_step(params, to_global(batch))
+            totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        totals = jax.device_get(totals)
+        if int(totals["count"]) != num_examples:  # every example exactly once
+            raise AssertionError(f"evaluation counted {totals['count']} of {num_examples} examples")
+        return {"test_accuracy": float(totals["correct"] / totals["count"]), "test_loss": float(totals["loss"] / totals["count"])}
+
+    probe = None
+    if config.get("analysis") and config.analysis.get("every_steps"):
+        from skipless_jax import conditioning
+
+        def kappa(params: Any, images: jax.Array) -> dict[str, jax.Array]:
+            _, out = model.apply({"params": params}, images, train=False)
+            return conditioning.embedding_log_kappa(out)
+
+        probe_images = next(inputs.eval_iterator(config, jax.process_index(), jax.process_count())[0])["image"]
+        probe = (jax.jit(kappa), to_global({"image": probe_images[: config.analysis.get("probe_size", 32)]})["image"])
+
+    # ---- Loop.
+    writer = metric_writers.create_default_writer(workdir, just_logging=not is_chief, asynchronous=True)
+    if first_step == 0:
+        writer.write_hparams({k: str(v) for k, v in _flatten(config.to_dict()).items()})
+    progress = periodic_actions.ReportProgress(num_train_steps=total_steps, writer=writer, every_steps=config.log_every_steps)
+    stop_signal = _SignalFlag()
+    data = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count())
+    pending: list[dict[str, jax.Array]] = []
+    last_saved = max(mngr.all_steps(), default=None)
+
+    def meta(step: int) -> dict[str, Any]:
+        return {"step": step, "data_position": step * config.input.batch_size, "config": config.to_json()}
+
+    def check_finite(step: int) -> None:
+        nf = jax.device_get(state["nonfinite"])
+        if int(nf["count"]) == 0:
+            return
+        leaf = leaf_names[int(nf["first_leaf"])] if int(nf["first_leaf"]) >= 0 else "(loss)"
+        if not skip_nonfinite:
+            raise NonFiniteError(
+                f"Non-finite loss or gradient at step {int(nf['first_step'])} (first offending "
+                f"parameter: {leaf}); stopped at step {step}, last good checkpoint: {last_saved}"
+            )
+
+    final_metrics: dict[str, float] = {}
+    step = first_step
+    with jax.set_mesh(mesh):
+        for step in range(first_step + 1, total_steps + 1):
+            with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                state, metrics = p_train_step(state, to_global(next(data)))
+            pending.append(metrics)
+            progress(step)
+            last = step == total_steps
+            if step % config.log_every_steps == 0 or last:
+                check_finite(step)
+                train_metrics = {k: float(np.mean(v)) for k, v in jax.device_get(_stack(pending)).items()}
+                train_metrics["nonfinite_steps"] = float(pending[-1]["nonfinite_steps"])
+                pending = []
+                writer.write_scalars(step, {f"train/{k}": v for k, v in train_metrics.items()})
+                final_metrics.update({f"train_{k}": v for k, v in train_metrics.items()})
+            if probe is not None and (step % config.analysis.every_steps == 0 or last):
+                kappas = jax.device_get(probe[0](state["params"], probe[1]))
+                writer.write_scalars(step, {f"log_kappa/{name}/layer_{l}": float(v) for name, vals in kappas.items() if name in ("sab", "ffn") for l, v in enumerate(vals)})
+            if (config.get("eval_every_steps") and step % config.eval_every_steps == 0) or last:
+                eval_metrics = evaluate(state["params"])
+                writer.write_scalars(step, {f"test/{k[5:]}": v for k, v in eval_metrics.items()})
+                final_metrics.update(eval_metrics)
+                logging.info("Step %d: test accuracy %.4f, test loss %.4f", step, eval_metrics["test_accuracy"], eval_metrics["test_loss"])
+            preempted = mngr.reached_preemption(step) or stop_signal.raised
+            if (config.get("checkpoint_every_steps") and step % config.checkpoint_every_steps == 0) or last or preempted:
+                check_finite(step)
+                checkpoint.save(mngr, step, state, meta(step))
+                last_saved = step
+            if preempted:
+                logging.warning("Stopping at step %d on a preemption/termination signal; checkpoint saved.", step)
+                break
+    mngr.wait_until_finished()
+    mngr.close()
+    writer.flush()
+    final_metrics["step"] = step
+    if is_chief:
+        with open(os.path.join(workdir, "final_metrics.json"), "w") as f:
+            json.dump(final_metrics, f, indent=2)
+    return final_metrics
+
+
+def _stack(metrics: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
+    return {k: jnp.stack([m[k] for m in metrics]) for k in metrics[0]}
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+class _SignalFlag:
+    """Records SIGTERM so that the loop saves a checkpoint and stops at the next step."""
+
+    def __init__(self):
+        self.raised = False
+        try:
+            signal.signal(signal.SIGTERM, self._handler)
+        except ValueError:  # not the main thread (e.g. a test runner thread)
+            pass
+
+    def _handler(self, signum, frame):
+        logging.warning("Received signal %d: will checkpoint and stop after this step.", signum)
+        self.raised = True
