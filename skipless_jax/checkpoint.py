@@ -129,3 +129,12 @@ def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
         return step, restored[STATE]["params"]
     mngr.close()
     raise FileNotFoundError(f"no readable checkpoint with parameters at {path!r}")
+
+
+def load_raw(workdir: str, step: Optional[int] = None) -> tuple[int, Any]:
+    """(step, state) of a checkpoint as saved, with no target shardings (inspection, tests)."""
+    mngr = manager(workdir, async_save=False)
+    step = max(mngr.all_steps()) if step is None else step
+    restored = mngr.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore()}))
+    mngr.close()
+    return step, restored[STATE]

@@ -155,8 +155,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         metrics = {
             "loss": loss,
             "accuracy": (logits.argmax(-1) == batch["label"].argmax(-1)).mean(),
-            "grad_norm": optax.global_norm(grads),
-            "param_norm": optax.global_norm(params),
+            "grad_norm": optax.tree.norm(grads),
+            "param_norm": optax.tree.norm(params),
             "lr": schedule(step),
             "nonfinite_steps": nonfinite["count"],
         }

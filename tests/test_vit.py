@@ -1,0 +1,140 @@
+"""The ViT: published parameter counts, the skip switches, patchify + Dense == strided conv."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from skipless_jax.models import vit
+
+
+def count_params(variant: str, **kwargs) -> int:
+    model = vit.ViT(num_classes=1000, **{**vit.decode_variant(variant), **kwargs})
+    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 224, 224, 3))))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes["params"]))
+
+
+@pytest.mark.parametrize(
+    "variant, expected",
+    # timm / "How to train your ViT" counts (class token, learned 1+196 position table).
+    [("Ti/16", 5_717_416), ("S/16", 22_050_664), ("B/16", 86_567_656)],
+)
+def test_published_parameter_counts(variant, expected):
+    assert count_params(variant) == expected
+
+
+def test_decode_variant_and_bad_variant():
+    assert vit.decode_variant("B/16") == dict(width=768, depth=12, mlp_dim=3072, num_heads=12, patch_size=16)
+    assert vit.decode_variant("S/8")["patch_size"] == 8
+    with pytest.raises(ValueError, match=r"config.model.variant='X/16'.*allowed"):
+        vit.decode_variant("X/16")
+
+
+def test_patchify_dense_equals_strided_conv():
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(2, 12, 12, 3)).astype(np.float32)
+    p, d = 4, 5
+    kernel = rng.normal(size=(p, p, 3, d)).astype(np.float32)
+    conv = lax.conv_general_dilated(images, kernel, (p, p), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    dense = vit.patchify(jnp.asarray(images), p) @ kernel.reshape(-1, d)
+    np.testing.assert_allclose(dense, conv.reshape(2, -1, d), rtol=1e-5, atol=1e-5)
+
+
+def _block(skip_sab, skip_ffn):
+    block = vit.EncoderBlock(mlp_dim=16, num_heads=2, skip_sab=skip_sab, skip_ffn=skip_ffn, drop_path=0.5)
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 8))
+    params = block.init(jax.random.PRNGKey(0), x, train=False)["params"]
+    return block, params, x
+
+
+def _hand_composed(params, x, skip_sab, skip_ffn):
+    """The block written out from METHOD.md §1 in numpy, independently of the module."""
+    x = np.asarray(x, np.float64)
+
+    def ln(v, p):
+        mu = v.mean(-1, keepdims=True)
+        var = v.var(-1, keepdims=True)
+        return (v - mu) / np.sqrt(var + 1e-6) * np.asarray(p["scale"]) + np.asarray(p["bias"])
+
+    def attention(v, p, heads=2):
+        w = {k: np.asarray(p[k], np.float64) for k in p}
+        q, k, val = (v @ w[n] + w[f"{n}_bias"] for n in ("query", "key", "value"))
+        b, n, d = v.shape
+        split = lambda t: t.reshape(b, n, heads, d // heads).transpose(0, 2, 1, 3)  # noqa: E731
+        q, k, val = split(q), split(k), split(val)
+        logits = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d // heads)
+        a = np.exp(logits - logits.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        o = (a @ val).transpose(0, 2, 1, 3).reshape(b, n, d)
+        return o @ w["out"] + w["out_bias"]
+
+    def gelu(v):  # tanh approximation, flax's default
+        return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))
+
+    def mlp(v, p):
+        h = gelu(v @ np.asarray(p["Dense_0"]["kernel"]) + np.asarray(p["Dense_0"]["bias"]))
+        return h @ np.asarray(p["Dense_1"]["kernel"]) + np.asarray(p["Dense_1"]["bias"])
+
+    y = attention(ln(x, params["LayerNorm_0"]), params["MultiHeadAttention_0"])
+    x = x + y if skip_sab else y
+    z = mlp(ln(x, params["LayerNorm_1"]), params["MlpBlock_0"])
+    return x + z if skip_ffn else z
+
+
+@pytest.mark.parametrize("skip_sab, skip_ffn", [(True, True), (False, True), (True, False), (False, False)])
+def test_block_equals_hand_composed_function(skip_sab, skip_ffn):
+    block, params, x = _block(skip_sab, skip_ffn)
+    out, inter = block.apply({"params": params}, x, train=False)
+    np.testing.assert_allclose(out, _hand_composed(params, x, skip_sab, skip_ffn), rtol=2e-4, atol=2e-5)
+    # The intermediates of METHOD.md §1 are consistent with the output.
+    np.testing.assert_allclose(inter["sab_skip"], x + inter["sab"], rtol=1e-6)
+    expected = inter["ffn_skip"] if skip_ffn else inter["ffn"]
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+def test_drop_path_is_off_without_the_skip():
+    # With both skips off, train=True with drop_path=0.5 must equal eval (nothing is dropped).
+    block, params, x = _block(False, False)
+    train_out, _ = block.apply({"params": params}, x, train=True, rngs={"dropout": jax.random.PRNGKey(3)})
+    eval_out, _ = block.apply({"params": params}, x, train=False)
+    np.testing.assert_allclose(train_out, eval_out, rtol=1e-6)
+    # ... and with the skips on it does drop something.
+    block, params, x = _block(True, True)
+    train_out, _ = block.apply({"params": params}, x, train=True, rngs={"dropout": jax.random.PRNGKey(3)})
+    eval_out, _ = block.apply({"params": params}, x, train=False)
+    assert not np.allclose(train_out, eval_out)
+
+
+@pytest.mark.parametrize("pool, posemb", [("tok", "learn"), ("gap", "sincos2d"), ("gap", "learn")])
+def test_vit_outputs_and_intermediates(pool, posemb):
+    model = vit.ViT(num_classes=7, patch_size=2, width=16, depth=3, mlp_dim=32, num_heads=2, pool=pool, posemb=posemb, head_zero_init=False)
+    images = jax.random.normal(jax.random.PRNGKey(0), (4, 8, 8, 1))
+    params = model.init(jax.random.PRNGKey(1), images)["params"]
+    logits, out = model.apply({"params": params}, images)
+    assert logits.shape == (4, 7) and logits.dtype == jnp.float32
+    assert out["patches"].shape == (4, 16, 4)
+    assert out["embedding"].shape == (4, 16, 16)
+    assert len(out["blocks"]) == 3
+    tokens = 16 + (pool == "tok")
+    for block in out["blocks"]:
+        assert set(block) == {"sab", "sab_skip", "ffn", "ffn_skip"}
+        assert all(v.shape == (4, tokens, 16) for v in block.values())
+
+
+def test_bfloat16_compute_keeps_float32_params():
+    model = vit.ViT(num_classes=3, patch_size=2, width=16, depth=1, mlp_dim=32, num_heads=2, dtype=jnp.bfloat16)
+    images = jnp.ones((2, 8, 8, 1))
+    params = model.init(jax.random.PRNGKey(0), images)["params"]
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    _, out = model.apply({"params": params}, images)
+    assert out["blocks"][0]["sab"].dtype == jnp.bfloat16
+
+
+def test_position_embedding_resizes_for_other_resolutions():
+    model = vit.ViT(num_classes=3, patch_size=2, width=16, depth=1, mlp_dim=32, num_heads=2, image_size=8)
+    params = model.init(jax.random.PRNGKey(0), jnp.ones((1, 8, 8, 1)))["params"]
+    logits, out = model.apply({"params": params}, jnp.ones((2, 4, 4, 1)))
+    assert out["blocks"][0]["sab"].shape == (2, 5, 16)

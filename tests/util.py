@@ -1,0 +1,42 @@
+"""Small configs shared by the tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import ml_collections
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_config(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
+    """`configs/<name>.py` through its get_config(arg), as the CLI loads it."""
+    path = os.path.join(ROOT, "configs", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"configs_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def tiny_config(arg: str | None = None, **overrides: Any) -> ml_collections.ConfigDict:
+    """The quickstart shrunk to seconds: width 32, depth 2, 12 steps, no checkpoints between."""
+    c = load_config("quickstart", arg)
+    c.model.width, c.model.mlp_dim, c.model.num_heads = 32, 64, 2
+    if not arg or "depth" not in arg:
+        c.model.depth = 2
+    c.total_epochs = None
+    c.total_steps = 12
+    c.schedule.warmup_epochs = None
+    c.schedule.warmup_steps = 2
+    c.input.batch_size = 32
+    c.log_every_steps = 4
+    c.checkpoint_every_steps = 0
+    for key, value in overrides.items():
+        holder = c
+        *parents, field = key.split(".")
+        for parent in parents:
+            holder = holder[parent]
+        holder[field] = value
+    return c
