@@ -25,6 +25,7 @@ def initialize(
     num_processes: Optional[int] = None,
     process_id: Optional[int] = None,
     initialization_timeout: int = 300,
+    heartbeat_timeout: Optional[int] = None,
 ) -> None:
     """Joins the multi-process job if there is one; call before any other JAX use."""
     coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
@@ -42,6 +43,8 @@ def initialize(
         num_processes=num_processes,
         process_id=process_id,
         initialization_timeout=initialization_timeout,
+        # A dead peer is noticed after this many seconds and the run exits instead of hanging.
+        heartbeat_timeout_seconds=heartbeat_timeout or int(os.environ.get("JAX_HEARTBEAT_TIMEOUT", "100")),
     )
 
 

@@ -11,7 +11,7 @@ import math
 import os
 import signal
 import time
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -54,20 +54,27 @@ def init_nonfinite() -> dict[str, jax.Array]:
     }
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
+def check_config(config: ml_collections.ConfigDict, num_devices: Optional[int] = None) -> None:
     """Everything that can be wrong with a config or its data fails here, before compiling."""
-    validate.validate_config(config)
+    validate.validate_config(config, num_devices)
     sources.check_available(
         config.dataset.name, [config.dataset.train_split, config.dataset.eval_split], config.dataset.get("data_dir")
     )
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-    """Trains `config` in `workdir` (resuming from it) and returns the final metrics."""
-    check_config(config)
-    mesh = sharding.make_mesh(config.mesh)
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: str, devices: Optional[Sequence[jax.Device]] = None
+) -> dict[str, float]:
+    """Trains `config` in `workdir` (resuming from it) and returns the final metrics.
+
+    `devices` (default: all) is the set the mesh is laid over, e.g. one device for a reference.
+    """
+    check_config(config, len(devices) if devices is not None else None)
+    mesh = sharding.make_mesh(config.mesh, devices)
     distributed.log_topology(mesh)
     is_chief = jax.process_index() == 0
+    if not is_chief:  # only process 0 logs beyond warnings and writes metrics
+        logging.set_verbosity(logging.WARNING)
     info = sources.dataset_info(config.dataset.name)
     image_size = inputs.image_size(config)
     steps_per_epoch = inputs.num_train_examples(config) / config.input.batch_size
@@ -198,7 +205,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         probe = (jax.jit(kappa), to_global({"image": probe_images[: config.analysis.get("probe_size", 32)]})["image"])
 
     # ---- Loop.
-    writer = metric_writers.create_default_writer(workdir, just_logging=not is_chief, asynchronous=True)
+    writer = metric_writers.create_default_writer(workdir, asynchronous=True) if is_chief else metric_writers.MultiWriter([])
     if first_step == 0:
         writer.write_hparams({k: str(v) for k, v in _flatten(config.to_dict()).items()})
     progress = periodic_actions.ReportProgress(num_train_steps=total_steps, writer=writer, every_steps=config.log_every_steps)

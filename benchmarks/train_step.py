@@ -1,0 +1,119 @@
+r"""Train-step time, images/s, FLOPs (XLA cost analysis) and MFU of ViT variants.
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/train_step.py --variants=Ti/16,S/16,B/16 \
+        --batch=8 --output=benchmarks/results/train_step.json [--peak_tflops=989]
+
+One jitted AdamW step of the ViT (the trainer's loss: softmax cross-entropy), timed after
+compilation, median of `--repeats`. With `--peak_tflops` (the device's peak for the compute
+dtype, e.g. 989 for an H100 in bf16, 275 for a TPU v4 chip) it reports model FLOPs utilisation:
+MFU = (XLA FLOPs of one step / step time) / (peak × devices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from skipless_jax.models import vit
+
+
+def make_step(variant: str, image_size: int, dtype: str, skips: bool, init: str):
+    model = vit.ViT(
+        num_classes=1000, **vit.decode_variant(variant), dtype=jnp.dtype(dtype),
+        skip_sab=skips, skip_ffn=skips, init_scheme=init,
+    )
+    tx = optax.adamw(1e-3, weight_decay=0.05)
+
+    def step(params, opt_state, images, labels):
+        def loss_fn(p):
+            logits, _ = model.apply({"params": p}, images, train=True)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def init(rng):
+        params = model.init(rng, jnp.zeros((1, image_size, image_size, 3)))["params"]
+        return params, tx.init(params)
+
+    return jax.jit(step, donate_argnums=(0, 1)), jax.jit(init)
+
+
+def bench(variant: str, batch: int, image_size: int, dtype: str, repeats: int, skips: bool, init: str) -> dict:
+    step, init_fn = make_step(variant, image_size, dtype, skips, init)
+    params, opt_state = init_fn(jax.random.PRNGKey(0))
+    images = jax.random.normal(jax.random.PRNGKey(1), (batch, image_size, image_size, 3))
+    labels = jnp.arange(batch) % 1000
+    t0 = time.perf_counter()
+    compiled = step.lower(params, opt_state, images, labels).compile()
+    compile_s = time.perf_counter() - t0
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = float(cost.get("flops", float("nan")))
+    params, opt_state, loss = compiled(params, opt_state, images, labels)  # warm-up
+    loss.block_until_ready()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        params, opt_state, loss = compiled(params, opt_state, images, labels)
+        loss.block_until_ready()
+        times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    return dict(
+        variant=variant, batch=batch, image_size=image_size, dtype=dtype, skips=skips, init=init,
+        compile_s=compile_s, step_s=step_s, step_s_min=min(times), images_per_s=batch / step_s,
+        flops_per_step=flops, achieved_tflops=flops / step_s / 1e12,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variants", default="Ti/16,S/16,B/16")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--image_size", type=int, default=224)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--skipless", action="store_true", help="benchmark the skipless block (same FLOPs)")
+    parser.add_argument("--init", default="default")
+    parser.add_argument("--peak_tflops", type=float, default=None, help="per-device peak TFLOP/s for MFU")
+    parser.add_argument("--output", default="benchmarks/results/train_step.json")
+    args = parser.parse_args()
+
+    rows = [
+        bench(v, args.batch, args.image_size, args.dtype, args.repeats, not args.skipless, args.init)
+        for v in args.variants.split(",")
+    ]
+    devices = jax.device_count()
+    for row in rows:
+        row["devices"] = devices
+        row["device_kind"] = jax.devices()[0].device_kind
+        row["mfu"] = row["achieved_tflops"] / (args.peak_tflops * devices) if args.peak_tflops else None
+
+    base = rows[0]["step_s"] / rows[0]["flops_per_step"]
+    header = f"{'variant':8} {'batch':>5} {'compile s':>9} {'step ms':>9} {'img/s':>8} {'GFLOP/step':>11} {'TFLOP/s':>8} {'s/FLOP vs ' + rows[0]['variant']:>16} {'MFU':>6}"
+    print(f"devices: {devices} × {rows[0]['device_kind']}, dtype {args.dtype}, image {args.image_size}")
+    print(header)
+    for r in rows:
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
+        ratio = (r["step_s"] / r["flops_per_step"]) / base
+        print(
+            f"{r['variant']:8} {r['batch']:>5} {r['compile_s']:>9.1f} {1e3 * r['step_s']:>9.1f} {r['images_per_s']:>8.1f} "
+            f"{r['flops_per_step'] / 1e9:>11.1f} {r['achieved_tflops']:>8.3f} {ratio:>16.2f} {mfu:>6}"
+        )
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump({"rows": rows, "args": vars(args)}, f, indent=2)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
