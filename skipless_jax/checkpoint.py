@@ -13,13 +13,23 @@ from typing import Any, Optional
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
 STATE, META = "state", "meta"
 
 
+def _abs(path: str) -> str:
+    """Absolute local paths; bucket URLs (gs://...) unchanged."""
+    return path if "://" in path else os.path.abspath(path)
+
+
+def _is_dir(path: str) -> bool:
+    return epath.Path(path).is_dir()  # local folders and buckets alike
+
+
 def manager(workdir: str, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(
-        os.path.join(os.path.abspath(workdir), "checkpoints"),
+        os.path.join(_abs(workdir), "checkpoints"),
         options=ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             enable_async_checkpointing=async_save,
@@ -74,10 +84,10 @@ def restore_latest(
 
 def restore_from_path(path: str, abstract_state: Any) -> tuple[int, Any, dict[str, Any]]:
     """Restores from a workdir, its `checkpoints/` folder, or one step folder of another run."""
-    path = os.path.abspath(path)
+    path = _abs(path)
     candidates = [os.path.join(path, "checkpoints"), path]
     for directory in candidates:
-        if os.path.isdir(directory):
+        if _is_dir(directory):
             mngr = ocp.CheckpointManager(directory, item_names=(STATE, META), options=ocp.CheckpointManagerOptions(read_only=True, create=False))
             if mngr.all_steps():
                 found = restore_latest(mngr, abstract_state)
@@ -85,7 +95,7 @@ def restore_from_path(path: str, abstract_state: Any) -> tuple[int, Any, dict[st
                 if found is not None:
                     return found
     parent, name = os.path.split(path)
-    if name.isdigit() and os.path.isdir(parent):
+    if name.isdigit() and _is_dir(parent):
         mngr = ocp.CheckpointManager(parent, item_names=(STATE, META), options=ocp.CheckpointManagerOptions(read_only=True, create=False))
         restored = mngr.restore(
             int(name),
@@ -104,8 +114,8 @@ def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
     `abstract_params` gives the target shapes, dtypes and shardings; the optimizer state in
     the checkpoint is not read.
     """
-    path = os.path.abspath(path)
-    directory = os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
+    path = _abs(path)
+    directory = os.path.join(path, "checkpoints") if _is_dir(os.path.join(path, "checkpoints")) else path
     mngr = ocp.CheckpointManager(directory, item_names=(STATE, META), options=ocp.CheckpointManagerOptions(read_only=True, create=False))
     for step in sorted(mngr.all_steps(), reverse=True):
         try:

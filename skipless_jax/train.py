@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
-import time
 from typing import Any, Optional, Sequence
 
 import jax
@@ -20,6 +18,7 @@ import numpy as np
 import optax
 from absl import logging
 from clu import metric_writers, periodic_actions
+from etils import epath
 
 from skipless_jax import checkpoint, distributed, sharding, validate
 from skipless_jax.data import inputs, sources
@@ -149,7 +148,7 @@ def train_and_evaluate(
         first = (nf["count"] == 0) & ~ok
         nonfinite = {
             "count": nf["count"] + (~ok).astype(jnp.int32),
-            "first_step": jnp.where(first, step, nf["first_step"]),
+            "first_step": jnp.where(first, step + 1, nf["first_step"]),  # numbered like checkpoints
             "first_leaf": jnp.where(first, jnp.where(leaf_ok.all(), -1, jnp.argmin(leaf_ok)), nf["first_leaf"]),
         }
         new_state = {
@@ -230,43 +229,44 @@ def train_and_evaluate(
 
     final_metrics: dict[str, float] = {}
     step = first_step
-    with jax.set_mesh(mesh):
-        for step in range(first_step + 1, total_steps + 1):
-            with jax.profiler.StepTraceAnnotation("train", step_num=step):
-                state, metrics = p_train_step(state, to_global(next(data)))
-            pending.append(metrics)
-            progress(step)
-            last = step == total_steps
-            if step % config.log_every_steps == 0 or last:
-                check_finite(step)
-                train_metrics = {k: float(np.mean(v)) for k, v in jax.device_get(_stack(pending)).items()}
-                train_metrics["nonfinite_steps"] = float(pending[-1]["nonfinite_steps"])
-                pending = []
-                writer.write_scalars(step, {f"train/{k}": v for k, v in train_metrics.items()})
-                final_metrics.update({f"train_{k}": v for k, v in train_metrics.items()})
-            if probe is not None and (step % config.analysis.every_steps == 0 or last):
-                kappas = jax.device_get(probe[0](state["params"], probe[1]))
-                writer.write_scalars(step, {f"log_kappa/{name}/layer_{l}": float(v) for name, vals in kappas.items() if name in ("sab", "ffn") for l, v in enumerate(vals)})
-            if (config.get("eval_every_steps") and step % config.eval_every_steps == 0) or last:
-                eval_metrics = evaluate(state["params"])
-                writer.write_scalars(step, {f"test/{k[5:]}": v for k, v in eval_metrics.items()})
-                final_metrics.update(eval_metrics)
-                logging.info("Step %d: test accuracy %.4f, test loss %.4f", step, eval_metrics["test_accuracy"], eval_metrics["test_loss"])
-            preempted = mngr.reached_preemption(step) or stop_signal.raised
-            if (config.get("checkpoint_every_steps") and step % config.checkpoint_every_steps == 0) or last or preempted:
-                check_finite(step)
-                checkpoint.save(mngr, step, state, meta(step))
-                last_saved = step
-            if preempted:
-                logging.warning("Stopping at step %d on a preemption/termination signal; checkpoint saved.", step)
-                break
-    mngr.wait_until_finished()
-    mngr.close()
+    try:  # whatever stops the loop, saves already started are completed (finally)
+        with jax.set_mesh(mesh):
+            for step in range(first_step + 1, total_steps + 1):
+                with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                    state, metrics = p_train_step(state, to_global(next(data)))
+                pending.append(metrics)
+                progress(step)
+                last = step == total_steps
+                if step % config.log_every_steps == 0 or last:
+                    check_finite(step)
+                    train_metrics = {k: float(np.mean(v)) for k, v in jax.device_get(_stack(pending)).items()}
+                    train_metrics["nonfinite_steps"] = float(pending[-1]["nonfinite_steps"])
+                    pending = []
+                    writer.write_scalars(step, {f"train/{k}": v for k, v in train_metrics.items()})
+                    final_metrics.update({f"train_{k}": v for k, v in train_metrics.items()})
+                if probe is not None and (step % config.analysis.every_steps == 0 or last):
+                    kappas = jax.device_get(probe[0](state["params"], probe[1]))
+                    writer.write_scalars(step, {f"log_kappa/{name}/layer_{l}": float(v) for name, vals in kappas.items() if name in ("sab", "ffn") for l, v in enumerate(vals)})
+                if (config.get("eval_every_steps") and step % config.eval_every_steps == 0) or last:
+                    eval_metrics = evaluate(state["params"])
+                    writer.write_scalars(step, {f"test/{k[5:]}": v for k, v in eval_metrics.items()})
+                    final_metrics.update(eval_metrics)
+                    logging.info("Step %d: test accuracy %.4f, test loss %.4f", step, eval_metrics["test_accuracy"], eval_metrics["test_loss"])
+                preempted = mngr.reached_preemption(step) or stop_signal.raised
+                if (config.get("checkpoint_every_steps") and step % config.checkpoint_every_steps == 0) or last or preempted:
+                    check_finite(step)
+                    checkpoint.save(mngr, step, state, meta(step))
+                    last_saved = step
+                if preempted:
+                    logging.warning("Stopping at step %d on a preemption/termination signal; checkpoint saved.", step)
+                    break
+    finally:
+        mngr.wait_until_finished()
+        mngr.close()
     writer.flush()
     final_metrics["step"] = step
     if is_chief:
-        with open(os.path.join(workdir, "final_metrics.json"), "w") as f:
-            json.dump(final_metrics, f, indent=2)
+        epath.Path(workdir, "final_metrics.json").write_text(json.dumps(final_metrics, indent=2))
     return final_metrics
 
 

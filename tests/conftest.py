@@ -11,3 +11,9 @@ os.environ["XLA_FLAGS"] = (
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "multiprocess: starts several trainer processes on 127.0.0.1 (deselect: -m 'not multiprocess')"
+    )
