@@ -126,16 +126,32 @@ def train_and_evaluate(
     # ---- The update step (state donated) and the evaluation step.
     smoothing = config.get("label_smoothing", 0.0)
     skip_nonfinite = config.get("skip_nonfinite_steps", False)
+    microbatches = config.get("grad_accum_steps") or 1
 
     def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
         step, params = state["step"], state["params"]
         dropout_rng = jax.random.fold_in(state["rng"], step)
 
-        def loss_fn(params):
-            logits, _ = model.apply({"params": params}, batch["image"], train=True, rngs={"dropout": dropout_rng})
-            return cross_entropy(logits, batch["label"], smoothing).mean(), logits
+        def loss_fn(params, images, labels, rng):
+            logits, _ = model.apply({"params": params}, images, train=True, rngs={"dropout": rng})
+            loss = cross_entropy(logits, labels, smoothing).mean()
+            return loss, (logits.argmax(-1) == labels.argmax(-1)).mean()
 
-        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        if microbatches == 1:
+            (loss, accuracy), grads = grad_fn(params, batch["image"], batch["label"], dropout_rng)
+        else:  # gradient accumulation: the mean over equal micro-batches of the global batch
+            split = lambda x: x.reshape(microbatches, -1, *x.shape[1:])  # noqa: E731
+
+            def accumulate(carry, micro):
+                index, images, labels = micro
+                (l, a), g = grad_fn(params, images, labels, jax.random.fold_in(dropout_rng, index))
+                return jax.tree.map(jnp.add, carry, (l, a, g)), None
+
+            zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+            micro = (jnp.arange(microbatches), split(batch["image"]), split(batch["label"]))
+            sums, _ = jax.lax.scan(accumulate, zeros, micro)
+            loss, accuracy, grads = jax.tree.map(lambda x: x / microbatches, sums)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         new_params = optax.apply_updates(params, updates)
 
@@ -160,7 +176,7 @@ def train_and_evaluate(
         }
         metrics = {
             "loss": loss,
-            "accuracy": (logits.argmax(-1) == batch["label"].argmax(-1)).mean(),
+            "accuracy": accuracy,
             "grad_norm": optax.tree.norm(grads),
             "param_norm": optax.tree.norm(params),
             "lr": schedule(step),

@@ -86,6 +86,12 @@ def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
             _require(batch % shards == 0, f"config.input.{field}={batch} is not divisible by the {shards} data-parallel devices of config.mesh={list(config.mesh)}")
             _require(batch % jax.process_count() == 0, f"config.input.{field}={batch} is not divisible by the {jax.process_count()} processes")
     sharding.validate_rules(config.get("sharding_rules", []))
+    accum = config.get("grad_accum_steps") or 1
+    _require(
+        isinstance(accum, int) and accum > 0 and config.input.batch_size % (accum * shards) == 0,
+        f"config.grad_accum_steps={accum!r} must be a positive integer dividing config.input.batch_size"
+        f"={config.input.batch_size} into micro-batches divisible by the {shards} data-parallel devices",
+    )
 
     # Model.
     model_image_checks(config.model, image_size)

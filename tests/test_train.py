@@ -105,3 +105,11 @@ def test_missing_dataset_is_one_line(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"config.dataset.name='cifar10': dataset not found in data dir .*no_data.*docs/data.md") as err:
         train.check_config(config)
     assert "\n" not in str(err.value)
+
+
+def test_gradient_accumulation_equals_the_full_batch(tmp_path):
+    full = train.train_and_evaluate(tiny_config(total_steps=3, log_every_steps=3), str(tmp_path / "full"))
+    accum = train.train_and_evaluate(tiny_config(total_steps=3, log_every_steps=3, grad_accum_steps=4), str(tmp_path / "accum"))
+    np.testing.assert_allclose(accum["train_loss"], full["train_loss"], rtol=1e-5)
+    a, b = _read_params(str(tmp_path / "full")), _read_params(str(tmp_path / "accum"))
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6), a["params"], b["params"])

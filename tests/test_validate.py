@@ -45,6 +45,7 @@ CASES = [
     ({"model.init": "skipless", "model.init_c": -3.0}, "c"),
     ({"model.width": 0}, "config.model.width"),
     ({"checkpoint_every_steps": -1}, "config.checkpoint_every_steps"),
+    ({"grad_accum_steps": 3}, "config.grad_accum_steps"),
 ]
 
 
