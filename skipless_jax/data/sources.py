@@ -49,6 +49,12 @@ DATASETS: dict[str, DatasetInfo] = {
         100, (32, 32, 3), {"train": 50_000, "test": 10_000},
         (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), tfds_name="cifar100",
     ),
+    # The unpacked tiny-imagenet-200 folder (config.dataset.data_dir); a subset of ImageNet,
+    # normalized with ImageNet's statistics.
+    "tiny_imagenet": DatasetInfo(
+        200, (64, 64, 3), {"train": 100_000, "val": 10_000},
+        (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
+    ),
 }
 
 
@@ -108,6 +114,10 @@ def get_source(name: str, split: str, data_dir: Optional[str] = None) -> Source:
     info = dataset_info(name)
     if info.tfds_name is not None:
         return _tfds_source(info.tfds_name, split, data_dir)
+    if name == "tiny_imagenet":
+        from skipless_jax.data import tiny_imagenet
+
+        return tiny_imagenet.TinyImageNetSource(data_dir, split)
     splits = _digits_split()
     if split not in splits:
         raise ValueError(f"config.dataset split {split!r} of {name!r} is unknown; allowed: {sorted(splits)}")

@@ -10,7 +10,7 @@ analysis code needs (①, ①+②, ③, ③+④ per layer), so there is no secon
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import flax.linen as nn
 import jax

@@ -35,9 +35,17 @@ def build_schedule(config: Any, total_steps: int) -> optax.Schedule:
     )
 
 
+NO_DECAY = ("pos_embedding", "cls")  # DeiT: no weight decay on position table and class token
+
+
 def decay_mask(params: Any) -> Any:
-    """True for tensors with ≥ 2 dims (kernels); biases, norms and 1-D tensors are not decayed."""
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+    """True for kernels (≥ 2 dims); biases, norms, the position table and class token are not decayed."""
+
+    def leaf(path: tuple[Any, ...], p: Any) -> bool:
+        names = {getattr(k, "key", None) for k in path}
+        return p.ndim >= 2 and not names & set(NO_DECAY)
+
+    return jax.tree_util.tree_map_with_path(leaf, params)
 
 
 def _adamw(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:

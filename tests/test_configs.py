@@ -1,0 +1,287 @@
+"""Every config in configs/: its docstring matches what it resolves to, and it trains one step
+and evaluates once on `tfds.testing.mock_data` (or a generated Tiny-ImageNet folder) with a
+tiny model. Also the Tiny-ImageNet-200 folder source.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import math
+import os
+import re
+from collections.abc import Callable
+
+import ml_collections
+import numpy as np
+import pytest
+from PIL import Image
+
+from skipless_jax import main
+from skipless_jax.data import augment, inputs, sources, tiny_imagenet
+
+from util import ROOT
+
+CONFIGS = sorted(os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(ROOT, "configs", "*.py")))
+MOCK_EXAMPLES = 16
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(f"configs_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _train_examples(c: ml_collections.ConfigDict) -> int:
+    if c.dataset.name == "tiny_imagenet":
+        return tiny_imagenet.SPLITS[tiny_imagenet.parse_split(c.dataset.train_split)[0]]
+    return sources.dataset_info(c.dataset.name).splits[c.dataset.train_split]
+
+
+def _total_steps(c: ml_collections.ConfigDict) -> int:
+    """As the trainer derives it: total_steps, else ceil(epochs × train examples / batch)."""
+    if c.get("total_steps"):
+        return c.total_steps
+    return math.ceil(c.total_epochs * _train_examples(c) / c.input.batch_size)
+
+
+def _patch_size(c: ml_collections.ConfigDict) -> int:
+    if c.model.get("patch_size"):
+        return c.model.patch_size
+    return int(c.model.variant.split("/")[1])
+
+
+# ------------------------------------------------------------------------------------------
+# Docstring ↔ resolved config. Each phrase, where a docstring has it, must state the value the
+# config resolves to; `documented` is parsed from the phrase, `actual` read from the config.
+
+NUMBER = r"(\d+(?:\.\d+)?(?:e-?\d+)?)"
+PHRASES: list[tuple[str, str, Callable[[ml_collections.ConfigDict, re.Match], list]]] = [
+    ("batch", rf"\bbatch {NUMBER}", lambda c, m: [(float(m[1]), c.input.batch_size)]),
+    ("lr", rf"\blr {NUMBER}", lambda c, m: [(float(m[1]), c.optimizer.lr)]),
+    ("weight decay", rf"weight decay {NUMBER}", lambda c, m: [(float(m[1]), c.optimizer.weight_decay)]),
+    ("warm-up", rf"{NUMBER} warm-up epochs", lambda c, m: [(float(m[1]), c.schedule.warmup_epochs)]),
+    ("end lr", rf"cosine to {NUMBER}", lambda c, m: [(float(m[1]), c.schedule.end_lr)]),
+    ("clipping", rf"gradient clipping {NUMBER}", lambda c, m: [(float(m[1]), c.grad_clip_norm)]),
+    ("smoothing", rf"label smoothing {NUMBER}", lambda c, m: [(float(m[1]), c.label_smoothing)]),
+    ("randaug", r"RandAugment m(\d+)",
+     lambda c, m: [(float(m[1]), augment.parse_randaug(c.input.aug.randaug).magnitude)]),
+    ("mixup", rf"mixup {NUMBER} / cutmix {NUMBER}",
+     lambda c, m: [(float(m[1]), c.input.aug.mixup), (float(m[2]), c.input.aug.cutmix)]),
+    ("erasing", rf"random erasing {NUMBER}", lambda c, m: [(float(m[1]), c.input.aug.reprob)]),
+    ("pad crop", r"zero-pad (\d+) \+ random crop",
+     lambda c, m: [("pad", c.input.aug.crop), (int(m[1]), c.input.aug.crop_padding)]),
+    ("epochs", r"(?<![-\w~≈])(\d+) epochs", lambda c, m: [(float(m[1]), c.total_epochs)]),
+    ("image size", r"on (\d+)×(\d+) images", lambda c, m: [(float(m[1]), c.input.image_size)]),
+    ("patch", r"with patch (\d+)", lambda c, m: [(float(m[1]), _patch_size(c))]),
+    ("sizes", r"width (\d+), depth (\d+), (\d+) heads, MLP (\d+)",
+     lambda c, m: [(float(m[1]), c.model.width), (float(m[2]), c.model.depth),
+                   (float(m[3]), c.model.num_heads), (float(m[4]), c.model.mlp_dim)]),
+    ("steps", r"≈ (\d+)k steps", lambda c, m: [(float(m[1]), round(_total_steps(c) / 1000))]),
+]
+
+
+def _spaced(pattern: str) -> str:
+    """A phrase pattern whose spaces also match line breaks (docstrings wrap anywhere)."""
+    return pattern.replace(" ", r"\s+")
+
+
+def _documented_facts(name: str, module=None) -> list[tuple[str, object, object]]:
+    """(phrase, documented value, resolved value) for every phrase in the docstring."""
+    module = module or _module(name)
+    doc, c = module.__doc__, module.get_config()
+    facts = []
+    for label, pattern, read in PHRASES:
+        for match in re.finditer(_spaced(pattern), doc):
+            facts += [(label, want, got) for want, got in read(c, match)]
+    drop = re.search(_spaced(rf"drop-path {NUMBER} with skips and {NUMBER} without"), doc)
+    if drop:
+        both = module.get_config("skip_sab=True,skip_ffn=True").model.drop_path
+        none = module.get_config("skip_sab=False,skip_ffn=False").model.drop_path
+        facts += [("drop-path with skips", float(drop[1]), both), ("drop-path without", float(drop[2]), none)]
+    soap = re.search(_spaced(rf"SOAP: b1 {NUMBER}, b2 {NUMBER}, preconditioning every (\d+) steps"), doc)
+    if soap:
+        opt = module.get_config("opt=soap").optimizer
+        facts += [("SOAP b1", float(soap[1]), opt.b1), ("SOAP b2", float(soap[2]), opt.b2),
+                  ("SOAP frequency", float(soap[3]), opt.precondition_frequency)]
+    return facts
+
+
+# Config args and where they land in the resolved config.
+ARG_FIELDS = {
+    "skip_sab": lambda c: c.model.skip_sab, "skip_ffn": lambda c: c.model.skip_ffn,
+    "init": lambda c: c.model.init, "opt": lambda c: c.optimizer.name, "seed": lambda c: c.seed,
+    "depth": lambda c: c.model.depth, "variant": lambda c: c.model.variant,
+    "tg": lambda c: c.model.token_graying, "eps": lambda c: c.model.tg_eps, "epochs": lambda c: c.total_epochs,
+}
+
+
+def _same(documented: object, actual: object) -> bool:
+    if isinstance(documented, str) or isinstance(actual, (str, bool)) or actual is None:
+        return str(documented).lower() == str(actual).lower()
+    return math.isclose(float(documented), float(actual), rel_tol=1e-9, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_docstring_states_command_hardware_expectation_and_true_hyperparameters(name):
+    module = _module(name)
+    doc = module.__doc__ or ""
+    assert f"--config=configs/{name}.py" in doc, f"{name}: the docstring must give the exact command"
+    assert "Hardware:" in doc, f"{name}: the docstring must state the hardware it was sized for"
+    assert "Expected" in doc, f"{name}: the docstring must state the expected result (accuracy, wall-clock)"
+    facts = _documented_facts(name)
+    if "Schedule" in doc:  # a recipe: its schedule sentence must be checkable, not prose
+        assert len(facts) >= 10, f"{name}: only {len(facts)} checkable facts: {facts}"
+    wrong = [(label, want, got) for label, want, got in facts if not _same(want, got)]
+    assert not wrong, f"{name}: docstring disagrees with the config (phrase, documented, actual): {wrong}"
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_docstring_args_resolve_to_their_switches(name):
+    module = _module(name)
+    rows = re.findall(r"^\s+(:\S+|\(no args\))\s{2,}", module.__doc__ or "", flags=re.MULTILINE)
+    for row in rows:
+        arg = None if row == "(no args)" else row[1:]
+        c = module.get_config(arg)
+        for item in filter(None, (arg or "").split(",")):
+            key, value = item.split("=")
+            assert _same(value, ARG_FIELDS[key](c)), f"{name}:{arg}: {key} resolves to {ARG_FIELDS[key](c)!r}"
+
+
+def test_recipe_docstrings_are_checked():
+    """The checks above must bite on the recipe configs: the phrases are found, not skipped."""
+    for name in ("cifar10_vit_tiny", "cifar100_vit_tiny", "tiny_imagenet_vit", "vitb_i1k_300ep"):
+        labels = {label for label, _, _ in _documented_facts(name)}
+        required = {"batch", "lr", "weight decay", "warm-up", "epochs", "steps", "drop-path without"}
+        assert required <= labels, (name, labels)
+    cifar = {}
+    for label, want, _ in _documented_facts("cifar10_vit_tiny"):
+        cifar.setdefault(label, []).append(want)
+    assert cifar["steps"] == [78] and cifar["sizes"] == [192, 12, 3, 768] and cifar["pad crop"] == ["pad", 4]
+    assert set(cifar["epochs"]) == {200}  # "diverges after ~30 epochs" is not a schedule fact
+
+
+def test_a_wrong_docstring_is_caught():
+    module = _module("cifar10_vit_tiny")
+    get_config = module.get_config
+
+    def drifted(arg=None):  # the config changed, its docstring did not
+        c = get_config(arg)
+        c.optimizer.lr, c.input.aug.reprob = 5e-4, 0.0
+        return c
+
+    module.get_config = drifted
+    wrong = {label for label, want, got in _documented_facts("cifar10_vit_tiny", module) if not _same(want, got)}
+    assert wrong == {"lr", "erasing"}
+
+
+# ------------------------------------------------------------------------------------------
+# One train step and one evaluation per config.
+
+
+def _write_tiny_imagenet(root: str, per_class: int = 1, val: int = MOCK_EXAMPLES) -> list[str]:
+    """A Tiny-ImageNet-200 folder: 200 classes, `per_class` train images each, `val` val images."""
+    rng = np.random.default_rng(0)
+    wnids = [f"n{9000000 + 17 * i:08d}" for i in range(200)]
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "wnids.txt"), "w") as f:
+        f.write("\n".join(rng.permutation(wnids)) + "\n")
+    for wnid in wnids:
+        folder = os.path.join(root, "train", wnid, "images")
+        os.makedirs(folder)
+        for k in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(
+                os.path.join(folder, f"{wnid}_{k}.JPEG"))
+    os.makedirs(os.path.join(root, "val", "images"))
+    with open(os.path.join(root, "val", "val_annotations.txt"), "w") as f:
+        for k in range(val):
+            gray = rng.integers(0, 256, (64, 64), dtype=np.uint8)  # some Tiny-ImageNet files are grayscale
+            Image.fromarray(gray).save(os.path.join(root, "val", "images", f"val_{k}.JPEG"))
+            f.write(f"val_{k}.JPEG\t{wnids[(7 * k) % 200]}\t0\t0\t32\t32\n")
+    return wnids
+
+
+def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The config with a tiny model, one step and small batches; everything else as configured."""
+    c.model.variant = None
+    c.model.width, c.model.depth, c.model.num_heads, c.model.mlp_dim = 16, 1, 2, 32
+    if c.input.get("image_size") and c.input.image_size > 8:
+        c.input.image_size, c.model.patch_size = 32, 8
+    c.input.batch_size = c.input.eval_batch_size = 8
+    c.input.num_workers = 0
+    c.total_epochs, c.total_steps = None, 1
+    c.schedule.warmup_epochs, c.schedule.warmup_steps = None, 0
+    c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps = 1, 0, 0
+    if c.get("analysis"):
+        c.analysis.every_steps = 0
+    return c
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_trains_one_step_and_evaluates_on_mock_data(name, tmp_path, monkeypatch):
+    import tensorflow_datasets as tfds
+
+    c = _tiny(_module(name).get_config())
+    if c.dataset.name == "tiny_imagenet":
+        if "tiny_imagenet" not in sources.DATASETS:
+            pytest.skip("sources.DATASETS has no 'tiny_imagenet' entry yet")
+        c.dataset.data_dir = str(tmp_path / "tiny-imagenet-200")
+        _write_tiny_imagenet(c.dataset.data_dir)
+    with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES, policy=tfds.testing.MockPolicy.USE_CODE):
+        # mock_data serves any split but leaves is_prepared() False; the trainer checks it first.
+        monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
+        num_classes = sources.dataset_info(c.dataset.name).num_classes
+        if c.get("trainer", "supervised") == "supervised":
+            batch = next(inputs.train_iterator(c, 0, 0, 1))
+            size = inputs.image_size(c)
+            assert batch["image"].shape == (8, size, size, sources.dataset_info(c.dataset.name).image_shape[-1])
+            assert batch["image"].dtype == np.float32 and np.all(np.isfinite(batch["image"]))
+            assert batch["label"].shape == (8, num_classes)
+            np.testing.assert_allclose(batch["label"].sum(-1), 1.0, atol=1e-5)
+        trainer = importlib.import_module(main.TRAINERS[c.get("trainer", "supervised")])
+        metrics = trainer.train_and_evaluate(c, str(tmp_path / "workdir"))
+    assert metrics["step"] == 1
+    assert all(np.isfinite(v) for v in metrics.values()), metrics
+    accuracies = [v for k, v in metrics.items() if k.startswith("test_") and k.endswith("accuracy")]
+    assert accuracies and all(0.0 <= v <= 1.0 for v in accuracies), metrics
+    if "test_loss" in metrics:  # after one step a classifier is near chance: loss ≈ ln(classes)
+        assert abs(metrics["test_loss"] - math.log(num_classes)) < 0.5 * math.log(num_classes)
+
+
+# ------------------------------------------------------------------------------------------
+# Tiny-ImageNet-200 folder source.
+
+
+def test_tiny_imagenet_source_reads_labels_in_sorted_wnid_order(tmp_path):
+    wnids = _write_tiny_imagenet(str(tmp_path), per_class=2, val=10)
+    train_src = tiny_imagenet.TinyImageNetSource(str(tmp_path), "train")
+    assert len(train_src) == 400
+    order = sorted(wnids)
+    for index in (0, 1, 199, 200, 399):  # classes interleaved: image k of every class, then k + 1
+        example = train_src[index]
+        assert example["image"].shape == (64, 64, 3) and example["image"].dtype == np.uint8
+        assert example["label"] == index % 200
+        assert os.path.basename(train_src.files[index]) == f"{order[index % 200]}_{index // 200}.JPEG"
+    first_half = tiny_imagenet.TinyImageNetSource(str(tmp_path), "train[:50%]")
+    assert len(first_half) == 200 and sorted(first_half.labels.tolist()) == list(range(200))  # class-balanced
+    val = tiny_imagenet.TinyImageNetSource(str(tmp_path), "validation")
+    assert len(val) == 10
+    for k in range(10):
+        example = val[k]
+        assert example["image"].shape == (64, 64, 3)  # grayscale file → RGB
+        np.testing.assert_array_equal(example["image"][..., 0], example["image"][..., 2])
+        assert example["label"] == order.index(wnids[(7 * k) % 200])
+    assert len(tiny_imagenet.TinyImageNetSource(str(tmp_path), "val[2:5]")) == 3
+
+
+def test_tiny_imagenet_errors(tmp_path):
+    missing = r"no Tiny-ImageNet-200 folder there \(wnids.txt missing\); see docs/data.md"
+    with pytest.raises(FileNotFoundError, match=missing):
+        tiny_imagenet.TinyImageNetSource(str(tmp_path / "nowhere"), "train")
+    with pytest.raises(FileNotFoundError, match=r"config.dataset.data_dir is not set; it must point to the unpacked"):
+        tiny_imagenet.TinyImageNetSource(None, "train")
+    with pytest.raises(ValueError, match=r"tiny_imagenet split 'test' is unknown; allowed: 'train', 'val'"):
+        tiny_imagenet.TinyImageNetSource(str(tmp_path), "test")
+    assert tiny_imagenet.parse_split("train[10%:]") == ("train", 10_000, None)
+    assert tiny_imagenet.parse_split("val[:1000]", total=10_000) == ("val", None, 1000)
