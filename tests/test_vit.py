@@ -138,3 +138,19 @@ def test_position_embedding_resizes_for_other_resolutions():
     params = model.init(jax.random.PRNGKey(0), jnp.ones((1, 8, 8, 1)))["params"]
     logits, out = model.apply({"params": params}, jnp.ones((2, 4, 4, 1)))
     assert out["blocks"][0]["sab"].shape == (2, 5, 16)
+
+
+@pytest.mark.parametrize("scheme", ["skipless", "mimetic"])
+def test_joint_attention_init_applies_and_sets_vo_product(scheme):
+    model = vit.ViT(num_classes=3, patch_size=2, width=16, depth=2, mlp_dim=32, num_heads=2,
+                    skip_sab=False, skip_ffn=False, init_scheme=scheme, init_alpha=2.0, init_beta=0.6, init_c=3.0)
+    images = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, 1))
+    params = model.init(jax.random.PRNGKey(1), images)["params"]
+    logits, _ = model.apply({"params": params}, images)  # apply after a joint init
+    assert np.isfinite(np.asarray(logits)).all()
+    attn = params["block_0"]["MultiHeadAttention_0"]
+    s = np.linalg.svd(np.asarray(attn["value"]) @ np.asarray(attn["out"]), compute_uv=False)
+    if scheme == "skipless":  # W^V W^O = c² U Vᵀ: every singular value is c² = 9
+        np.testing.assert_allclose(s, 9.0, rtol=1e-4)
+    # The two layers draw different kernels.
+    assert not np.allclose(attn["query"], params["block_1"]["MultiHeadAttention_0"]["query"])

@@ -113,8 +113,12 @@ class MultiHeadAttention(nn.Module):
                 self.make_rng("params"), self.init_scheme, d, self.num_heads,
                 self.init_alpha, self.init_beta, self.init_c,
             )
+        # Flax evaluates an initializer's shape on apply too; outside init it is a placeholder.
         return {
-            n: self.param(n, lambda _, n=n: jnp.asarray(joint[n], jnp.float32))
+            n: self.param(
+                n,
+                lambda _, n=n: jnp.zeros((d, d), jnp.float32) if joint is None else jnp.asarray(joint[n], jnp.float32),
+            )
             for n in ATTENTION_KERNELS
         }
 

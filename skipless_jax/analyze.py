@@ -1,0 +1,254 @@
+r"""Condition-number analysis of a ViT, at initialization or from a run's latest checkpoint.
+
+    python -m skipless_jax.analyze --config=configs/quickstart.py:skip_sab=False \
+        [--workdir=/tmp/quickstart] [--output_dir=DIR] [--num_images=64] [--jacobian]
+
+Prints a table of per-layer log κ (natural log, METHOD.md §2) of the token matrices at
+① SAB output, ①+②, ③ FFN output and ③+④ (mean over a fixed probe batch: the first
+`num_images` test images), and writes `log_kappa.png` (one line per point) and
+`log_kappa.json` to `--output_dir` (default: `<workdir>/analysis`, else `./analysis`).
+With `--jacobian` (small models only, n·d ≤ 4096) it adds, per layer at the first probe image,
+log κ of the attention Jacobian K_ℓ, of B_ℓ = Σ_h A_h ⊗ (Wⱽ_h Wᴼ_h)ᵀ, ‖K−B‖/‖K‖ and log κ of
+the whole skipless block's Jacobian, all in float64.
+
+Parameters come from the newest readable checkpoint in `--workdir`; without one (or without a
+workdir) they are the trainer's own initialization for `config.seed`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from skipless_jax import conditioning
+
+MAX_JACOBIAN_SIZE = 4096  # n·d; the (nd × nd) float64 SVD stays around a second on a CPU core
+
+
+def build(config: ml_collections.ConfigDict) -> tuple[Any, tuple[int, int, int]]:
+    """(ViT module, (H, W, C) input shape) for `config`."""
+    from skipless_jax.data import inputs, sources
+    from skipless_jax.models import vit
+
+    info = sources.dataset_info(config.dataset.name)
+    size = inputs.image_size(config)
+    return vit.build_model(config.model, info.num_classes), (size, size, info.image_shape[-1])
+
+
+def init_params(model: Any, config: ml_collections.ConfigDict, image_shape: Sequence[int]) -> Any:
+    """The trainer's step-0 parameters: `model.init` with the first half of split(PRNGKey(seed))."""
+    init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
+    dummy = jnp.zeros((1, *image_shape), jnp.float32)
+    return jax.jit(lambda rng: model.init({"params": rng}, dummy, train=False)["params"])(init_rng)
+
+
+def load_params(
+    model: Any, config: ml_collections.ConfigDict, image_shape: Sequence[int], workdir: Optional[str]
+) -> tuple[Any, int, str]:
+    """(params, step, source): the latest checkpoint in `workdir`, else the initialization."""
+    from skipless_jax import checkpoint
+
+    if workdir and "://" not in workdir and not os.path.isdir(workdir):
+        raise ValueError(f"--workdir={workdir!r} is not a directory")
+    params = init_params(model, config, image_shape)
+    if workdir:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        target = checkpoint.abstract(params, jax.tree.map(lambda _: device, params))
+        try:
+            step, restored = checkpoint.restore_params(workdir, target)
+            return restored, int(step), "checkpoint"
+        except FileNotFoundError:  # a workdir without checkpoints yet: analyze the init
+            pass
+    return params, 0, "init"
+
+
+def probe_images(config: ml_collections.ConfigDict, num_images: int) -> np.ndarray:
+    """The first `num_images` real (unpadded) test images, as the trainer's probe batch."""
+    from skipless_jax.data import inputs
+
+    batches, total = inputs.eval_iterator(config, 0, 1)
+    if not 0 < num_images <= total:
+        raise ValueError(f"--num_images={num_images} must be in [1, {total}] (the eval split size)")
+    images = []
+    for batch in batches:
+        images.append(batch["image"][batch["mask"].astype(bool)])
+        if sum(len(i) for i in images) >= num_images:
+            break
+    return np.concatenate(images)[:num_images]
+
+
+def embedding_kappa(model: Any, params: Any, images: np.ndarray) -> dict[str, np.ndarray]:
+    """{point: (L,) mean log κ} of ①, ①+②, ③, ③+④ over `images`.
+
+    Forward pass in the model's dtype, SVD in float64 on CPU. With a float32 forward σ_min
+    carries an error of about 1e-7·σ_max, so values above log κ ≈ 12 are good to ~0.1 only.
+    """
+    _, out = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))(params, images)
+    with jax.enable_x64(jax.default_backend() == "cpu"):
+        kappa = jax.jit(conditioning.embedding_log_kappa)({"blocks": out["blocks"]})
+        return {k: np.asarray(v, np.float64) for k, v in kappa.items()}
+
+
+def jacobian_rows(model: Any, params: Any, images: np.ndarray, image: int = 0) -> list[dict[str, float]]:
+    """Per layer at probe image `image`: K_ℓ vs B_ℓ and the block Jacobian (the model's skips), float64."""
+    with jax.enable_x64(True):
+        model64 = model.clone(dtype=jnp.float64)
+        params64 = conditioning.to_float64(params)
+        _, out = model64.apply({"params": params64}, jnp.asarray(images[image:image + 1], jnp.float64), train=False)
+        n, d = out["blocks"][0]["sab"].shape[1:]
+        if n * d > MAX_JACOBIAN_SIZE:
+            raise ValueError(f"--jacobian needs n·d <= {MAX_JACOBIAN_SIZE}; this model has n={n}, d={d}")
+        return conditioning.jacobian_report(
+            params64, out, num_heads=model.num_heads, image=0,
+            skip_sab=model.skip_sab, skip_ffn=model.skip_ffn,
+        )
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """Fixed-width table: one row per layer, log κ of ①..④ (and Jacobian columns if present)."""
+    kappa = result["log_kappa"]
+    header = ["layer"] + [conditioning.POINT_LABELS[p].split(" ")[0] for p in conditioning.EMBEDDING_POINTS]
+    jac = result.get("jacobian") or []
+    if jac:
+        header += ["K_l", "B_l", "|K-B|/|K|", "block"]
+    lines = [
+        result["title"].replace("\n", ": "),
+        f"log κ (natural log) per layer, {result['source']} at step {result['step']}, "
+        f"mean over {result['num_images']} test images",
+        "".join(f"{h:>11}" for h in header),
+    ]
+    for layer in range(len(kappa["sab"])):
+        row = [f"{layer:>11d}"] + [f"{kappa[p][layer]:>11.3f}" for p in conditioning.EMBEDDING_POINTS]
+        if jac:
+            j = jac[layer]
+            row += [f"{j['log_kappa_K']:>11.3f}", f"{j['log_kappa_B']:>11.3f}",
+                    f"{j['rel_diff_K_B']:>11.3f}", f"{j['log_kappa_block']:>11.3f}"]
+        lines.append("".join(row))
+    return "\n".join(lines)
+
+
+def plot_log_kappa(
+    curves: dict[str, Sequence[float]],
+    path: str,
+    title: str,
+    references: Optional[dict[str, float]] = None,
+    unused: Sequence[str] = (),
+) -> None:
+    """PNG of log κ per layer, one line per point (①, ①+②, ③, ③+④); dashed paper references.
+
+    Points in `unused` (a sum the model does not form because its skip is off) are dotted.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    markers = dict(sab="o", sab_skip="s", ffn="^", ffn_skip="D")
+    for point, values in curves.items():
+        label = conditioning.POINT_LABELS.get(point, point)
+        style = dict(linestyle=":", alpha=0.6) if point in unused else {}
+        ax.plot(np.arange(len(values)), values, marker=markers.get(point, "o"),
+                label=label + (" (not in the model)" if point in unused else ""), **style)
+    for label, value in (references or {}).items():
+        ax.axhline(value, color="gray", linestyle="--", linewidth=1)
+        ax.annotate(label, (1.0, value), xycoords=("axes fraction", "data"), textcoords="offset points",
+                    xytext=(-4, 3), ha="right", fontsize=8, color="gray")
+    ax.set_xlabel("layer (block index, 0 = first)")
+    ax.set_ylabel("log κ of the token matrix (natural log)")
+    ax.set_title(title, fontsize=9)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def describe(config: ml_collections.ConfigDict, config_name: str) -> str:
+    """A two-line title: the config (with its args), then what distinguishes its variants."""
+    m = config.model
+    size = m.get("variant") or f"d={m.get('width')} L={m.get('depth')} h={m.get('num_heads')}"
+    tg = f", tg={m.get('token_graying')}" if m.get("token_graying") else ""
+    return (f"{config_name}\n{size}, skip_sab={m.get('skip_sab')}, skip_ffn={m.get('skip_ffn')}, "
+            f"init={m.get('init')}{tg}, seed={config.seed}")
+
+
+def unused_points(model_config: Any) -> tuple[str, ...]:
+    """The sums ①+② / ③+④ that a model with that skip off never forms."""
+    return tuple(p for p, on in (("sab_skip", model_config.get("skip_sab", True)),
+                                 ("ffn_skip", model_config.get("skip_ffn", True))) if not on)
+
+
+def analyze(
+    config: ml_collections.ConfigDict,
+    workdir: Optional[str] = None,
+    output_dir: Optional[str] = None,
+    num_images: Optional[int] = None,
+    jacobian: bool = False,
+    config_name: str = "config",
+) -> dict[str, Any]:
+    """Runs the analysis, prints the table, writes log_kappa.{png,json}; returns the result."""
+    from skipless_jax.models import init as init_lib
+
+    init_lib.validate_init_config(config.model)
+    num_images = num_images or config.get("analysis", {}).get("probe_size", 32)
+    model, image_shape = build(config)
+    params, step, source = load_params(model, config, image_shape, workdir)
+    images = probe_images(config, num_images)
+    title = describe(config, config_name)
+    result: dict[str, Any] = dict(
+        title=title, source=source, step=step, num_images=int(len(images)),
+        model=config.model.to_dict(),
+        log_kappa={k: v.tolist() for k, v in embedding_kappa(model, params, images).items()},
+    )
+    if jacobian:
+        result["jacobian"] = jacobian_rows(model, params, images)
+    output_dir = output_dir or os.path.join(workdir or ".", "analysis")
+    os.makedirs(output_dir, exist_ok=True)
+    plot_log_kappa(result["log_kappa"], os.path.join(output_dir, "log_kappa.png"),
+                   f"{title}\n{source}, step {step}, mean over {len(images)} test images",
+                   unused=unused_points(config.model))
+    with open(os.path.join(output_dir, "log_kappa.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    print(format_table(result), flush=True)
+    return result
+
+
+def main(argv: Sequence[str]) -> None:
+    del argv
+    from absl import flags
+    from ml_collections import config_flags
+
+    cfg_flag = flags.FLAGS["config"]
+    name = config_flags.get_config_filename(cfg_flag)  # the path, with any ':args'
+    try:
+        analyze(
+            cfg_flag.value,
+            workdir=flags.FLAGS.workdir,
+            output_dir=flags.FLAGS.output_dir,
+            num_images=flags.FLAGS.num_images,
+            jacobian=flags.FLAGS.jacobian,
+            config_name=os.path.basename(name),
+        )
+    except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
+        raise SystemExit(f"error: {err}") from None
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, "Config file, optionally with ':args'.", lock_config=False)
+    flags.DEFINE_string("workdir", None, "A run's workdir: analyze its latest checkpoint.")
+    flags.DEFINE_string("output_dir", None, "Where log_kappa.png/json go (default <workdir>/analysis).")
+    flags.DEFINE_integer("num_images", None, "Probe images (default config.analysis.probe_size).")
+    flags.DEFINE_bool("jacobian", False, "Also the per-layer Jacobian κ (small models, float64).")
+    flags.mark_flags_as_required(["config"])
+    app.run(main)

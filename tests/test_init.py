@@ -1,0 +1,243 @@
+"""Spectra of the skipless initializations (METHOD.md §3), against float64 numpy references.
+
+Each spectral checker is also run on a known wrong variant, to show it can fail.
+"""
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from skipless_jax.models import init
+
+SHAPES = [(64, 1), (64, 4), (96, 3), (128, 8), (192, 3)]
+
+
+def _np64(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def _singular_values(m) -> np.ndarray:
+    return np.linalg.svd(_np64(m), compute_uv=False)
+
+
+# ---------------------------------------------------------------- checkers
+
+
+def assert_vo_isometry(w_v, w_o, c: float) -> None:
+    """Every singular value of the full d×d product W^V W^O equals c² (so κ = 1 to 1e-5)."""
+    s = _singular_values(_np64(w_v) @ _np64(w_o))
+    np.testing.assert_allclose(s, c**2, rtol=1e-5)
+    assert s.max() / s.min() - 1.0 < 1e-5
+
+
+def assert_per_head_vo_identity(w_v, w_o, c: float, num_heads: int) -> None:
+    """The per-head d_h×d_h check W^O_h W^V_h = c² I: necessary, but blind to cross-head mixing."""
+    d = w_v.shape[0]
+    dh = d // num_heads
+    for h in range(num_heads):
+        block = _np64(w_o)[h * dh:(h + 1) * dh, :] @ _np64(w_v)[:, h * dh:(h + 1) * dh]
+        np.testing.assert_allclose(block, c**2 * np.eye(dh), atol=1e-4 * c**2)
+
+
+def assert_mlp_kernel_spectrum(w) -> None:
+    """All singular values of an (in, out) kernel equal max(√(out/in), 1)."""
+    n_in, n_out = w.shape
+    np.testing.assert_allclose(_singular_values(w), max(np.sqrt(n_out / n_in), 1.0), rtol=1e-5)
+
+
+def assert_qk_truncation(key, w_q, w_k, num_heads: int, alpha: float, beta: float) -> None:
+    """Each head's W^Q_h W^K_hᵀ is the rank-d_h truncation of α Z_h + β I, Z_h rebuilt from key."""
+    d = w_q.shape[0]
+    dh = d // num_heads
+    for h, k in enumerate(jax.random.split(key, num_heads)):
+        z = _np64(jax.random.normal(k, (d, d), jnp.float32)) / np.sqrt(d)
+        u, s, vt = np.linalg.svd(alpha * z + beta * np.eye(d))
+        target = (u[:, :dh] * s[:dh]) @ vt[:dh]
+        cols = slice(h * dh, (h + 1) * dh)
+        got = _np64(w_q)[:, cols] @ _np64(w_k)[:, cols].T
+        np.testing.assert_allclose(got, target, atol=2e-5 * np.abs(target).max() * np.sqrt(d))
+
+
+# ------------------------------------------------------------ wrong variants
+
+
+def per_head_orthogonal_vo(key, d: int, num_heads: int, c: float):
+    """Wrong: an independent orthonormal d×d_h frame Q_h per head, W^V_h = cQ_h, W^O_h = cQ_hᵀ.
+
+    Per head W^O_h W^V_h = c² I, but W^V W^O = c² Σ_h Q_h Q_hᵀ is a sum of unrelated projections.
+    """
+    dh = d // num_heads
+    frames = [np.linalg.qr(_np64(jax.random.normal(k, (d, dh))))[0]
+              for k in jax.random.split(key, num_heads)]
+    w_v = c * np.concatenate(frames, axis=1)
+    return w_v, w_v.T.copy()
+
+
+def max_over_min_mlp_kernel(key, shape):
+    """Wrong: the scale √(max/min) on both MLP layers (×2 on 4d→d too)."""
+    n_in, n_out = shape
+    return np.sqrt(max(n_in, n_out) / min(n_in, n_out)) * _np64(init.haar_orthogonal(key, shape))
+
+
+# ------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("d,num_heads", SHAPES)
+@pytest.mark.parametrize("c", [1.0, 3.0])
+def test_scaled_orthogonal_vo_full_product_is_isometry(d, num_heads, c):
+    w_v, w_o = init.scaled_orthogonal_vo(jax.random.key(d + num_heads), d, c)
+    chex.assert_shape([w_v, w_o], (d, d))
+    assert_vo_isometry(w_v, w_o, c)
+    # Each factor is c times an orthogonal matrix.
+    np.testing.assert_allclose(_singular_values(w_v), c, rtol=1e-5)
+    np.testing.assert_allclose(_singular_values(w_o), c, rtol=1e-5)
+
+
+@pytest.mark.parametrize("d,num_heads", [(64, 4), (128, 8)])
+def test_per_head_orthogonal_vo_is_rejected(d, num_heads):
+    w_v, w_o = per_head_orthogonal_vo(jax.random.key(0), d, num_heads, 3.0)
+    assert_per_head_vo_identity(w_v, w_o, 3.0, num_heads)  # the per-head check is fooled
+    with pytest.raises(AssertionError):
+        assert_vo_isometry(w_v, w_o, 3.0)
+    s = _singular_values(w_v @ w_o)
+    assert s.max() / s.min() > 10.0
+
+
+@pytest.mark.parametrize("d,num_heads", SHAPES)
+def test_mimetic_qk_is_rank_dh_truncation(d, num_heads):
+    key = jax.random.key(7 * d + num_heads)
+    w_q, w_k = init.mimetic_qk(key, d, num_heads, alpha=2.0, beta=0.6)
+    chex.assert_shape([w_q, w_k], (d, d))
+    assert_qk_truncation(key, w_q, w_k, num_heads, 2.0, 0.6)
+
+
+def test_qk_checker_rejects_untruncated_or_wrong_key():
+    key = jax.random.key(3)
+    w_q, w_k = init.mimetic_qk(key, 64, 4, alpha=1.8, beta=1.0)
+    with pytest.raises(AssertionError):  # another key's Z
+        assert_qk_truncation(jax.random.key(4), w_q, w_k, 4, 1.8, 1.0)
+    with pytest.raises(AssertionError):  # S instead of √S on both factors
+        w_q_bad, w_k_bad = init.mimetic_qk(key, 64, 4, alpha=1.8**2, beta=1.0)
+        assert_qk_truncation(key, w_q_bad, w_k_bad, 4, 1.8, 1.0)
+
+
+def test_single_head_qk_product_is_exact():
+    key = jax.random.key(11)
+    w_q, w_k = init.mimetic_qk(key, 32, 1, alpha=0.7, beta=0.7)
+    target = _np64(init.mimetic_qk_targets(key, 32, 1, 0.7, 0.7)[0])
+    np.testing.assert_allclose(_np64(w_q) @ _np64(w_k).T, target, atol=1e-5)
+
+
+def test_mimetic_vo_product():
+    key = jax.random.key(5)
+    d = 48
+    w_v, w_o = init.mimetic_vo(key, d, alpha=0.4, beta=0.4)
+    z = _np64(jax.random.normal(key, (d, d), jnp.float32)) / np.sqrt(d)
+    np.testing.assert_allclose(_np64(w_v) @ _np64(w_o), 0.4 * z - 0.4 * np.eye(d), atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(64, 256), (256, 64), (96, 96), (48, 200), (200, 48)])
+def test_scaled_uniform_orthogonal_spectrum(shape):
+    w = init.scaled_uniform_orthogonal(jax.random.key(sum(shape)), shape, jnp.float32)
+    chex.assert_shape(w, shape)
+    chex.assert_type(w, jnp.float32)
+    assert_mlp_kernel_spectrum(w)
+
+
+def test_mlp_checker_rejects_max_over_min_scale():
+    key = jax.random.key(1)
+    assert_mlp_kernel_spectrum(max_over_min_mlp_kernel(key, (64, 256)))  # d→4d: same ×2
+    with pytest.raises(AssertionError):  # 4d→d: ×2 where ×1 is right
+        assert_mlp_kernel_spectrum(max_over_min_mlp_kernel(key, (256, 64)))
+
+
+def test_scaled_uniform_orthogonal_as_flax_kernel_init():
+    dense = nn.Dense(128, kernel_init=init.scaled_uniform_orthogonal)
+    params = dense.init(jax.random.key(0), jnp.zeros((1, 32)))
+    np.testing.assert_allclose(_singular_values(params["params"]["kernel"]), 2.0, rtol=1e-5)
+    w = init.scaled_uniform_orthogonal(jax.random.key(0), (4, 8, 16), jnp.bfloat16)
+    chex.assert_shape(w, (4, 8, 16))
+    chex.assert_type(w, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("shape", [(80, 20), (20, 80), (32, 32)])
+def test_haar_orthogonality(shape):
+    q = _np64(init.haar_orthogonal(jax.random.key(2), shape))
+    gram = q.T @ q if shape[0] >= shape[1] else q @ q.T
+    np.testing.assert_allclose(gram, np.eye(min(shape)), atol=1e-5)
+
+
+def _haar_mean(sign_fix: bool, n: int = 4000) -> np.ndarray:
+    def one(k):
+        q, r = jnp.linalg.qr(jax.random.normal(k, (3, 3)))
+        return q * jnp.sign(jnp.diagonal(r))[None, :] if sign_fix else q
+    return np.asarray(jax.vmap(one)(jax.random.split(jax.random.key(0), n))).mean(0)
+
+
+def test_haar_sign_fix_gives_zero_mean_entries():
+    # Haar matrices have E[Q_ij] = 0; standard error here is ≈ 1/√(3·4000) ≈ 0.009.
+    keys = jax.random.split(jax.random.key(0), 4000)
+    mean = np.asarray(jax.vmap(lambda k: init.haar_orthogonal(k, (3, 3)))(keys)).mean(0)
+    assert np.abs(mean).max() < 0.05
+    assert np.abs(_haar_mean(sign_fix=True)).max() < 0.05
+    assert np.abs(_haar_mean(sign_fix=False)).max() > 0.3  # plain QR is not Haar
+
+
+@pytest.mark.parametrize("method", ["skipless", "mimetic"])
+def test_attention_kernels(method):
+    key = jax.random.key(9)
+    k = init.attention_kernels(key, method, 64, 4, alpha=2.0, beta=0.6, c=3.0)
+    assert set(k) == {"query", "key", "value", "out"}
+    chex.assert_shape(list(k.values()), (64, 64))
+    k_qk, k_vo = jax.random.split(key)
+    assert_qk_truncation(k_qk, k["query"], k["key"], 4, 2.0, 0.6)
+    if method == "skipless":
+        assert_vo_isometry(k["value"], k["out"], 3.0)
+    else:
+        z = _np64(jax.random.normal(k_vo, (64, 64), jnp.float32)) / 8.0
+        np.testing.assert_allclose(_np64(k["value"]) @ _np64(k["out"]),
+                                   0.4 * z - 0.4 * np.eye(64), atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(method="skipless", alpha=0.0), "init_alpha"),
+    (dict(method="mimetic", alpha=-1.0), "init_alpha"),
+    (dict(method="skipless", c=0.0), "init_c"),
+    (dict(method="skipless", c=-3.0), "init_c"),
+    (dict(method="skipless", beta=-0.1), "init_beta"),
+    (dict(method="skipless", num_heads=5), "num_heads=5 must be a positive int dividing width d=64"),
+    (dict(method="orthogonal"), "'orthogonal' is unknown; allowed: "),
+])
+def test_bad_input_errors(kwargs, match):
+    args = dict(method="skipless", d=64, num_heads=4, alpha=2.0, beta=0.6, c=3.0) | kwargs
+    with pytest.raises(ValueError, match=match):
+        init.attention_kernels(jax.random.key(0), **args)
+    cfg = ml_collections.ConfigDict(dict(
+        init=args["method"], width=args["d"], num_heads=args["num_heads"],
+        init_alpha=args["alpha"], init_beta=args["beta"], init_c=args["c"]))
+    with pytest.raises(ValueError, match=match):
+        init.validate_init_config(cfg)
+
+
+def test_validate_init_config_accepts_good_configs():
+    for method in init.INIT_METHODS:
+        init.validate_init_config(ml_collections.ConfigDict(dict(
+            init=method, width=192, num_heads=3, init_alpha=2.0, init_beta=0.6, init_c=3.0)))
+    # 'default' ignores the constants; width unset (variant fills it) skips the heads check.
+    init.validate_init_config(ml_collections.ConfigDict(dict(
+        init="default", width=None, num_heads=None, init_alpha=0.0, init_beta=-1.0, init_c=0.0)))
+
+
+def test_low_level_errors():
+    with pytest.raises(ValueError, match="c must be a finite number > 0"):
+        init.scaled_orthogonal_vo(jax.random.key(0), 8, 0.0)
+    with pytest.raises(ValueError, match="num_heads=3 must be a positive int dividing width d=8"):
+        init.mimetic_qk(jax.random.key(0), 8, 3, 1.0, 1.0)
+    with pytest.raises(ValueError, match="alpha must be a finite number > 0"):
+        init.mimetic_vo(jax.random.key(0), 8, 0.0, 0.4)
+    with pytest.raises(ValueError, match=">= 2 axes"):
+        init.scaled_uniform_orthogonal(jax.random.key(0), (8,))
