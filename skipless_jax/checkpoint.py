@@ -11,8 +11,11 @@ import os
 from typing import Any, Optional
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
+from jax.experimental import multihost_utils
 from etils import epath
 
 STATE, META = "state", "meta"
@@ -60,14 +63,17 @@ def abstract(tree: Any, shardings: Any) -> Any:
 
 
 def restore_latest(
-    mngr: ocp.CheckpointManager, abstract_state: Any
+    mngr: ocp.CheckpointManager, abstract_state: Any, set_aside: bool = True
 ) -> Optional[tuple[int, Any, dict[str, Any]]]:
     """(step, state, meta) of the newest readable checkpoint, or None if there is none.
 
     A checkpoint that fails to read (truncated, corrupted) is reported and the one before it
-    is tried, so a crash during a save never loses the run.
+    is tried, so a crash during a save never loses the run. With `set_aside`, the unreadable
+    step folder is moved to `checkpoints_unreadable/` next to the manager's directory, so that
+    the resumed run saves that step again (and keep-N never keeps it over a good one).
     """
     for step in sorted(mngr.all_steps(), reverse=True):
+        error = None
         try:
             restored = mngr.restore(
                 step,
@@ -76,10 +82,49 @@ def restore_latest(
                 ),
             )
         except Exception as err:  # noqa: BLE001 - any read failure means: try the previous one
-            logging.error("Checkpoint at step %d is unreadable (%s); trying the previous one.", step, err)
-            continue
-        return step, restored[STATE], dict(restored[META] or {})
+            error = _one_line(err)
+        if _everywhere(error is None):  # every process resumes from the same step
+            return step, restored[STATE], dict(restored[META] or {})
+        logging.error(
+            "Checkpoint at step %d is unreadable (%s); trying the previous one.",
+            step, error or "unreadable in another process",
+        )
+        if set_aside:
+            _set_aside(mngr, step)
     return None
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    """The root cause of `err` on one line (orbax wraps tensorstore's reason in long reprs)."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    text = str(err).strip().splitlines()
+    text = text[0] if text else ""
+    return f"{type(err).__name__}: {text[:limit]}"
+
+
+def _everywhere(ok: bool) -> bool:
+    """True when `ok` holds in every process (all processes call this at the same point)."""
+    if jax.process_count() == 1:
+        return ok
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+
+
+def _set_aside(mngr: ocp.CheckpointManager, step: int) -> None:
+    """Moves step folder `step` to `<dir>_unreadable/<step>[.n]` (process 0) and rescans."""
+    if jax.process_index() == 0:
+        source = epath.Path(mngr.directory) / str(step)
+        parent = epath.Path(str(mngr.directory).rstrip("/") + "_unreadable")
+        parent.mkdir(parents=True, exist_ok=True)
+        target, n = parent / str(step), 0
+        while target.exists():
+            n += 1
+            target = parent / f"{step}.{n}"
+        source.rename(target)
+        logging.error("Moved the unreadable checkpoint of step %d to %s.", step, target)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"checkpoint_set_aside_{step}")
+    mngr.reload()
 
 
 def restore_from_path(path: str, abstract_state: Any) -> tuple[int, Any, dict[str, Any]]:
@@ -90,7 +135,7 @@ def restore_from_path(path: str, abstract_state: Any) -> tuple[int, Any, dict[st
         if _is_dir(directory):
             mngr = ocp.CheckpointManager(directory, item_names=(STATE, META), options=ocp.CheckpointManagerOptions(read_only=True, create=False))
             if mngr.all_steps():
-                found = restore_latest(mngr, abstract_state)
+                found = restore_latest(mngr, abstract_state, set_aside=False)  # another run's files
                 mngr.close()
                 if found is not None:
                     return found
@@ -133,7 +178,7 @@ def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
                 ),
             )
         except Exception as err:  # noqa: BLE001
-            logging.error("Checkpoint at step %d is unreadable (%s); trying the previous one.", step, err)
+            logging.error("Checkpoint at step %d is unreadable (%s); trying the previous one.", step, _one_line(err))
             continue
         mngr.close()
         return step, restored[STATE]["params"]
@@ -142,9 +187,21 @@ def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
 
 
 def load_raw(workdir: str, step: Optional[int] = None) -> tuple[int, Any]:
-    """(step, state) of a checkpoint as saved, with no target shardings (inspection, tests)."""
-    mngr = manager(workdir, async_save=False)
+    """(step, state) of a checkpoint as saved, on this process's first device (inspection, tests).
+
+    Shapes and dtypes come from the checkpoint's metadata, so a checkpoint written by any mesh
+    or number of processes reads in one process.
+    """
+    mngr = ocp.CheckpointManager(
+        os.path.join(os.path.abspath(workdir), "checkpoints"),
+        item_handlers={STATE: ocp.StandardCheckpointHandler(), META: ocp.JsonCheckpointHandler()},
+        options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+    )
     step = max(mngr.all_steps()) if step is None else step
-    restored = mngr.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore()}))
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), mngr.item_metadata(step)[STATE].tree
+    )
+    restored = mngr.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target)}))
     mngr.close()
     return step, restored[STATE]
