@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import jax
 
-from skipless_jax import sharding
+from skipless_jax import sharding, token_graying
 from skipless_jax.data import sources
 from skipless_jax.models import init as init_lib
 from skipless_jax.models import vit
@@ -54,8 +54,6 @@ def model_image_checks(model: Any, image_size: int, patch_size: Optional[int] = 
         _require(0.0 <= value < 1.0, f"config.model.{field}={value!r} must be in [0, 1)")
     init_lib.validate_init_config(model)
     if model.get("token_graying") is not None:
-        from skipless_jax import token_graying
-
         token_graying.validate_token_graying(model.token_graying, model.get("tg_eps", 0.95))
 
 

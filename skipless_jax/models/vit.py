@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from skipless_jax import token_graying as tg_lib
 from skipless_jax.models import init as init_lib
 
 # (width, depth, mlp_dim, num_heads) of the standard ViT sizes.
@@ -251,9 +252,7 @@ class ViT(nn.Module):
         grid_h, grid_w = images.shape[1] // p, images.shape[2] // p
         x = patchify(images.astype(jnp.float32), p)
         if self.token_graying is not None:  # Token Graying, before the patch projection
-            from skipless_jax.token_graying import TOKEN_GRAYING
-
-            x = TOKEN_GRAYING[self.token_graying](x, self.tg_eps)
+            x = tg_lib.TOKEN_GRAYING[self.token_graying](x, self.tg_eps)
         out["patches"] = x
         x = nn.Dense(self.width, dtype=self.dtype, name="embedding")(x)
         out["embedding"] = x
