@@ -16,7 +16,6 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
-from etils import epath
 
 STATE, META = "state", "meta"
 
@@ -193,7 +192,7 @@ def load_raw(workdir: str, step: Optional[int] = None) -> tuple[int, Any]:
     or number of processes reads in one process.
     """
     mngr = ocp.CheckpointManager(
-        os.path.join(os.path.abspath(workdir), "checkpoints"),
+        os.path.join(_abs(workdir), "checkpoints"),
         item_handlers={STATE: ocp.StandardCheckpointHandler(), META: ocp.JsonCheckpointHandler()},
         options=ocp.CheckpointManagerOptions(read_only=True, create=False),
     )

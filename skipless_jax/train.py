@@ -224,7 +224,10 @@ def train_and_evaluate(
     if first_step == 0:
         writer.write_hparams({k: str(v) for k, v in _flatten(config.to_dict()).items()})
     progress = periodic_actions.ReportProgress(num_train_steps=total_steps, writer=writer, every_steps=config.log_every_steps)
-    stop_signal = _SignalFlag()
+    # One process: our SIGTERM flag. Several: jax.distributed's preemption service catches SIGTERM
+    # and mngr.reached_preemption(step) is true at the same step everywhere; a Python handler would
+    # replace it, and the signalled process would save while the others keep stepping (a hang).
+    stop_signal = _SignalFlag() if jax.process_count() == 1 else None
     data = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count())
     pending: list[dict[str, jax.Array]] = []
     last_saved = max(mngr.all_steps(), default=None)
@@ -268,7 +271,7 @@ def train_and_evaluate(
                     writer.write_scalars(step, {f"test/{k[5:]}": v for k, v in eval_metrics.items()})
                     final_metrics.update(eval_metrics)
                     logging.info("Step %d: test accuracy %.4f, test loss %.4f", step, eval_metrics["test_accuracy"], eval_metrics["test_loss"])
-                preempted = mngr.reached_preemption(step) or stop_signal.raised
+                preempted = mngr.reached_preemption(step) or (stop_signal is not None and stop_signal.raised)
                 if (config.get("checkpoint_every_steps") and step % config.checkpoint_every_steps == 0) or last or preempted:
                     check_finite(step)
                     checkpoint.save(mngr, step, state, meta(step))
@@ -281,7 +284,7 @@ def train_and_evaluate(
         mngr.close()
     writer.flush()
     final_metrics["step"] = step
-    if is_chief:
+    if is_chief and step == total_steps:  # a run stopped early has no final metrics
         epath.Path(workdir, "final_metrics.json").write_text(json.dumps(final_metrics, indent=2))
     return final_metrics
 

@@ -100,6 +100,16 @@ def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
     opt = config.optimizer
     _require(opt.get("name") in OPTIMIZERS, f"config.optimizer.name={opt.get('name')!r} is unknown; allowed: {sorted(OPTIMIZERS)}")
     _positive(config, "optimizer.lr")
+    if opt.name == "soap":
+        from skipless_jax.optim.soap import validate_soap_hparams
+
+        try:
+            validate_soap_hparams(
+                opt.get("b1", 0.95), opt.get("b2", 0.95), opt.get("shampoo_beta"), opt.get("eps", 1e-8),
+                opt.get("weight_decay", 0.01), opt.get("precondition_frequency", 10), opt.get("max_precond_dim", 10000),
+            )
+        except ValueError as err:
+            raise ValueError(f"config.optimizer: {err}") from None
     _positive(config, "optimizer.weight_decay", allow_zero=True, allow_none=True)
     for field in ("b1", "b2"):
         value = opt.get(field)

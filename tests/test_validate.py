@@ -46,6 +46,7 @@ CASES = [
     ({"model.width": 0}, "config.model.width"),
     ({"checkpoint_every_steps": -1}, "config.checkpoint_every_steps"),
     ({"grad_accum_steps": 3}, "config.grad_accum_steps"),
+    ({"optimizer.name": "soap", "optimizer.precondition_frequency": 0}, "precondition_frequency"),
 ]
 
 

@@ -1,0 +1,163 @@
+"""Runs the CLI in subprocesses (multi-process, kill and resume tests) on fake CPU devices.
+
+Run as a script, it is `python -m skipless_jax.main` with two test hooks read from the
+environment: SKIPLESS_STEP_DELAY (seconds slept before each train batch, so that a signal lands
+mid-run) and SKIPLESS_PROGRESS (a file that holds the step whose batch was last handed out).
+Neither changes a number the trainer computes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Callable, Iterator, Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "tests", "configs", "tiny.py")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def session_dir(tmp_path_factory) -> str:
+    """A folder shared by every pytest-xdist worker of this session (this session's own without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+
+
+@contextlib.contextmanager
+def file_lock(path: str) -> Iterator[None]:
+    """Exclusive lock across processes (xdist workers), e.g. to compute a shared result once."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def env(num_devices: int, cache_dir: Optional[str] = None, **extra: str) -> dict[str, str]:
+    """A CPU-only environment with `num_devices` fake devices and one BLAS thread.
+
+    `cache_dir`: JAX's persistent compilation cache, shared by the runs of a test session (a
+    cached executable is the same program, so results are unchanged; only compile time goes).
+    """
+    out = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_", "SKIPLESS_"))}
+    if cache_dir:
+        out.update(
+            JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        )
+    out.update(
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}",
+        OPENBLAS_NUM_THREADS="1",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        PYTHONUNBUFFERED="1",
+    )
+    out.update(extra)
+    return out
+
+
+def command(workdir: str, overrides: Sequence[str] = (), process: Optional[tuple[str, int, int]] = None) -> list[str]:
+    """The CLI on the tiny config; `process` = (coordinator address, process count, index)."""
+    cmd = [sys.executable, os.path.abspath(__file__), f"--config={TINY}", f"--workdir={workdir}", *overrides]
+    if process is not None:
+        address, count, index = process
+        cmd += [f"--coordinator_address={address}", f"--num_processes={count}", f"--process_id={index}"]
+    return cmd
+
+
+def start(cmd: list[str], environ: dict[str, str], log: str) -> subprocess.Popen:
+    """Starts `cmd` with stdout and stderr going to the file `log` (read it with `tail`)."""
+    with open(log, "wb") as f:
+        return subprocess.Popen(cmd, env=environ, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+
+
+def tail(log: str, chars: int = 4000) -> str:
+    with open(log, errors="replace") as f:
+        return f.read()[-chars:]
+
+
+def finish(proc: subprocess.Popen, log: str, timeout: float) -> int:
+    """Waits for `proc` at most `timeout` seconds (then kills it and fails) and returns its exit code."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"{proc.args[2:4]} did not finish within {timeout} s; log tail:\n{tail(log)}") from None
+
+
+def run(cmd: list[str], environ: dict[str, str], log: str, timeout: float) -> str:
+    """Runs `cmd` to completion, fails with its log tail unless it exits 0, and returns the log."""
+    code = finish(start(cmd, environ, log), log, timeout)
+    assert code == 0, f"exit code {code}; log tail:\n{tail(log)}"
+    return tail(log, 10**6)
+
+
+def wait_until(condition: Callable[[], bool], procs: Sequence[subprocess.Popen], log: str, timeout: float) -> None:
+    """Polls `condition` until true; fails early if any of `procs` exits, or after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if any(p.poll() is not None for p in procs):
+            raise AssertionError(f"a run exited ({[p.returncode for p in procs]}) before the condition held:\n{tail(log)}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached within {timeout} s; log tail:\n{tail(log)}")
+        time.sleep(0.02)
+
+
+def read_progress(path: str) -> int:
+    try:
+        with open(path) as f:
+            return int(f.read().strip() or -1)
+    except (FileNotFoundError, ValueError):
+        return -1
+
+
+def steps_on_disk(workdir: str) -> list[int]:
+    """Finished checkpoint steps (orbax renames a step folder to its number when the save is final)."""
+    directory = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+def _install_hooks() -> None:
+    """Wraps the train iterator: sleep before each batch and record its step (test hooks)."""
+    from skipless_jax.data import inputs
+
+    delay = float(os.environ.get("SKIPLESS_STEP_DELAY", "0"))
+    progress = os.environ.get("SKIPLESS_PROGRESS")
+    train_iterator = inputs.train_iterator
+
+    def slowed(config, start_step, process_index, process_count):
+        for step, batch in enumerate(train_iterator(config, start_step, process_index, process_count), start_step + 1):
+            if progress:
+                with open(progress + ".tmp", "w") as f:
+                    f.write(str(step))
+                os.replace(progress + ".tmp", progress)
+            time.sleep(delay)
+            yield batch
+
+    inputs.train_iterator = slowed
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    from skipless_jax import main
+
+    _install_hooks()
+    app.run(main.main)

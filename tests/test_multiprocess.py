@@ -1,0 +1,132 @@
+"""Two processes × 2 fake CPU devices on 127.0.0.1 (gloo collectives): the same numbers as one
+process with 4 devices, checkpoints that restore in one process, and no hang when a peer dies."""
+
+import json
+import logging
+import os
+import re
+import signal
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import subprocess_runs as sr
+from skipless_jax import checkpoint, train
+
+from util import tiny_config
+
+MESH = [("data", 2), ("fsdp", 2)]  # parameters sharded across the two processes
+TIMEOUT = 300  # per run; a hang fails the test instead of stalling it
+HEARTBEAT = 10  # seconds before the coordination service declares a silent process dead
+LONG_RUN = ["--config.total_steps=1000", "--config.checkpoint_every_steps=2"]  # stopped long before the end
+DELAY = "0.3"  # seconds per step, so that a kill or a signal lands mid-run
+
+
+def _environ(tmp_path_factory, **extra):
+    cache = os.path.join(sr.session_dir(tmp_path_factory), "jax_cache")
+    return sr.env(2, cache_dir=cache, **extra)
+
+
+def _launch(workdir, overrides, environ, tmp_path, config_arg=""):
+    """Starts processes 0 and 1 of one run; returns (processes, log paths, progress files)."""
+    address = f"127.0.0.1:{sr.free_port()}"
+    procs, logs, progress = [], [], []
+    for index in range(2):
+        logs.append(str(tmp_path / f"process_{index}.log"))
+        progress.append(str(tmp_path / f"progress_{index}"))
+        cmd = sr.command(workdir, overrides, (address, 2, index))
+        cmd[2] += config_arg
+        procs.append(sr.start(cmd, dict(environ, SKIPLESS_PROGRESS=progress[-1]), logs[-1]))
+    return procs, logs, progress
+
+
+def _reap(procs):
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _close(a, b):
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), a, b)
+
+
+def _resume_in_one_process(workdir, caplog):
+    """Continues `workdir` to step 7 on one device, checking that it resumed at step 5."""
+    config = tiny_config(total_steps=7, log_every_steps=1)
+    config.mesh = [("data", 1)]
+    with caplog.at_level(logging.INFO):
+        metrics = train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+    assert metrics["step"] == 7
+    assert any(re.search(r"Resumed from .* at step 5\.", r.getMessage()) for r in caplog.records)
+    caplog.clear()
+    return checkpoint.load_raw(workdir, 7)[1]
+
+
+def test_two_processes_equal_one_process_and_checkpoint_restores_in_one(tmp_path, tmp_path_factory, caplog):
+    # Two processes × 2 devices, 5 steps, data 2 × fsdp 2.
+    multi = str(tmp_path / "two_processes")
+    # tests/configs/tiny.py:fsdp=2 is MESH over the 4 global devices.
+    procs, logs, _ = _launch(multi, ["--config.total_steps=5", "--config.log_every_steps=5"],
+                             _environ(tmp_path_factory), tmp_path, ":fsdp=2")
+    for proc, log in zip(procs, logs):
+        assert sr.finish(proc, log, TIMEOUT) == 0, sr.tail(log)
+    for i, log in enumerate(logs):  # every process reports itself and its local devices
+        assert re.search(rf"Process {i}/2, local devices \[\d+, \d+\], global devices 4, mesh {{'data': 2, 'fsdp': 2}}", sr.tail(log, 10**6))
+
+    # One process × 4 devices, same mesh.
+    single = str(tmp_path / "one_process")
+    config = tiny_config(total_steps=5, log_every_steps=5)
+    config.mesh = MESH
+    expected = train.train_and_evaluate(config, single, devices=jax.devices()[:4])
+
+    with open(os.path.join(multi, "final_metrics.json")) as f:  # written by process 0 only
+        got = json.load(f)
+    for key in ("train_loss", "test_loss", "test_accuracy"):
+        np.testing.assert_allclose(got[key], expected[key], rtol=1e-5)
+    multi_state, single_state = checkpoint.load_raw(multi, 5)[1], checkpoint.load_raw(single, 5)[1]
+    assert int(multi_state["step"]) == 5
+    _close(multi_state["params"], single_state["params"])
+    _close(multi_state["opt_state"], single_state["opt_state"])
+
+    # The two-process checkpoint resumes in one process on one device, as the one-process one does.
+    _close(_resume_in_one_process(multi, caplog)["params"], _resume_in_one_process(single, caplog)["params"])
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["kill-worker", "kill-coordinator"])
+def test_killed_peer_stops_the_other_process_without_hanging(tmp_path, tmp_path_factory, victim):
+    workdir = str(tmp_path / "run")
+    procs, logs, progress = _launch(workdir, LONG_RUN, _environ(tmp_path_factory, SKIPLESS_STEP_DELAY=DELAY, JAX_HEARTBEAT_TIMEOUT=str(HEARTBEAT)), tmp_path)
+    try:
+        sr.wait_until(lambda: 2 in sr.steps_on_disk(workdir), procs, logs[0], TIMEOUT)
+        procs[victim].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        survivor = 1 - victim
+        code = sr.finish(procs[survivor], logs[survivor], 6 * HEARTBEAT)
+        elapsed = time.monotonic() - killed
+    finally:
+        _reap(procs)
+    out = sr.tail(logs[survivor], 10**6)
+    assert code != 0, out[-3000:]
+    assert sr.read_progress(progress[survivor]) < 1000
+    # JAX's coordination service names the cause: a peer stopped sending heartbeats, or the
+    # coordinator (process 0) is gone.
+    assert re.search(r"another task died|stopped sending heartbeats|leader task was preempted/died", out), out[-3000:]
+    print(f"survivor exited with {code} {elapsed:.1f} s after the kill")
+
+
+def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path, tmp_path_factory):
+    workdir = str(tmp_path / "run")
+    procs, logs, _ = _launch(workdir, LONG_RUN, _environ(tmp_path_factory, SKIPLESS_STEP_DELAY=DELAY, JAX_HEARTBEAT_TIMEOUT=str(HEARTBEAT)), tmp_path)
+    try:
+        sr.wait_until(lambda: 2 in sr.steps_on_disk(workdir), procs, logs[0], TIMEOUT)
+        procs[1].send_signal(signal.SIGTERM)  # e.g. one host of a pod is told first
+        codes = [sr.finish(proc, log, 2 * HEARTBEAT) for proc, log in zip(procs, logs)]
+    finally:
+        _reap(procs)
+    assert codes == [0, 0], [sr.tail(log, 2000) for log in logs]
+    stops = [re.findall(r"Stopping at step (\d+) on a preemption", sr.tail(log, 10**6)) for log in logs]
+    assert stops[0] == stops[1] and len(stops[0]) == 1, stops
+    assert max(sr.steps_on_disk(workdir)) == int(stops[0][0])
