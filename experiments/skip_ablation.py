@@ -38,7 +38,7 @@ def run_all(out: str, depths: list[int], seeds: list[int], extra: str = "") -> d
                 key = f"depth={depth}|{name}|seed={seed}"
                 if key in results:
                     continue
-                config = load_config("quickstart", f"{arg},depth={depth},seed={seed}{extra}")
+                config = load_config("quickstart", f"init=default,opt=adamw,{arg},depth={depth},seed={seed}{extra}")
                 config.checkpoint_every_steps = 0
                 with tempfile.TemporaryDirectory() as workdir:
                     metrics = train.train_and_evaluate(config, workdir)

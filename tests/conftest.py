@@ -7,6 +7,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ["XLA_FLAGS"] = (
     # Tiny test models: XLA's backend optimizations cost more compile time than they save.
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    # Avoids a scheduler deadlock of XLA:CPU on programs with many small factorizations.
+    " --xla_cpu_enable_concurrency_optimized_scheduler=false"
 ).strip()
 
 import jax  # noqa: E402

@@ -21,8 +21,11 @@ def load_config(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def tiny_config(arg: str | None = None, **overrides: Any) -> ml_collections.ConfigDict:
-    """The quickstart shrunk to seconds: width 32, depth 2, 12 steps, no checkpoints between."""
-    c = load_config("quickstart", arg)
+    """The quickstart shrunk to seconds: width 32, depth 2, 12 steps, no checkpoints between.
+
+    Standard ViT with AdamW unless `arg` says otherwise (later args win).
+    """
+    c = load_config("quickstart", "skip_sab=True,skip_ffn=True,init=default,opt=adamw," + (arg or ""))
     c.model.width, c.model.mlp_dim, c.model.num_heads = 32, 64, 2
     if not arg or "depth" not in arg:
         c.model.depth = 2

@@ -11,6 +11,10 @@ from typing import Any, Callable
 import jax
 import optax
 
+from skipless_jax.optim.soap import scale_by_soap, soap
+
+__all__ = ["OPTIMIZERS", "build_optimizer", "build_schedule", "decay_mask", "scale_by_soap", "soap", "warmup_cosine"]
+
 
 def warmup_cosine(
     peak_lr: float, total_steps: int, warmup_steps: int, end_lr: float = 0.0, init_lr: float = 0.0
@@ -66,9 +70,26 @@ def _sgd(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:
     )
 
 
+def _soap(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:
+    return soap(
+        lr,
+        b1=opt.get("b1", 0.95),
+        b2=opt.get("b2", 0.95),
+        shampoo_beta=opt.get("shampoo_beta"),
+        eps=opt.get("eps", 1e-8),
+        weight_decay=opt.get("weight_decay", 0.01),
+        precondition_frequency=opt.get("precondition_frequency", 10),
+        max_precond_dim=opt.get("max_precond_dim", 10000),
+        merge_dims=opt.get("merge_dims", False),
+        precondition_1d=opt.get("precondition_1d", False),
+        weight_decay_mask=decay_mask,
+    )
+
+
 OPTIMIZERS: dict[str, Callable[[Any, optax.Schedule], optax.GradientTransformation]] = {
     "adamw": _adamw,
     "sgd": _sgd,
+    "soap": _soap,
 }
 
 

@@ -23,7 +23,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     spec = importlib.util.spec_from_file_location("configs_quickstart", _QUICKSTART)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    c = module.get_config(rest or None)
+    c = module.get_config("skip_sab=True,skip_ffn=True,init=default,opt=adamw," + rest)
     c.model.width, c.model.mlp_dim, c.model.num_heads = 32, 64, 2
     if "depth=" not in rest:
         c.model.depth = 2
