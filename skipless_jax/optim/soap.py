@@ -152,57 +152,120 @@ def _descending_eigenbasis(gg: jax.Array) -> jax.Array:
     return vecs
 
 
-def _power_qr_refresh(gg: jax.Array, q: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """One power-iteration step + QR: returns (new Q (s, s), sort order (s,)) — §5 refresh."""
-    est = jnp.einsum("ij,ik,kj->j", q, gg, q, precision=_PRECISION)  # diag(Qᵀ GG Q)
-    order = jnp.argsort(-est)  # descending without a reverse (see _descending_eigenbasis)
-    q_new, _ = jnp.linalg.qr(jnp.matmul(gg, q[:, order], precision=_PRECISION))
-    return q_new, order
+def _argsort_descending(vectors: list[jax.Array]) -> list[jax.Array]:
+    """argsort(-v) of each vector; vectors of equal length share one sort (fewer kernels)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, v in enumerate(vectors):
+        groups.setdefault((v.shape, jnp.dtype(v.dtype).name), []).append(i)
+    out: list[Any] = [None] * len(vectors)
+    for idx in groups.values():
+        # Negated, not sorted descending: a reverse would be a collective on a sharded axis.
+        orders = jnp.argsort(-jnp.stack([vectors[i] for i in idx]), axis=-1)
+        for pos, i in enumerate(idx):
+            out[i] = orders[pos]
+    return out
 
 
-def _keep_if_finite(new: jax.Array, old: jax.Array) -> jax.Array:
-    """A failed factorization (non-finite output) keeps the previous basis instead of poisoning m, v."""
-    return jnp.where(jnp.all(jnp.isfinite(new)), new, old)
-
-
-def _map_stack(fn: Callable, *stack: jax.Array) -> Any:
-    """fn over the leading (factor) axis: one batched call on accelerators, a loop on CPU.
-
-    jaxlib's batched CPU LAPACK kernels fan the batch out to the intra-op thread pool and block on
-    it; with several host devices blocked the same way they deadlock. A scan keeps batch 1 and
-    still compiles fn once.
+def power_qr_refresh(
+    ggs: list[jax.Array], qs: list[jax.Array]
+) -> tuple[list[jax.Array], list[jax.Array]]:
+    """§5 refresh of every factor: order = argsort of diag(Qᵀ GG Q) descending,
+    Q ← QR(GG Q[:, order]).Q. Returns (new bases, orders). Uses P = GG Q for both:
+    diag(Qᵀ GG Q) = Σ_rows Q ⊙ P and GG Q[:, order] = P[:, order].
     """
-    return jax.lax.platform_dependent(
-        *stack,
-        cpu=lambda *s: jax.lax.map(lambda xs: fn(*xs), s),
-        default=jax.vmap(fn),
+    powers = [jnp.matmul(gg, q, precision=_PRECISION) for gg, q in zip(ggs, qs)]
+    orders = _argsort_descending([jnp.sum(q * p, axis=0) for q, p in zip(qs, powers)])
+    q_new = _per_factor(lambda p, o: jnp.linalg.qr(p[:, o])[0], powers, orders)
+    return q_new, orders
+
+
+def _per_factor(fn: Callable, *factors: list[jax.Array]) -> list[Any]:
+    """[fn(*xs) for xs in zip(*factors)]: a loop on CPU, batched by shape on accelerators.
+
+    On XLA:CPU a loop compiles faster than stack + vmap + unstack, and one matrix per call keeps
+    jaxlib's batched LAPACK kernels (which block on the intra-op pool and deadlock with several
+    host devices) out of the program. Elsewhere factors of equal shape and dtype share one
+    batched call.
+    """
+
+    def loop(*lists):
+        return [fn(*xs) for xs in zip(*lists)]
+
+    def batched(*lists):
+        groups: dict[tuple, list[int]] = {}
+        for i, x in enumerate(lists[0]):
+            groups.setdefault((x.shape, jnp.dtype(x.dtype).name), []).append(i)
+        out: list[Any] = [None] * len(lists[0])
+        for idx in groups.values():
+            res = jax.vmap(fn)(*[jnp.stack([lst[i] for i in idx]) for lst in lists])
+            for pos, i in enumerate(idx):
+                out[i] = jax.tree.map(lambda r: r[pos], res)
+        return out
+
+    if not factors[0]:
+        return []
+    return jax.lax.platform_dependent(*factors, cpu=loop, default=batched)
+
+
+class _Hyper(NamedTuple):
+    b1: float
+    b2: float
+    beta_s: float
+    eps: float
+    normalize_grads: bool
+    correct_bias: bool
+
+
+def tensor_step(
+    g: jax.Array,
+    mu: jax.Array,
+    nu: jax.Array,
+    gg: tuple[jax.Array, ...],
+    q: tuple[jax.Array, ...],
+    count: jax.Array,
+    axes: tuple[int, ...],
+    hp: _Hyper,
+) -> tuple[jax.Array, jax.Array, jax.Array, tuple[jax.Array, ...]]:
+    """One SOAP call for one tensor in its work shape (§5): (direction, m, v, GG).
+
+    g, mu, nu: work shape; gg, q: one (s_i, s_i) per axis in `axes`. The direction includes the
+    bias correction √(1-b2^t)/(1-b1^t) (t = count) and is zero on call 0, which leaves m, v as they
+    are. GG advances on every call with the raw gradient.
+    """
+    first = count == 0
+    basis = dict(zip(axes, q))
+    g_proj = mode_product(g, basis, transpose=True)
+    mu_new = hp.b1 * mu + (1 - hp.b1) * g_proj
+    nu_new = hp.b2 * nu + (1 - hp.b2) * jnp.square(g_proj)
+    direction = mode_product(mu_new / (jnp.sqrt(nu_new) + hp.eps), basis, transpose=False)
+    if hp.normalize_grads:
+        direction = direction / (1e-30 + jnp.sqrt(jnp.mean(jnp.square(direction))))
+    if hp.correct_bias:
+        t = count.astype(g.dtype)
+        direction = direction * (jnp.sqrt(1 - hp.b2**t) / (1 - hp.b1**t))
+    gg_new = tuple(hp.beta_s * f + (1 - hp.beta_s) * mode_gram(g, a) for a, f in zip(axes, gg))
+    return (
+        jnp.where(first, 0, direction),
+        jnp.where(first, mu, mu_new),
+        jnp.where(first, nu, nu_new),
+        gg_new,
     )
 
 
-def _batched(fn: Callable, *stacks: dict) -> dict:
-    """Run `fn` once per group of equally shaped factors, over the group's stack."""
-    return {key: _map_stack(fn, *[s[key] for s in stacks]) for key in stacks[0]}
-
-
-def _group_factors(factor_lists: list[tuple[jax.Array, ...]]) -> dict:
-    """Map (size, dtype) -> list of (leaf index, factor index) for batching same-shape factors."""
-    groups: dict = {}
-    for leaf, factors in enumerate(factor_lists):
-        for k, f in enumerate(factors):
-            groups.setdefault((f.shape[0], jnp.dtype(f.dtype).name), []).append((leaf, k))
-    return groups
-
-
-def _stack(groups: dict, factor_lists: list[tuple[jax.Array, ...]]) -> dict:
-    return {key: jnp.stack([factor_lists[l][k] for l, k in idx]) for key, idx in groups.items()}
-
-
-def _unstack(groups: dict, stacked: dict, like: list[tuple[jax.Array, ...]]) -> list[list]:
-    out = [list(factors) for factors in like]
-    for key, idx in groups.items():
-        for j, (l, k) in enumerate(idx):
-            out[l][k] = stacked[key][j]
-    return out
+def tensor_rotate(
+    mu: jax.Array,
+    nu: jax.Array,
+    q_old: tuple[jax.Array, ...],
+    q_new: tuple[jax.Array, ...],
+    orders: tuple[jax.Array, ...],
+    axes: tuple[int, ...],
+) -> tuple[jax.Array, jax.Array]:
+    """After a refresh: m into the new basis (×_i Q_newᵀ Q_old), v permuted by each axis's sort."""
+    rot = {a: jnp.matmul(n.T, o, precision=_PRECISION) for a, n, o in zip(axes, q_new, q_old)}
+    mu = mode_product(mu, rot, transpose=False)
+    for a, order in zip(axes, orders):
+        nu = jnp.take(nu, order, axis=a)
+    return mu, nu
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,6 +356,8 @@ def scale_by_soap(
     validate_soap_hparams(b1, b2, shampoo_beta, eps, 0.0, precondition_frequency, max_precond_dim)
     beta_s = b2 if shampoo_beta is None else shampoo_beta
 
+    hp = _Hyper(b1, b2, beta_s, eps, normalize_grads, correct_bias)
+
     def layout(p: jax.Array) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return soap_layout(jnp.shape(p), max_precond_dim, merge_dims, precondition_1d)
 
@@ -319,86 +384,77 @@ def scale_by_soap(
         mus, nus = treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu)
         ggs, qs = treedef.flatten_up_to(state.gg), treedef.flatten_up_to(state.q)
         count = state.count
-        first = count == 0
+        layouts = [layout(g) for g in grads]
 
-        new_updates, new_mu, new_nu, new_gg = [], [], [], []
-        for g, mu, nu, gg, q in zip(grads, mus, nus, ggs, qs):
-            work, axes = layout(g)
+        directions, new_mu, new_nu, new_gg = [], [], [], []
+        for g, mu, nu, gg, q, (work, axes) in zip(grads, mus, nus, ggs, qs, layouts):
             dtype = _state_dtype(g.dtype)
-            g32 = g.astype(dtype).reshape(work)
-            basis = dict(zip(axes, q))
-            g_proj = mode_product(g32, basis, transpose=True)
-            mu_w = b1 * mu.reshape(work) + (1 - b1) * g_proj
-            nu_w = b2 * nu.reshape(work) + (1 - b2) * jnp.square(g_proj)
-            direction = mode_product(mu_w / (jnp.sqrt(nu_w) + eps), basis, transpose=False)
-            if normalize_grads:
-                direction = direction / (1e-30 + jnp.sqrt(jnp.mean(jnp.square(direction))))
-            if correct_bias:
-                t = count.astype(dtype)
-                direction = direction * (jnp.sqrt(1 - b2**t) / (1 - b1**t))
-            # Call 0 only builds the preconditioner: zero update, moments untouched (still zero).
-            new_updates.append(jnp.where(first, 0, direction).reshape(g.shape).astype(g.dtype))
-            new_mu.append(jnp.where(first, mu.reshape(work), mu_w))
-            new_nu.append(jnp.where(first, nu.reshape(work), nu_w))
-            new_gg.append(
-                tuple(beta_s * f + (1 - beta_s) * mode_gram(g32, a) for a, f in zip(axes, gg))
+            d, m, v, f = tensor_step(
+                g.astype(dtype).reshape(work), mu.reshape(work), nu.reshape(work),
+                tuple(gg), tuple(q), count, axes, hp,
             )
+            directions.append(d)
+            new_mu.append(m)
+            new_nu.append(v)
+            new_gg.append(f)
 
-        q_list = [tuple(x) for x in qs]
-        axes_list = [layout(g)[1] for g in grads]
-        groups = _group_factors(new_gg)
+        # Leaves with factors enter the conds: eigh on call 0, power iteration + QR on refresh
+        # steps, nothing otherwise.
+        factored = [i for i, (_, axes) in enumerate(layouts) if axes]
+        flat_gg = [f for i in factored for f in new_gg[i]]
+        flat_q = [f for i in factored for f in qs[i]]
 
-        def keep(gg_l, q_l, mu_l, nu_l):
-            return q_l, mu_l, nu_l
+        def regroup(flat: list[Any]) -> list[tuple[Any, ...]]:
+            out, k = [], 0
+            for i in factored:
+                n = len(layouts[i][1])
+                out.append(tuple(flat[k:k + n]))
+                k += n
+            return out
 
-        def eigh_init(gg_l, q_l, mu_l, nu_l):
-            stacked = _batched(_descending_eigenbasis, _stack(groups, gg_l))
-            new_q = _unstack(groups, stacked, q_l)
-            eye = [[jnp.eye(f.shape[0], dtype=f.dtype) for f in fs] for fs in q_l]
-            new_q = [
-                tuple(_keep_if_finite(n, e) for n, e in zip(ns, es)) for ns, es in zip(new_q, eye)
-            ]
-            return new_q, mu_l, nu_l
+        def keep(ops):
+            _, q_flat, mu_l, nu_l = ops
+            return q_flat, mu_l, nu_l
 
-        def qr_refresh(gg_l, q_l, mu_l, nu_l):
-            out = _batched(_power_qr_refresh, _stack(groups, gg_l), _stack(groups, q_l))
-            q_new = _unstack(groups, {k: v[0] for k, v in out.items()}, q_l)
-            orders = _unstack(groups, {k: v[1] for k, v in out.items()}, q_l)
-            q_res, mu_res, nu_res = [], [], []
-            for (work_axes, q_old, q_n, order, mu_w, nu_w) in zip(
-                axes_list, q_l, q_new, orders, mu_l, nu_l
+        def eigh_init(ops):
+            gg_flat, q_flat, mu_l, nu_l = ops
+            return _per_factor(_descending_eigenbasis, gg_flat), mu_l, nu_l
+
+        def qr_refresh(ops):
+            gg_flat, q_flat, mu_l, nu_l = ops
+            q_new, orders = power_qr_refresh(gg_flat, q_flat)
+            orders = regroup(orders)
+            mu_out, nu_out = [], []
+            for i, mu, nu, q_o, q_n, order in zip(
+                factored, mu_l, nu_l, regroup(q_flat), regroup(q_new), orders
             ):
-                q_n = [_keep_if_finite(n, o) for n, o in zip(q_n, q_old)]
-                rot = {
-                    a: jnp.matmul(n.T, o, precision=_PRECISION)
-                    for a, n, o in zip(work_axes, q_n, q_old)
-                }
-                mu_res.append(mode_product(mu_w, rot, transpose=False))  # m into the new basis
-                for a, idx in zip(work_axes, order):
-                    nu_w = jnp.take(nu_w, idx, axis=a)  # v follows the eigenvector sort
-                nu_res.append(nu_w)
-                q_res.append(tuple(q_n))
-            return q_res, mu_res, nu_res
+                mu, nu = tensor_rotate(mu, nu, q_o, q_n, order, layouts[i][1])
+                mu_out.append(mu)
+                nu_out.append(nu)
+            return q_new, mu_out, nu_out
 
-        refresh = count % precondition_frequency == 0
+        def refresh_or_keep(ops):
+            return jax.lax.cond(count % precondition_frequency == 0, qr_refresh, keep, ops)
 
-        def refresh_or_keep(*args):
-            return jax.lax.cond(refresh, qr_refresh, keep, *args)
-
-        operands = (new_gg, q_list, new_mu, new_nu)
-        if groups:
-            q_out, mu_out, nu_out = jax.lax.cond(first, eigh_init, refresh_or_keep, *operands)
+        if factored:
+            ops = (flat_gg, flat_q, [new_mu[i] for i in factored], [new_nu[i] for i in factored])
+            q_flat, mu_f, nu_f = jax.lax.cond(count == 0, eigh_init, refresh_or_keep, ops)
+            new_q = [tuple(q) for q in qs]
+            for i, q, m, v in zip(factored, regroup(q_flat), mu_f, nu_f):
+                new_q[i], new_mu[i], new_nu[i] = q, m, v
         else:
-            q_out, mu_out, nu_out = q_list, new_mu, new_nu
+            new_q = [tuple(q) for q in qs]
 
+        shapes = [g.shape for g in grads]
         new_state = ScaleBySoapState(
             count=optax.safe_increment(count),
-            mu=treedef.unflatten([m.reshape(g.shape) for m, g in zip(mu_out, grads)]),
-            nu=treedef.unflatten([n.reshape(g.shape) for n, g in zip(nu_out, grads)]),
-            gg=treedef.unflatten([tuple(x) for x in new_gg]),
-            q=treedef.unflatten([tuple(x) for x in q_out]),
+            mu=treedef.unflatten([m.reshape(s) for m, s in zip(new_mu, shapes)]),
+            nu=treedef.unflatten([v.reshape(s) for v, s in zip(new_nu, shapes)]),
+            gg=treedef.unflatten(new_gg),
+            q=treedef.unflatten(new_q),
         )
-        return treedef.unflatten(new_updates), new_state
+        out = [d.reshape(g.shape).astype(g.dtype) for d, g in zip(directions, grads)]
+        return treedef.unflatten(out), new_state
 
     return optax.GradientTransformation(init_fn, update_fn)
 

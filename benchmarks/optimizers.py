@@ -1,0 +1,265 @@
+r"""SOAP vs AdamW: update time (ordinary / refresh / amortized), compile time, state memory.
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/optimizers.py \
+        --variants=Ti/16,S/16,B/16 --time_variants=Ti/16,S/16 \
+        --output=benchmarks/results/optimizers.json
+
+Part 1, per ViT variant (parameter shapes of `models.vit.ViT`, 1000 classes, 224 px): the jitted
+optimizer update alone (`tx.update` + `apply_updates`, donated), with random gradients.
+  ordinary   median time of a step that does no factorization (t % frequency != 0);
+  refresh    median time of a refresh step (power iteration + QR of every factor);
+  amortized  ((frequency - 1)·ordinary + refresh) / frequency, the cost per step in training;
+  compile    lower + compile of the update; state  bytes of the optimizer state.
+Variants outside --time_variants report compile time and memory only (B/16 SOAP steps take
+tens of seconds on a 2-core CPU).
+Part 2: the whole train step (forward, backward, update) of ViT-Ti/4 on 32×32 images, batch
+128, SOAP vs AdamW measured interleaved in one process and reported as ratios; targets:
+amortized step ≤ 1.2× AdamW, compile ≤ 2× AdamW.
+The step of the call that builds the preconditioner (eigh, once per run) is reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from skipless_jax.models import vit
+from skipless_jax.optim.soap import soap
+
+FREQUENCY = 10
+
+
+def make_optimizers(frequency: int) -> dict[str, optax.GradientTransformation]:
+    """The paper's settings (Cutting the Skip): SOAP b1 0.9, b2 0.95; AdamW as the baseline."""
+    return {
+        "adamw": optax.adamw(1e-3, b1=0.9, b2=0.999, weight_decay=0.05),
+        "soap": soap(3e-3, b1=0.9, b2=0.95, weight_decay=0.05, precondition_frequency=frequency),
+    }
+
+
+def set_count(state: Any, count: int) -> Any:
+    """Every `count` field of a (chained) optimizer state set to `count` (selects SOAP's branch).
+
+    Each field gets its own array: the state is donated, and one buffer may be donated once.
+    """
+    if hasattr(state, "_fields"):
+        state = type(state)(*(set_count(getattr(state, f), count) for f in state._fields))
+        if "count" in state._fields:
+            state = state._replace(count=jnp.array(count, jnp.int32))
+        return state
+    if isinstance(state, (tuple, list)):
+        return type(state)(set_count(x, count) for x in state)
+    return state
+
+
+def tree_bytes(tree: Any) -> int:
+    return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
+
+
+def block(tree: Any) -> None:
+    jax.block_until_ready(tree)
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    block(fn())
+    return time.perf_counter() - t0
+
+
+def model_for(variant: str, image_size: int, num_classes: int) -> vit.ViT:
+    return vit.ViT(num_classes=num_classes, **vit.decode_variant(variant))
+
+
+def abstract_params(model: vit.ViT, image_size: int) -> Any:
+    x = jnp.zeros((1, image_size, image_size, 3))
+    return jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), x)["params"])
+
+
+def random_like(tree: Any, seed: int, scale: float = 1.0) -> Any:
+    leaves, treedef = jax.tree.flatten(tree)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    return treedef.unflatten(
+        [scale * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Part 1: the update alone.
+
+
+def bench_update(variant: str, tx: optax.GradientTransformation, timing: bool, repeats: int,
+                 frequency: int) -> dict[str, Any]:
+    abstract = abstract_params(model_for(variant, 224, 1000), 224)
+    state_abstract = jax.eval_shape(tx.init, abstract)
+    row: dict[str, Any] = dict(
+        variant=variant,
+        param_bytes=tree_bytes(abstract),
+        state_bytes=tree_bytes(state_abstract),
+    )
+
+    def update(params, state, grads):
+        u, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, u), state
+
+    jitted = jax.jit(update, donate_argnums=(0, 1))
+    t0 = time.perf_counter()
+    compiled = jitted.lower(abstract, state_abstract, abstract).compile()
+    row["compile_s"] = time.perf_counter() - t0
+    if not timing:
+        return row
+
+    params = random_like(abstract, 0)
+    grads = random_like(abstract, 1, 1e-2)
+    state = jax.jit(tx.init)(params)
+    # Call 0 (builds the preconditioner; plain count bookkeeping for AdamW), timed once.
+    t0 = time.perf_counter()
+    params, state = compiled(params, state, grads)
+    block((params, state))
+    row["first_call_s"] = time.perf_counter() - t0
+    for kind, count in (("ordinary", 1), ("refresh", frequency)):
+        times = []
+        for _ in range(repeats + 1):  # first run of each branch warms caches, dropped
+            state = set_count(state, count)
+            t0 = time.perf_counter()
+            params, state = compiled(params, state, grads)
+            block((params, state))
+            times.append(time.perf_counter() - t0)
+        row[f"{kind}_s"] = statistics.median(times[1:])
+    row["amortized_s"] = ((frequency - 1) * row["ordinary_s"] + row["refresh_s"]) / frequency
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# Part 2: the whole train step of ViT-Ti/4 on 32×32 images.
+
+
+def bench_train_step(variant: str, image_size: int, batch: int, repeats: int,
+                     frequency: int) -> dict[str, Any]:
+    model = model_for(variant, image_size, 10)
+    optimizers = make_optimizers(frequency)
+    images = jax.random.normal(jax.random.PRNGKey(1), (batch, image_size, image_size, 3))
+    labels = jnp.arange(batch) % 10
+    runs: dict[str, dict[str, Any]] = {}
+    for name, tx in optimizers.items():
+        def step(params, opt_state, images, labels, tx=tx):
+            def loss_fn(p):
+                logits, _ = model.apply({"params": p}, images, train=True)
+                return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+            loss, grads = jax.value_and_grad(loss_fn)(params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
+
+        params = model.init(jax.random.PRNGKey(0), images[:1])["params"]
+        opt_state = jax.jit(tx.init)(params)
+        t0 = time.perf_counter()
+        compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt_state, images, labels).compile()
+        compile_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        params, opt_state, loss = compiled(params, opt_state, images, labels)
+        block(loss)
+        runs[name] = dict(compiled=compiled, params=params, opt_state=opt_state, compile_s=compile_s,
+                          first_call_s=time.perf_counter() - t0, ordinary=[], refresh=[])
+
+    # Interleaved: each round times one ordinary and one refresh step of each optimizer.
+    for r in range(repeats + 1):
+        for kind, count in (("ordinary", 1), ("refresh", frequency)):
+            for name, run in runs.items():
+                run["opt_state"] = set_count(run["opt_state"], count)
+                t0 = time.perf_counter()
+                run["params"], run["opt_state"], loss = run["compiled"](
+                    run["params"], run["opt_state"], images, labels)
+                block(loss)
+                if r:  # round 0 warms up
+                    run[kind].append(time.perf_counter() - t0)
+
+    out: dict[str, Any] = dict(variant=variant, image_size=image_size, batch=batch, frequency=frequency)
+    for name, run in runs.items():
+        ordinary, refresh = statistics.median(run["ordinary"]), statistics.median(run["refresh"])
+        out[name] = dict(
+            compile_s=run["compile_s"], first_call_s=run["first_call_s"], ordinary_s=ordinary,
+            refresh_s=refresh, amortized_s=((frequency - 1) * ordinary + refresh) / frequency,
+        )
+    a, s = out["adamw"], out["soap"]
+    out["ratios"] = dict(
+        amortized=s["amortized_s"] / a["amortized_s"],
+        ordinary=s["ordinary_s"] / a["ordinary_s"],
+        refresh=s["refresh_s"] / a["amortized_s"],
+        compile=s["compile_s"] / a["compile_s"],
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variants", default="Ti/16,S/16,B/16")
+    parser.add_argument("--time_variants", default="Ti/16,S/16", help="variants whose steps are timed")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--frequency", type=int, default=FREQUENCY)
+    parser.add_argument("--step_variant", default="Ti/4")
+    parser.add_argument("--step_image_size", type=int, default=32)
+    parser.add_argument("--step_batch", type=int, default=128)
+    parser.add_argument("--step_repeats", type=int, default=3)
+    parser.add_argument("--skip_step", action="store_true", help="skip part 2")
+    parser.add_argument("--output", default="benchmarks/results/optimizers.json")
+    args = parser.parse_args()
+    timing = set(args.time_variants.split(",")) if args.time_variants else set()
+
+    rows = []
+    for variant in args.variants.split(","):
+        for name, tx in make_optimizers(args.frequency).items():
+            row = bench_update(variant, tx, variant in timing, args.repeats, args.frequency)
+            row["optimizer"] = name
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+    device = f"{jax.device_count()} × {jax.devices()[0].device_kind}"
+    print(f"\nOptimizer update alone ({device}; frequency {args.frequency}; ms):")
+    print(f"{'variant':8} {'opt':6} {'params':>10} {'state':>10} {'state/params':>12} {'compile s':>9} "
+          f"{'ordinary':>9} {'refresh':>9} {'amortized':>9} {'call 0':>9}")
+    for r in rows:
+        ms = lambda k: f"{1e3 * r[k]:9.1f}" if k in r else f"{'-':>9}"
+        print(f"{r['variant']:8} {r['optimizer']:6} {fmt_bytes(r['param_bytes']):>10} "
+              f"{fmt_bytes(r['state_bytes']):>10} {r['state_bytes'] / r['param_bytes']:12.2f} "
+              f"{r['compile_s']:9.1f} {ms('ordinary_s')} {ms('refresh_s')} {ms('amortized_s')} {ms('first_call_s')}")
+
+    step = None
+    if not args.skip_step:
+        step = bench_train_step(args.step_variant, args.step_image_size, args.step_batch,
+                                args.step_repeats, args.frequency)
+        print(f"\nWhole train step, ViT-{args.step_variant} {args.step_image_size}px batch {args.step_batch} "
+              f"({device}):")
+        print(f"{'opt':6} {'compile s':>9} {'ordinary ms':>11} {'refresh ms':>10} {'amortized ms':>12}")
+        for name in ("adamw", "soap"):
+            s = step[name]
+            print(f"{name:6} {s['compile_s']:9.1f} {1e3 * s['ordinary_s']:11.1f} "
+                  f"{1e3 * s['refresh_s']:10.1f} {1e3 * s['amortized_s']:12.1f}")
+        ratios = step["ratios"]
+        print(f"SOAP / AdamW: amortized {ratios['amortized']:.3f}× (target ≤ 1.2), ordinary "
+              f"{ratios['ordinary']:.3f}×, refresh step {ratios['refresh']:.3f}×, compile "
+              f"{ratios['compile']:.2f}× (target ≤ 2)")
+
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump(dict(update=rows, train_step=step, args=vars(args), device=device), f, indent=2)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

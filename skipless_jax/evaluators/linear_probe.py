@@ -1,0 +1,90 @@
+"""Linear probe on frozen features: multinomial logistic regression, full-batch L-BFGS.
+
+Features are standardized with the train mean and standard deviation; then (W, b) minimizes
+
+    J(W, b) = mean_i CE(softmax(x_i W + b), y_i) + (l2 / 2)·‖W‖²_F      (b not penalized)
+
+by optax's L-BFGS with zoom line search until ‖∇J‖ < tol or `max_steps`. This is the
+evaluation on frozen CLS features without augmentation (DINO trains its linear layer with
+SGD on augmented images; a convex fit is deterministic and cheap enough to run periodically).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def validate_linear_probe(l2: float, max_steps: int) -> None:
+    if not isinstance(l2, (int, float)) or isinstance(l2, bool) or not math.isfinite(l2) or l2 < 0:
+        raise ValueError(f"config.eval.linear_l2={l2!r} must be a finite number >= 0")
+    if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1:
+        raise ValueError(f"config.eval.linear_steps={max_steps!r} must be a positive integer")
+
+
+def objective(params: dict[str, jax.Array], x: jax.Array, y: jax.Array, l2: float) -> jax.Array:
+    """J(W, b) above; x (n, d) standardized, y (n,) int labels."""
+    logits = jnp.matmul(x, params["w"], precision=_HIGHEST) + params["b"]
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    return ce + 0.5 * l2 * jnp.sum(jnp.square(params["w"]))
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes", "max_steps"))
+def _fit(x: jax.Array, y: jax.Array, num_classes: int, l2: float, max_steps: int, tol: float) -> dict[str, jax.Array]:
+    fun = functools.partial(objective, x=x, y=y, l2=l2)
+    opt = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(fun)
+
+    def step(carry):
+        params, state = carry
+        value, grad = value_and_grad(params, state=state)
+        updates, state = opt.update(grad, state, params, value=value, grad=grad, value_fn=fun)
+        return optax.apply_updates(params, updates), state
+
+    def running(carry):
+        _, state = carry
+        count = optax.tree.get(state, "count")
+        return (count == 0) | ((count < max_steps) & (optax.tree.norm(optax.tree.get(state, "grad")) >= tol))
+
+    params = {"w": jnp.zeros((x.shape[1], num_classes), jnp.float32), "b": jnp.zeros((num_classes,), jnp.float32)}
+    params, _ = jax.lax.while_loop(running, step, (params, opt.init(params)))
+    return params
+
+
+def fit(
+    train_x: np.ndarray, train_y: np.ndarray, num_classes: int, l2: float = 1e-4, max_steps: int = 500, tol: float = 1e-5
+) -> dict[str, Any]:
+    """Standardization statistics and (W, b) fitted on (n, d) features and (n,) int labels."""
+    validate_linear_probe(l2, max_steps)
+    x = np.asarray(train_x, np.float64)
+    mean, std = x.mean(0), x.std(0) + 1e-6
+    xs = jnp.asarray((x - mean) / std, jnp.float32)
+    params = _fit(xs, jnp.asarray(train_y, jnp.int32), int(num_classes), float(l2), int(max_steps), float(tol))
+    return {"mean": mean, "std": std, "w": np.asarray(params["w"]), "b": np.asarray(params["b"])}
+
+
+def predict_logits(probe: dict[str, Any], x: np.ndarray) -> np.ndarray:
+    xs = (np.asarray(x, np.float64) - probe["mean"]) / probe["std"]
+    return xs @ probe["w"].astype(np.float64) + probe["b"].astype(np.float64)
+
+
+def linear_probe_accuracy(
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    test_x: np.ndarray,
+    test_y: np.ndarray,
+    num_classes: int,
+    l2: float = 1e-4,
+    max_steps: int = 500,
+) -> float:
+    """Top-1 test accuracy of the probe fitted on the train features."""
+    probe = fit(train_x, train_y, num_classes, l2, max_steps)
+    return float(np.mean(predict_logits(probe, test_x).argmax(-1) == np.asarray(test_y)))

@@ -1,0 +1,95 @@
+"""kNN and linear-probe evaluators against independent float64 numpy / scipy references."""
+
+import numpy as np
+import pytest
+import scipy.optimize
+import scipy.special
+
+from skipless_jax.evaluators import knn, linear_probe
+
+
+def clustered(rng, n, d, num_classes, spread):
+    """Gaussian blobs around random class means: (features, labels)."""
+    means = rng.normal(size=(num_classes, d))
+    labels = rng.integers(0, num_classes, size=n)
+    return means[labels] + spread * rng.normal(size=(n, d)), labels
+
+
+def ref_knn_votes(train_x, train_y, test_x, num_classes, k, t):
+    """DINO's knn_classifier, one test example at a time, in float64."""
+    tr = train_x / np.linalg.norm(train_x, axis=1, keepdims=True)
+    te = test_x / np.linalg.norm(test_x, axis=1, keepdims=True)
+    votes = np.zeros((len(te), num_classes))
+    for i, q in enumerate(te):
+        sims = tr @ q
+        top = np.argsort(-sims, kind="stable")[:k]
+        for j in top:
+            votes[i, train_y[j]] += np.exp(sims[j] / t)
+    return votes
+
+
+@pytest.mark.parametrize("k, t, chunk", [(1, 0.07, 256), (5, 0.07, 7), (20, 0.5, 64)])
+def test_knn_votes_match_reference(k, t, chunk):
+    rng = np.random.default_rng(k)
+    train_x, train_y = clustered(rng, 300, 12, 5, 1.5)
+    test_x, _ = clustered(rng, 50, 12, 5, 1.5)
+    votes = knn.knn_votes(train_x, train_y, test_x, 5, k, t, chunk=chunk)
+    expected = ref_knn_votes(train_x, train_y, test_x, 5, k, t)
+    assert votes.shape == (50, 5)
+    np.testing.assert_allclose(votes, expected, rtol=2e-4)
+    np.testing.assert_array_equal(votes.argmax(-1), expected.argmax(-1))
+
+
+def test_knn_accuracy_separates_informative_from_random_features():
+    rng = np.random.default_rng(0)
+    train_x, train_y = clustered(rng, 400, 16, 4, 0.5)
+    test_x, test_y = clustered(np.random.default_rng(0), 400, 16, 4, 0.5)  # same class means
+    assert knn.knn_accuracy(train_x, train_y, test_x, test_y, 4) > 0.95
+    noise = rng.normal(size=test_x.shape)
+    assert knn.knn_accuracy(rng.normal(size=train_x.shape), train_y, noise, test_y, 4) < 0.45
+
+
+@pytest.mark.parametrize(
+    "k, t, match",
+    [(0, 0.07, r"knn_k=0 must be a positive integer"), (2.5, 0.07, r"knn_k=2\.5"), (5, 0.0, r"knn_temperature=0\.0 must be"),
+     (500, 0.07, r"knn_k=500 exceeds the 300 train examples")],
+)
+def test_knn_bad_input_is_one_line(k, t, match):
+    with pytest.raises(ValueError, match=match):
+        knn.knn_votes(np.ones((300, 4)), np.zeros(300, int), np.ones((2, 4)), 2, k, t)
+
+
+def test_linear_probe_reaches_the_scipy_optimum():
+    rng = np.random.default_rng(3)
+    num_classes, l2 = 4, 1e-2
+    train_x, train_y = clustered(rng, 240, 10, num_classes, 2.0)
+    test_x, _ = clustered(np.random.default_rng(3), 100, 10, num_classes, 2.0)
+    probe = linear_probe.fit(train_x, train_y, num_classes, l2=l2, max_steps=500)
+    xs = (train_x - probe["mean"]) / probe["std"]
+    d = xs.shape[1]
+
+    def objective(theta):
+        w, b = theta[: d * num_classes].reshape(d, num_classes), theta[d * num_classes :]
+        logits = xs @ w + b
+        ce = scipy.special.logsumexp(logits, axis=1) - logits[np.arange(len(train_y)), train_y]
+        return ce.mean() + 0.5 * l2 * np.sum(w * w)
+
+    ref = scipy.optimize.minimize(objective, np.zeros(d * num_classes + num_classes), method="L-BFGS-B",
+                                  options=dict(maxiter=5000, gtol=1e-10, ftol=1e-14))
+    ours = objective(np.concatenate([probe["w"].ravel(), probe["b"]]).astype(np.float64))
+    np.testing.assert_allclose(ours, ref.fun, rtol=1e-5)
+    w_ref = ref.x[: d * num_classes].reshape(d, num_classes)
+    np.testing.assert_allclose(probe["w"], w_ref, atol=2e-3)  # unique: the objective is strictly convex in W
+    ref_logits = ((test_x - probe["mean"]) / probe["std"]) @ w_ref + ref.x[d * num_classes :]
+    np.testing.assert_array_equal(linear_probe.predict_logits(probe, test_x).argmax(-1), ref_logits.argmax(-1))
+
+
+def test_linear_probe_accuracy_and_bad_input():
+    rng = np.random.default_rng(5)
+    train_x, train_y = clustered(rng, 300, 8, 3, 0.3)
+    test_x, test_y = clustered(np.random.default_rng(5), 300, 8, 3, 0.3)
+    assert linear_probe.linear_probe_accuracy(train_x, train_y, test_x, test_y, 3, l2=1e-3) > 0.95
+    with pytest.raises(ValueError, match=r"config\.eval\.linear_l2=-1\.0 must be a finite number >= 0"):
+        linear_probe.fit(train_x, train_y, 3, l2=-1.0)
+    with pytest.raises(ValueError, match=r"config\.eval\.linear_steps=0 must be a positive integer"):
+        linear_probe.fit(train_x, train_y, 3, max_steps=0)
