@@ -215,6 +215,9 @@ def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps = 1, 0, 0
     if c.get("analysis"):
         c.analysis.every_steps = 0
+    if c.get("dino"):  # the 65,536-wide head and 8 × 96-px local crops dominate otherwise
+        c.dino.update(dict(out_dim=64, hidden_dim=32, bottleneck_dim=16))
+        c.input.multicrop.update(dict(local_size=16, num_local=2))
     return c
 
 
