@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
 
+from skipless_jax import sharding
 from skipless_jax.optim.soap import merged_shape, scale_by_soap, soap, soap_layout
 
 MAX_DIM = 16  # small so the mixed tree has an axis above the limit and merging does something
@@ -306,16 +306,11 @@ def test_faster_than_adam_on_ill_conditioned_quadratic():
 
 
 def test_fsdp_sharded_matches_single_device():
-    devices = jax.devices()
-    assert len(devices) == 8
-    mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
-
-    def fsdp(x):  # shard the largest axis divisible by 8, else replicate
-        dims = [i for i in np.argsort(x.shape)[::-1] if x.shape[i] % 8 == 0 and x.shape[i] >= 8]
-        spec = [None] * x.ndim
-        if dims:
-            spec[dims[0]] = "fsdp"
-        return NamedSharding(mesh, P(*spec))
+    assert jax.device_count() == 8
+    # The trainer's mesh and rule: every leaf (parameters and optimizer state) FSDP-sharded on
+    # its largest dimension divisible by 8.
+    mesh = sharding.make_mesh([("data", 1), ("fsdp", 8)])
+    rules = [(".*", "fsdp")]
 
     # Every factor full rank from call 0, so eigenbases are unique up to sign (a degenerate
     # eigenspace may legitimately be spanned differently by the sharded computation).
@@ -339,9 +334,8 @@ def test_fsdp_sharded_matches_single_device():
         p1, s1 = single(p1, s1, g)
 
     # FSDP: params, grads and every state leaf sharded by the same rule.
-    p_sh = jax.tree.map(fsdp, params)
-    s_abstract = jax.eval_shape(tx.init, params)
-    s_sh = jax.tree.map(fsdp, s_abstract)
+    p_sh = sharding.tree_shardings(params, mesh, rules, prefix="params")
+    s_sh = sharding.tree_shardings(jax.eval_shape(tx.init, params), mesh, rules, prefix="opt_state")
     p8 = jax.device_put(params, p_sh)
     s8 = jax.jit(tx.init, out_shardings=s_sh)(p8)
     big = s8[0].gg["up"][0]  # (24, 24) factor: sharded, not replicated on every device

@@ -17,14 +17,16 @@ product stays ≤ `max_precond_dim`; axes are taken in the parameter's order (Fl
 (kh, kw, in, out), so the spatial and fan-in axes merge first).
 
 Efficiency: the eigendecomposition (call 0) and the QR refresh run inside `lax.cond`s, so the
-other steps do no factorization; factors of equal size and dtype are stacked and factorized by one
-batched call. Factors, eigenbases and moments are kept in float32 at least (float64 stays float64).
+other steps do no factorization. On accelerators factors of equal size and dtype are factorized
+by one batched call; on CPU one call per factor compiles faster (see `_per_factor`). Factors,
+eigenbases and moments are kept in float32 at least (float64 stays float64).
 All state leaves are ordinary arrays: moments have the parameter's shape, factors are (s_i, s_i),
 so the trainer's sharding rules apply to them like to parameters.
 """
 
 from __future__ import annotations
 
+import numbers
 import string
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -48,7 +50,8 @@ class ScaleBySoapState(NamedTuple):
     count: int32 scalar, number of calls so far (call 0 only initializes the preconditioner).
     mu, nu: first and second moments in the eigenbasis, each leaf shaped like its parameter.
     gg: per parameter a tuple of factors GG_i, (s_i, s_i), one per preconditioned (merged) axis.
-    q: per parameter a tuple of eigenbases Q_i, (s_i, s_i), aligned with `gg`.
+    q: per parameter a tuple of eigenbases Q_i (columns are eigenvectors), (s_i, s_i), aligned
+        with `gg`.
     """
 
     count: jax.Array
@@ -145,36 +148,22 @@ def mode_gram(x: jax.Array, axis: int) -> jax.Array:
 def _descending_eigenbasis(gg: jax.Array) -> jax.Array:
     """Eigenvectors of symmetric GG (s, s), columns by descending eigenvalue (call 0).
 
-    eigh(-GG) lists them in that order directly; reversing a sharded axis would need a
-    collective-permute inside the refresh branch.
+    eigh(-GG) lists them in that order directly; reversing a sharded axis would need a collective.
     """
-    _, vecs = jnp.linalg.eigh(-gg, symmetrize_input=True)
+    _, vecs = jnp.linalg.eigh(-gg, symmetrize_input=False)  # GG is symmetric by construction
     return vecs
-
-
-def _argsort_descending(vectors: list[jax.Array]) -> list[jax.Array]:
-    """argsort(-v) of each vector; vectors of equal length share one sort (fewer kernels)."""
-    groups: dict[tuple, list[int]] = {}
-    for i, v in enumerate(vectors):
-        groups.setdefault((v.shape, jnp.dtype(v.dtype).name), []).append(i)
-    out: list[Any] = [None] * len(vectors)
-    for idx in groups.values():
-        # Negated, not sorted descending: a reverse would be a collective on a sharded axis.
-        orders = jnp.argsort(-jnp.stack([vectors[i] for i in idx]), axis=-1)
-        for pos, i in enumerate(idx):
-            out[i] = orders[pos]
-    return out
 
 
 def power_qr_refresh(
     ggs: list[jax.Array], qs: list[jax.Array]
 ) -> tuple[list[jax.Array], list[jax.Array]]:
     """§5 refresh of every factor: order = argsort of diag(Qᵀ GG Q) descending,
-    Q ← QR(GG Q[:, order]).Q. Returns (new bases, orders). Uses P = GG Q for both:
+    Q ← QR(GG Q[:, order]).Q. Returns (new bases, orders). With P = GG Q, computed once:
     diag(Qᵀ GG Q) = Σ_rows Q ⊙ P and GG Q[:, order] = P[:, order].
     """
     powers = [jnp.matmul(gg, q, precision=_PRECISION) for gg, q in zip(ggs, qs)]
-    orders = _argsort_descending([jnp.sum(q * p, axis=0) for q, p in zip(qs, powers)])
+    # top_k over all s entries: indices by descending value, no negation or reverse needed.
+    orders = [jax.lax.top_k(jnp.sum(q * p, axis=0), q.shape[0])[1] for q, p in zip(qs, powers)]
     q_new = _per_factor(lambda p, o: jnp.linalg.qr(p[:, o])[0], powers, orders)
     return q_new, orders
 
@@ -228,13 +217,13 @@ def tensor_step(
 ) -> tuple[jax.Array, jax.Array, jax.Array, tuple[jax.Array, ...]]:
     """One SOAP call for one tensor in its work shape (§5): (direction, m, v, GG).
 
-    g, mu, nu: work shape; gg, q: one (s_i, s_i) per axis in `axes`. The direction includes the
-    bias correction √(1-b2^t)/(1-b1^t) (t = count) and is zero on call 0, which leaves m, v as they
-    are. GG advances on every call with the raw gradient.
+    g, mu, nu: work shape; gg, q: one (s_i, s_i) per axis in `axes`. The direction
+    includes the bias correction √(1-b2^t)/(1-b1^t) (t = count) and is zero on call 0, which
+    leaves m, v as they are. GG advances on every call with the raw gradient.
     """
     first = count == 0
     basis = dict(zip(axes, q))
-    g_proj = mode_product(g, basis, transpose=True)
+    g_proj = mode_product(g, basis, transpose=True)  # G ×_i Q_iᵀ
     mu_new = hp.b1 * mu + (1 - hp.b1) * g_proj
     nu_new = hp.b2 * nu + (1 - hp.b2) * jnp.square(g_proj)
     direction = mode_product(mu_new / (jnp.sqrt(nu_new) + hp.eps), basis, transpose=False)
@@ -272,8 +261,12 @@ def tensor_rotate(
 # Validation.
 
 
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _check_unit_interval(name: str, value: float) -> None:
-    if not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0:
+    if not _is_real(value) or not 0.0 <= float(value) < 1.0:
         raise ValueError(f"SOAP {name} must be a float in [0, 1), got {value!r}")
 
 
@@ -296,9 +289,9 @@ def validate_soap_hparams(
     _check_unit_interval("b2", b2)
     if shampoo_beta is not None:
         _check_unit_interval("shampoo_beta", shampoo_beta)
-    if not isinstance(eps, (int, float)) or eps < 0:
+    if not _is_real(eps) or eps < 0:
         raise ValueError(f"SOAP eps must be a float >= 0, got {eps!r}")
-    if not isinstance(weight_decay, (int, float)) or weight_decay < 0:
+    if not _is_real(weight_decay) or weight_decay < 0:
         raise ValueError(f"SOAP weight_decay must be a float >= 0, got {weight_decay!r}")
     _check_positive_int("precondition_frequency", precondition_frequency)
     _check_positive_int("max_precond_dim", max_precond_dim)
