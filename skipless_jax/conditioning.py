@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from skipless_jax import linalg
+
 EMBEDDING_POINTS = ("sab", "sab_skip", "ffn", "ffn_skip")
 POINT_LABELS = {
     "sab": "① SAB output",
@@ -54,7 +56,7 @@ def log_condition_number(m: jax.Array) -> jax.Array:
     """
     if m.ndim < 2:
         raise ValueError(f"log_condition_number needs a matrix (>= 2 axes), got shape {m.shape}")
-    s = jnp.linalg.svd(m.astype(analysis_dtype()), compute_uv=False)
+    s = linalg.svd(m.astype(analysis_dtype()), compute_uv=False)
     return jnp.log(s[..., 0]) - jnp.log(s[..., -1])
 
 

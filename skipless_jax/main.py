@@ -7,13 +7,7 @@ Overrides: `--config.model.depth=8`. Multi-process: `--coordinator_address=HOST:
 from __future__ import annotations
 
 import importlib
-import os
 import sys
-
-# XLA:CPU's concurrency-optimized scheduler can deadlock on programs with many small
-# factorizations (the skipless init's SVDs, SOAP's eigh/QR); set before JAX starts.
-if "xla_cpu_enable_concurrency_optimized_scheduler" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip()
 
 from absl import app, flags, logging
 from ml_collections import config_flags

@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from skipless_jax import linalg
+
 # Level-0 Gram eigenvalues below _DEFLATION_TAU·λ_max are recomputed from their own block.
 _DEFLATION_TAU = 1e-2
 _DEFLATION_LEVELS = 3
@@ -104,7 +106,7 @@ def _gram_eigh(x: jax.Array) -> tuple[jax.Array, jax.Array]:
         a = _mT(y) @ y
         marker = 2.0 * jnp.max(jnp.sum(jnp.abs(a), axis=-1), axis=-1, keepdims=True) + 1e-30
         a = a + jnp.where(live, 0.0, marker)[..., None, :] * eye
-        mu, w = jnp.linalg.eigh(a)
+        mu, w = linalg.eigh(a)
         # Unresolved eigenvectors live in the first `count` coordinates; resolved stay put.
         both = live[..., :, None] & live[..., None, :]
         w = jnp.where(both, w, eye)
@@ -117,7 +119,7 @@ def _gram_eigh(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def _svd_eigh(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(σ, U, V) of the thin SVD of x (..., n, m), n ≥ m, ordered ascending like eigh."""
-    u, s, vt = jnp.linalg.svd(x, full_matrices=False)
+    u, s, vt = linalg.svd(x)
     return s[..., ::-1], u[..., ::-1], _mT(vt)[..., ::-1]
 
 
@@ -139,7 +141,7 @@ def _spectral_tg_parts(x, eps, method):
     else:
         # A tall X has the eigenpairs of its m×m triangular factor R (XᵀX = RᵀR): refining on R
         # makes every deflation matmul m³ instead of n·m².
-        lam, v = _gram_eigh(jnp.linalg.qr(x, mode="r") if n >= 2 * m else x)
+        lam, v = _gram_eigh(linalg.qr(x, mode="r") if n >= 2 * m else x)
         y = x @ v
         phi = _phi(lam, lam[..., -1:], eps[..., None], r0)[0]
         out = x @ ((v * phi[..., None, :]) @ _mT(v))  # X·V φ(Λ) Vᵀ, one n×m×m product

@@ -84,6 +84,18 @@ def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
             _require(batch % shards == 0, f"config.input.{field}={batch} is not divisible by the {shards} data-parallel devices of config.mesh={list(config.mesh)}")
             _require(batch % jax.process_count() == 0, f"config.input.{field}={batch} is not divisible by the {jax.process_count()} processes")
     sharding.validate_rules(config.get("sharding_rules", []))
+    if config.get("analysis") is not None:  # live log-κ monitoring on a probe batch
+        _positive(config, "analysis.every_steps", allow_zero=True, allow_none=True)
+        every = config.analysis.get("every_steps")
+        _require(every is None or isinstance(every, int), f"config.analysis.every_steps={every!r} must be an integer (0: off)")
+        if every:
+            probe = config.analysis.get("probe_size", 32)
+            eval_batch = config.input.get("eval_batch_size") or config.input.batch_size
+            _require(
+                isinstance(probe, int) and not isinstance(probe, bool) and 0 < probe <= eval_batch and probe % (shards * jax.process_count()) == 0,
+                f"config.analysis.probe_size={probe!r} must be a positive integer <= the eval batch {eval_batch}, divisible by "
+                f"the {shards} data-parallel devices and {jax.process_count()} processes",
+            )
     accum = config.get("grad_accum_steps") or 1
     _require(
         isinstance(accum, int) and accum > 0 and config.input.batch_size % (accum * shards) == 0,

@@ -1,7 +1,6 @@
 """The supervised trainer on digits: learning, exact resume, evaluation coverage, bad input."""
 
 import json
-import os
 
 import jax
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 from skipless_jax import checkpoint, train
 from skipless_jax.data import pipeline, sources
 
-from util import tiny_config
+from util import read_scalars, tiny_config
 
 
 def _read_params(workdir, step=None):
@@ -87,6 +86,9 @@ def test_train_batches_depend_only_on_seed_and_step():
         ({"dataset.name": "mnist"}, r"config.dataset.name='mnist' is unknown"),
         ({"model.num_heads": 3}, r"config.model.num_heads=3 does not divide config.model.width=32"),
         ({"optimizer.name": "lion"}, r"config.optimizer.name='lion' is unknown"),
+        ({"analysis.every_steps": -1}, r"config.analysis.every_steps=-1 must be a non-negative number"),
+        ({"analysis.every_steps": 2, "analysis.probe_size": 12}, r"config.analysis.probe_size=12 must be .* divisible by the 8"),
+        ({"analysis.every_steps": 2, "analysis.probe_size": 256}, r"config.analysis.probe_size=256 must be .* <= the eval batch 128"),
     ],
 )
 def test_bad_config_fails_before_compiling(tmp_path, overrides, match):
@@ -113,3 +115,34 @@ def test_gradient_accumulation_equals_the_full_batch(tmp_path):
     np.testing.assert_allclose(accum["train_loss"], full["train_loss"], rtol=1e-5)
     a, b = _read_params(str(tmp_path / "full")), _read_params(str(tmp_path / "accum"))
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6), a["params"], b["params"])
+
+
+def test_live_kappa_monitoring_logs_probe_log_kappa(tmp_path):
+    """config.analysis.every_steps: log κ of ① and ③ per layer on the fixed probe batch, at
+    multiples of every_steps and the last step only, equal to a float64 numpy recomputation."""
+    from skipless_jax.data import inputs
+    from skipless_jax.models import vit
+
+    config = tiny_config("skip_sab=False,skip_ffn=False,init=skipless", total_steps=5, log_every_steps=5)
+    config.analysis.every_steps = 2
+    config.analysis.probe_size = 16
+    train.train_and_evaluate(config, str(tmp_path))
+
+    scalars = read_scalars(tmp_path)
+    kappa_tags = sorted(t for t in scalars if t.startswith("log_kappa/"))
+    assert kappa_tags == [f"log_kappa/{p}/layer_{l}" for p in ("ffn", "sab") for l in (0, 1)]
+    for tag in kappa_tags:
+        assert sorted(scalars[tag]) == [2, 4, 5]
+
+    # Reference for the last step: the final parameters on the first 16 eval images, κ in float64.
+    params = _read_params(str(tmp_path))["params"]
+    images = next(inputs.eval_iterator(config, 0, 1)[0])["image"][:16]
+    model = vit.build_model(config.model, num_classes=10)
+    _, out = model.apply({"params": params}, images, train=False)
+    for point in ("sab", "ffn"):
+        for layer, block in enumerate(out["blocks"]):
+            s = np.linalg.svd(np.asarray(block[point], np.float64), compute_uv=False)
+            expected = np.mean(np.log(s[:, 0] / s[:, -1]))
+            np.testing.assert_allclose(scalars[f"log_kappa/{point}/layer_{layer}"][5], expected, rtol=1e-3)
+    # The probe is fixed: a different step's value differs only because the parameters changed.
+    assert scalars["log_kappa/sab/layer_0"][2] != scalars["log_kappa/sab/layer_0"][5]

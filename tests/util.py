@@ -43,3 +43,19 @@ def tiny_config(arg: str | None = None, **overrides: Any) -> ml_collections.Conf
             holder = holder[parent]
         holder[field] = value
     return c
+
+
+def read_scalars(workdir: str) -> dict[str, dict[int, float]]:
+    """{tag: {step: value}} of every scalar in a run's TensorBoard event files (clu's writer)."""
+    import glob
+
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util import tensor_util
+
+    scalars: dict[str, dict[int, float]] = {}
+    for path in sorted(glob.glob(os.path.join(str(workdir), "events.out.tfevents.*"))):
+        for event in EventFileLoader(path).Load():
+            for value in event.summary.value:
+                if value.HasField("tensor") and not value.tensor.string_val and not value.tensor.tensor_shape.dim:
+                    scalars.setdefault(value.tag, {})[int(event.step)] = float(tensor_util.make_ndarray(value.tensor))
+    return scalars

@@ -21,6 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from skipless_jax import linalg
+
 INIT_METHODS = ("default", "skipless", "mimetic")
 
 # Plain mimetic V/O constants of METHOD.md §3 (α₂ = β₂ = 0.4); Q/K take the configured α, β.
@@ -118,7 +120,7 @@ def mimetic_qk(
     _check_nonnegative("beta", beta)
     dh = d // num_heads
     m = mimetic_qk_targets(key, d, num_heads, alpha, beta)
-    u, s, vt = jnp.linalg.svd(m, full_matrices=False)  # (h, d, d), (h, d), (h, d, d)
+    u, s, vt = linalg.svd(m)  # (h, d, d), (h, d), (h, d, d)
     root = jnp.sqrt(s[:, None, :dh])  # (h, 1, d_h)
     w_q = u[:, :, :dh] * root  # (h, d, d_h)
     w_k = jnp.swapaxes(vt[:, :dh, :], 1, 2) * root  # (h, d, d_h)
