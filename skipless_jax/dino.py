@@ -259,7 +259,7 @@ def build_dino_optimizer(config: ml_collections.ConfigDict, sched: Schedules) ->
 def build_model(config: ml_collections.ConfigDict) -> dino_head.DINO:
     """ViT backbone (its learned position table sized for the global crop) + DINO head."""
     info = sources.dataset_info(config.dataset.name)
-    kwargs = vit.model_kwargs(config.model, num_classes=1)  # the backbone's classifier is unused
+    kwargs = vit.model_kwargs(config.model, num_classes=0)  # a backbone: no classifier
     kwargs["image_size"] = int(config.input.get("image_size") or info.image_shape[0])
     d = config.dino
     head = dino_head.DINOHead(
@@ -285,7 +285,7 @@ def _finite(value: Any) -> bool:
 def check_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
     """Every bad field fails here in one line, before anything compiles."""
     validate.validate_config(config, num_devices)
-    patch = vit.model_kwargs(config.model, 1)["patch_size"]
+    patch = vit.model_kwargs(config.model, 0)["patch_size"]
     multicrop.validate_multicrop_config(config.input.multicrop, patch)
     d = config.dino
     for field in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
@@ -371,24 +371,16 @@ def make_train_step(
         new_center = update_center(state["center"], teacher_out, center_momentum)  # after the loss
 
         # A non-finite loss or gradient leaves the state untouched; the host stops the run.
-        leaf_ok = jnp.stack([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)])
-        ok = jnp.isfinite(loss) & leaf_ok.all()
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-        nf = state["nonfinite"]
-        first = (nf["count"] == 0) & ~ok
+        ok, nonfinite = train.track_nonfinite(loss, grads, state["nonfinite"], step)
         new_state = {
             "step": step + 1,
-            "params": keep(new_params, params),
-            "teacher": keep(new_teacher, state["teacher"]),
-            "center": keep(new_center, state["center"]),
-            "opt_state": keep(opt_state, state["opt_state"]),
+            "params": train.keep_if(ok, new_params, params),
+            "teacher": train.keep_if(ok, new_teacher, state["teacher"]),
+            "center": train.keep_if(ok, new_center, state["center"]),
+            "opt_state": train.keep_if(ok, opt_state, state["opt_state"]),
             "schedules": values,
             "rng": state["rng"],
-            "nonfinite": {
-                "count": nf["count"] + (~ok).astype(jnp.int32),
-                "first_step": jnp.where(first, step, nf["first_step"]),
-                "first_leaf": jnp.where(first, jnp.where(leaf_ok.all(), -1, jnp.argmin(leaf_ok)), nf["first_leaf"]),
-            },
+            "nonfinite": nonfinite,
         }
         metrics = {
             "loss": loss,
@@ -522,7 +514,7 @@ def train_and_evaluate(
     # ---- Loop.
     writer = metric_writers.create_default_writer(workdir, asynchronous=True) if is_chief else metric_writers.MultiWriter([])
     if first_step == 0:
-        writer.write_hparams({k: str(v) for k, v in train._flatten(config.to_dict()).items()})
+        writer.write_hparams({k: str(v) for k, v in train.flatten_dict(config.to_dict()).items()})
     # Every logged value, one JSON line per record (teacher entropy over training, evaluations);
     # a resumed run keeps the records up to its checkpoint and rewrites the file.
     history_path = epath.Path(workdir, "history.jsonl")
@@ -536,7 +528,7 @@ def train_and_evaluate(
             history_path.write_text("\n".join(history) + "\n")
 
     progress = periodic_actions.ReportProgress(num_train_steps=total_steps, writer=writer, every_steps=config.log_every_steps)
-    stop_signal = train._SignalFlag()
+    stop_signal = train.SignalFlag()
     data = multicrop.train_iterator(config, first_step, jax.process_index(), jax.process_count())
     pending: list[dict[str, jax.Array]] = []
     last_saved = max(mngr.all_steps(), default=None)
@@ -546,13 +538,9 @@ def train_and_evaluate(
         return {"step": step, "data_position": step * config.input.batch_size, "config": config.to_json()}
 
     def check_finite(step: int) -> None:
-        nf = jax.device_get(state["nonfinite"])
-        if int(nf["count"]):
-            leaf = leaf_names[int(nf["first_leaf"])] if int(nf["first_leaf"]) >= 0 else "(loss)"
-            raise train.NonFiniteError(
-                f"Non-finite loss or gradient at step {int(nf['first_step'])} (first offending "
-                f"parameter: {leaf}); stopped at step {step}, last good checkpoint: {last_saved}"
-            )
+        error = train.nonfinite_error(jax.device_get(state["nonfinite"]), leaf_names, step, last_saved)
+        if error is not None:
+            raise error
 
     def run_eval(step: int, prefix: str = "") -> None:
         eval_metrics = evaluate(state["teacher"])
@@ -574,7 +562,7 @@ def train_and_evaluate(
                 last = step == total_steps
                 if step % config.log_every_steps == 0 or last:
                     check_finite(step)
-                    train_metrics = {k: float(np.mean(v)) for k, v in jax.device_get(train._stack(pending)).items()}
+                    train_metrics = {k: float(np.mean(v)) for k, v in jax.device_get(train.stack_metrics(pending)).items()}
                     train_metrics["nonfinite_steps"] = float(pending[-1]["nonfinite_steps"])
                     pending = []
                     writer.write_scalars(step, {f"train/{k}": v for k, v in train_metrics.items()})

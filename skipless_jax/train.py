@@ -46,11 +46,44 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: float) -> jax
 
 
 def init_nonfinite() -> dict[str, jax.Array]:
+    """The state's non-finite bookkeeping: skipped updates, and the first one's step and leaf."""
     return {
         "count": jnp.zeros((), jnp.int32),
         "first_step": jnp.full((), -1, jnp.int32),
         "first_leaf": jnp.full((), -1, jnp.int32),
     }
+
+
+def track_nonfinite(loss: jax.Array, grads: Any, nonfinite: dict[str, jax.Array], step: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(ok, updated bookkeeping) for the update that makes `step` + 1 (numbered like checkpoints).
+
+    ok is false when the loss or any gradient leaf is not finite; the first such update records
+    its step and the index of its first bad gradient leaf (-1: only the loss).
+    """
+    leaf_ok = jnp.stack([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)])
+    ok = jnp.isfinite(loss) & leaf_ok.all()
+    first = (nonfinite["count"] == 0) & ~ok
+    return ok, {
+        "count": nonfinite["count"] + (~ok).astype(jnp.int32),
+        "first_step": jnp.where(first, step + 1, nonfinite["first_step"]),
+        "first_leaf": jnp.where(first, jnp.where(leaf_ok.all(), -1, jnp.argmin(leaf_ok)), nonfinite["first_leaf"]),
+    }
+
+
+def keep_if(ok: jax.Array, new: Any, old: Any) -> Any:
+    """new where ok, else old, leaf by leaf (a rejected update leaves the state as it was)."""
+    return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+def nonfinite_error(nonfinite: dict[str, Any], leaf_names: list[str], step: int, last_saved: Optional[int]) -> Optional[NonFiniteError]:
+    """The error to raise for fetched bookkeeping with skipped updates, else None."""
+    if int(nonfinite["count"]) == 0:
+        return None
+    leaf = leaf_names[int(nonfinite["first_leaf"])] if int(nonfinite["first_leaf"]) >= 0 else "(loss)"
+    return NonFiniteError(
+        f"Non-finite loss or gradient at step {int(nonfinite['first_step'])} (first offending "
+        f"parameter: {leaf}); stopped at step {step}, last good checkpoint: {last_saved}"
+    )
 
 
 def check_config(config: ml_collections.ConfigDict, num_devices: Optional[int] = None) -> None:
@@ -157,20 +190,11 @@ def train_and_evaluate(
 
         # A non-finite loss or gradient leaves params and optimizer state untouched; the host
         # then stops the run (default) or counts the skipped step (skip_nonfinite_steps).
-        leaf_ok = jnp.stack([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)])
-        ok = jnp.isfinite(loss) & leaf_ok.all()
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)  # noqa: E731
-        nf = state["nonfinite"]
-        first = (nf["count"] == 0) & ~ok
-        nonfinite = {
-            "count": nf["count"] + (~ok).astype(jnp.int32),
-            "first_step": jnp.where(first, step + 1, nf["first_step"]),  # numbered like checkpoints
-            "first_leaf": jnp.where(first, jnp.where(leaf_ok.all(), -1, jnp.argmin(leaf_ok)), nf["first_leaf"]),
-        }
+        ok, nonfinite = track_nonfinite(loss, grads, state["nonfinite"], step)
         new_state = {
             "step": step + 1,
-            "params": keep(new_params, params),
-            "opt_state": keep(opt_state, state["opt_state"]),
+            "params": keep_if(ok, new_params, params),
+            "opt_state": keep_if(ok, opt_state, state["opt_state"]),
             "rng": state["rng"],
             "nonfinite": nonfinite,
         }
@@ -224,12 +248,12 @@ def train_and_evaluate(
     # ---- Loop.
     writer = metric_writers.create_default_writer(workdir, asynchronous=True) if is_chief else metric_writers.MultiWriter([])
     if first_step == 0:
-        writer.write_hparams({k: str(v) for k, v in _flatten(config.to_dict()).items()})
+        writer.write_hparams({k: str(v) for k, v in flatten_dict(config.to_dict()).items()})
     progress = periodic_actions.ReportProgress(num_train_steps=total_steps, writer=writer, every_steps=config.log_every_steps)
     # One process: our SIGTERM flag. Several: jax.distributed's preemption service catches SIGTERM
     # and mngr.reached_preemption(step) is true at the same step everywhere; a Python handler would
     # replace it, and the signalled process would save while the others keep stepping (a hang).
-    stop_signal = _SignalFlag() if jax.process_count() == 1 else None
+    stop_signal = SignalFlag() if jax.process_count() == 1 else None
     data = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count())
     pending: list[dict[str, jax.Array]] = []
     last_saved = max(mngr.all_steps(), default=None)
@@ -238,15 +262,9 @@ def train_and_evaluate(
         return {"step": step, "data_position": step * config.input.batch_size, "config": config.to_json()}
 
     def check_finite(step: int) -> None:
-        nf = jax.device_get(state["nonfinite"])
-        if int(nf["count"]) == 0:
-            return
-        leaf = leaf_names[int(nf["first_leaf"])] if int(nf["first_leaf"]) >= 0 else "(loss)"
-        if not skip_nonfinite:
-            raise NonFiniteError(
-                f"Non-finite loss or gradient at step {int(nf['first_step'])} (first offending "
-                f"parameter: {leaf}); stopped at step {step}, last good checkpoint: {last_saved}"
-            )
+        error = nonfinite_error(jax.device_get(state["nonfinite"]), leaf_names, step, last_saved)
+        if error is not None and not skip_nonfinite:
+            raise error
 
     final_metrics: dict[str, float] = {}
     step = first_step
@@ -260,7 +278,7 @@ def train_and_evaluate(
                 last = step == total_steps
                 if step % config.log_every_steps == 0 or last:
                     check_finite(step)
-                    train_metrics = {k: float(np.mean(v)) for k, v in jax.device_get(_stack(pending)).items()}
+                    train_metrics = {k: float(np.mean(v)) for k, v in jax.device_get(stack_metrics(pending)).items()}
                     train_metrics["nonfinite_steps"] = float(pending[-1]["nonfinite_steps"])
                     pending = []
                     writer.write_scalars(step, {f"train/{k}": v for k, v in train_metrics.items()})
@@ -291,21 +309,23 @@ def train_and_evaluate(
     return final_metrics
 
 
-def _stack(metrics: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
+def stack_metrics(metrics: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
+    """Per-step metric dicts -> one dict of stacked arrays (one device_get for a log period)."""
     return {k: jnp.stack([m[k] for m in metrics]) for k in metrics[0]}
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_dict(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1} (config hyperparameters for TensorBoard)."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten_dict(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
 
 
-class _SignalFlag:
+class SignalFlag:
     """Records SIGTERM so that the loop saves a checkpoint and stops at the next step."""
 
     def __init__(self):

@@ -154,3 +154,19 @@ def test_joint_attention_init_applies_and_sets_vo_product(scheme):
         np.testing.assert_allclose(s, 9.0, rtol=1e-4)
     # The two layers draw different kernels.
     assert not np.allclose(attn["query"], params["block_1"]["MultiHeadAttention_0"]["query"])
+
+
+def test_num_classes_zero_is_a_backbone_without_head():
+    kw = dict(width=32, depth=1, num_heads=2, mlp_dim=64, patch_size=4)
+    images = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
+    backbone = vit.ViT(num_classes=0, **kw)
+    params = backbone.init(jax.random.key(1), images)["params"]
+    assert "head" not in params
+    features, out = backbone.apply({"params": params}, images)
+    assert features.shape == (2, 32)
+    np.testing.assert_array_equal(features, out["pre_logits"])
+    # The same weights under a classifier give the same features.
+    classifier = vit.ViT(num_classes=5, **kw)
+    head = classifier.init(jax.random.key(1), images)["params"]["head"]
+    _, out5 = classifier.apply({"params": {**params, "head": head}}, images)
+    np.testing.assert_array_equal(out5["pre_logits"], features)

@@ -219,6 +219,9 @@ class EncoderBlock(nn.Module):
 class ViT(nn.Module):
     """ViT on (B, H, W, C) images -> (logits (B, num_classes) float32, intermediates dict).
 
+    num_classes=0 builds a backbone without a classifier: it returns the pooled features
+    (B, width) in place of the logits (DINO's student and teacher).
+
     Patch embedding is `patchify` + Dense, the same function as the stride-p convolution,
     so that Token Graying (METHOD.md §4) acts on the raw (B, n, p²C) patch matrix.
     """
@@ -301,6 +304,8 @@ class ViT(nn.Module):
         out["encoded"] = x
         x = x[:, 0] if self.pool == "tok" else x.mean(axis=1)
         out["pre_logits"] = x
+        if not self.num_classes:
+            return x, out
         head_init = nn.initializers.zeros if self.head_zero_init else nn.initializers.lecun_normal()
         logits = nn.Dense(self.num_classes, kernel_init=head_init, dtype=self.dtype, name="head")(x)
         out["logits"] = logits.astype(jnp.float32)
