@@ -481,7 +481,7 @@ def train_and_evaluate(
         return jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding, x), batch)
 
     def features(params: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
-        batches, n = multicrop.eval_iterator(config, split, jax.process_index(), jax.process_count())
+        batches, n = inputs.eval_iterator(config, jax.process_index(), jax.process_count(), split)
         feats, labels = [], []
         for batch in batches:
             out = jax.device_get(p_embed_step(params, to_global(batch)))

@@ -288,3 +288,22 @@ def test_tiny_imagenet_errors(tmp_path):
         tiny_imagenet.TinyImageNetSource(str(tmp_path), "test")
     assert tiny_imagenet.parse_split("train[10%:]") == ("train", 10_000, None)
     assert tiny_imagenet.parse_split("val[:1000]", total=10_000) == ("val", None, 1000)
+
+
+def test_variable_size_images_without_aug_are_resized_and_cropped(monkeypatch):
+    """ImageNet at 224 with aug=None: the stored images have every size, so train and eval
+    both go through resize + centre crop (normalizing alone could not stack a batch)."""
+    import tensorflow_datasets as tfds
+
+    c = _tiny(_module("vitb_skipless").get_config())
+    c.input.aug, c.input.image_size = None, None
+    with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES, policy=tfds.testing.MockPolicy.USE_CODE):
+        monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
+        train = next(inputs.train_iterator(c, 0, 0, 1))
+        batches, n = inputs.eval_iterator(c, 0, 1)
+        evaluation = next(batches)
+        other, _ = inputs.eval_iterator(c, 0, 1, split="train")
+        from_train = next(other)
+    assert n == MOCK_EXAMPLES
+    for batch in (train, evaluation, from_train):
+        assert batch["image"].shape == (8, 224, 224, 3) and np.all(np.isfinite(batch["image"]))

@@ -20,7 +20,7 @@ def _transforms(config: Any):
     info = sources.dataset_info(config.dataset.name)
     size = image_size(config)
     aug = config.input.get("aug")
-    if aug is None and size == info.image_shape[0]:
+    if aug is None and info.fixed_size and size == info.image_shape[0]:  # stored at the model's size
         plain = functools.partial(pipeline.normalize, mean=info.mean, std=info.std)
         return (lambda image, rng: plain(image)), plain, None
     from skipless_jax.data import augment
@@ -64,11 +64,16 @@ def train_iterator(
 
 
 def eval_iterator(
-    config: Any, process_index: int, process_count: int
+    config: Any, process_index: int, process_count: int, split: str | None = None
 ) -> tuple[Iterator[dict[str, np.ndarray]], int]:
-    """(process-local eval batches, number of real examples in the split)."""
+    """(process-local masked eval batches of `split`, number of real examples in it).
+
+    `split` defaults to config.dataset.eval_split. Images stored at the model's size are only
+    normalized; anything else is resized and centre-cropped (`crop_pct`).
+    """
     info = sources.dataset_info(config.dataset.name)
-    source = sources.get_source(config.dataset.name, config.dataset.eval_split, config.dataset.get("data_dir"))
+    split = split or config.dataset.eval_split
+    source = sources.get_source(config.dataset.name, split, config.dataset.get("data_dir"))
     _, evaluate, _ = _transforms(config)
     batches = pipeline.eval_batches(
         source,

@@ -232,32 +232,6 @@ def train_iterator(config: Any, start_step: int, process_index: int, process_cou
     )
 
 
-def eval_iterator(
-    config: Any, split: str, process_index: int, process_count: int
-) -> tuple[Iterator[dict[str, np.ndarray]], int]:
-    """(masked eval batches of `split` at the global crop size, number of real examples).
-
-    Fixed-size embedded data at its own size is only normalized; anything else is resized and
-    centre-cropped (crop_pct), so variable-size datasets work without an `aug` config.
-    """
-    info = sources.dataset_info(config.dataset.name)
-    source = sources.get_source(config.dataset.name, split, config.dataset.get("data_dir"))
-    size = int(config.input.get("image_size") or info.image_shape[0])
-    if info.tfds_name is None and size == info.image_shape[0]:
-        transform = lambda image: pipeline.normalize(image, info.mean, info.std)
-    else:
-        transform = augment.eval_transform(size, config.input.get("crop_pct", 0.875), info.mean, info.std)
-    batches = pipeline.eval_batches(
-        source,
-        transform,
-        num_classes=info.num_classes,
-        global_batch_size=config.input.get("eval_batch_size") or config.input.batch_size,
-        process_index=process_index,
-        process_count=process_count,
-    )
-    return batches, len(source)
-
-
 def split_views(batch_global: Any, batch_local: Any) -> tuple[Any, Any]:
     """(B, 2, G, G, C), (B, N, L, L, C) -> crop-major (2B, G, G, C), (NB, L, L, C) (jnp or np)."""
     def crop_major(x: Any) -> Any:

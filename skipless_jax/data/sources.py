@@ -32,6 +32,7 @@ class DatasetInfo:
     mean: tuple[float, ...]  # per-channel, on the [0, 1] scale
     std: tuple[float, ...]
     tfds_name: Optional[str] = None  # None: embedded, needs no files
+    fixed_size: bool = True  # every stored image is image_shape (False: resize + crop always)
 
 
 DATASETS: dict[str, DatasetInfo] = {
@@ -39,7 +40,7 @@ DATASETS: dict[str, DatasetInfo] = {
     "digits": DatasetInfo(10, (8, 8, 1), {"train": 1437, "test": 360}, (0.5,), (0.5,)),
     "imagenet2012": DatasetInfo(
         1000, (224, 224, 3), {"train": 1_281_167, "validation": 50_000},
-        (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), tfds_name="imagenet2012",
+        (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), tfds_name="imagenet2012", fixed_size=False,
     ),
     "cifar10": DatasetInfo(
         10, (32, 32, 3), {"train": 50_000, "test": 10_000},
