@@ -25,7 +25,7 @@ random crop and flip, drop-path 0.1 with skips and 0 without. Eval at 32×32, no
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from skipless_jax import config_args
+from skipless_jax import config_args, config_blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -53,65 +53,28 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             batch_size=128,
             eval_batch_size=1000,
             image_size=32,
-            crop_pct=1.0,  # eval sees the 32×32 image as it is
+            crop_pct=1.0,  # eval sees the image as it is
             num_workers=8,
-            aug=dict(
-                randaug="rand-m9-mstd0.5-inc1",
-                crop="pad",
-                crop_padding=4,
-                scale=(0.08, 1.0),  # used only by crop="rrc"
-                flip=True,
-                reprob=0.25,
-                mixup=0.8,
-                cutmix=1.0,
-                mixup_switch_prob=0.5,
-                label_smoothing=0.1,
-            ),
+            aug=config_blocks.deit_aug(crop="pad", crop_padding=4),  # scale: used only by crop="rrc"
         )
     )
-
-    with_skips = a["skip_sab"] and a["skip_ffn"]
-    c.model = ml_collections.ConfigDict(
-        dict(
-            variant=placeholder(str),
-            width=192,
-            depth=a["depth"],
-            num_heads=3,
-            mlp_dim=768,
-            patch_size=4,
-            skip_sab=a["skip_sab"],
-            skip_ffn=a["skip_ffn"],
-            pool="tok",
-            posemb="learn",
-            dropout=0.0,
-            drop_path=0.1 if with_skips else 0.0,
-            dtype="float32",
-            init=a["init"],
-            init_alpha=2.0,  # ViT-B/16 supervised constants (METHOD.md §3)
-            init_beta=0.6,
-            init_c=3.0,
-            token_graying=placeholder(str) if a["tg"] == "none" else a["tg"],
-            tg_eps=a["eps"],
-        )
+    c.model = config_blocks.vit_model(
+        a,
+        config_blocks.VITB_SUPERVISED_INIT,
+        variant=placeholder(str),
+        width=192,
+        depth=a["depth"],
+        num_heads=3,
+        mlp_dim=768,
+        patch_size=4,
     )
 
-    c.optimizer = ml_collections.ConfigDict(dict(name=a["opt"], lr=1e-3, weight_decay=0.05))
-    if a["opt"] == "soap":
-        c.optimizer.update(dict(b1=0.9, b2=0.95, precondition_frequency=10))
-    else:
-        c.optimizer.update(dict(b1=0.9, b2=0.999))
+    c.optimizer = config_blocks.optimizer(a["opt"], lr=1e-3, weight_decay=0.05)
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10, end_lr=1e-5))
     c.total_epochs = a["epochs"]
     c.grad_clip_norm = 1.0
     c.label_smoothing = 0.1
     c.skip_nonfinite_steps = False
-
-    c.mesh = [("data", -1), ("fsdp", 1)]
-    c.sharding_rules = [(".*", "fsdp")]
-
-    c.log_every_steps = 100
-    c.eval_every_steps = 3906  # every 10 epochs (390.6 steps each)
-    c.checkpoint_every_steps = 3906
-    c.keep_checkpoints = 3
-    c.analysis = ml_collections.ConfigDict(dict(every_steps=0, probe_size=32))
+    steps_per_10_epochs = 3906  # 390.6 steps per epoch
+    config_blocks.runtime(c, eval_every=steps_per_10_epochs, checkpoint_every=steps_per_10_epochs)
     return c

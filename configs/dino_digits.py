@@ -27,7 +27,7 @@ Args: skip_sab, skip_ffn, depth, seed, init ('default' | 'skipless' | 'mimetic')
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from skipless_jax import config_args
+from skipless_jax import config_args, config_blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -60,28 +60,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         )
     )
 
-    c.model = ml_collections.ConfigDict(
-        dict(
-            variant=placeholder(str),
-            width=64,
-            depth=a["depth"],
-            num_heads=4,
-            mlp_dim=128,
-            patch_size=4,
-            skip_sab=a["skip_sab"],
-            skip_ffn=a["skip_ffn"],
-            pool="tok",
-            posemb="learn",
-            dropout=0.0,
-            drop_path=0.0,
-            dtype="float32",
-            init=a["init"],
-            init_alpha=1.8,  # DINO ViT-S constants of Cutting the Skip (METHOD.md §3)
-            init_beta=1.0,
-            init_c=3.0,
-            token_graying=placeholder(str),
-            tg_eps=0.95,
-        )
+    c.model = config_blocks.vit_model(
+        a,
+        config_blocks.DINO_VITS_INIT,
+        variant=placeholder(str),
+        width=64,
+        depth=a["depth"],
+        num_heads=4,
+        mlp_dim=128,
+        patch_size=4,
+        drop_path=0.0,
     )
     c.dino = ml_collections.ConfigDict(
         dict(
@@ -101,11 +89,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         )
     )
 
-    c.optimizer = ml_collections.ConfigDict(
-        dict(name=a["opt"], lr=1e-3, lr_reference_batch=placeholder(int), min_lr=1e-6, weight_decay=0.04, weight_decay_end=0.4, b1=0.9, b2=0.999)
+    c.optimizer = config_blocks.optimizer(
+        a["opt"], lr=1e-3, lr_reference_batch=placeholder(int), min_lr=1e-6, weight_decay=0.04, weight_decay_end=0.4
     )
-    if a["opt"] == "soap":  # Cutting the Skip's SOAP settings
-        c.optimizer.update(dict(b1=0.9, b2=0.95, precondition_frequency=10))
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10))
     c.total_epochs = a["epochs"]
     c.total_steps = placeholder(int)  # set to override the epochs
@@ -115,12 +101,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict(
         dict(evaluators=("knn", "linear"), knn_k=20, knn_temperature=0.07, linear_l2=1e-3, linear_steps=300, train_split=placeholder(str))
     )
-    c.eval_at_start = True
-    c.eval_every_steps = 660  # every 15 epochs, and at the start and the end
+    c.eval_at_start = True  # and every 660 steps (15 epochs) and at the end
 
-    c.mesh = [("data", -1), ("fsdp", 1)]
-    c.sharding_rules = [(".*", "fsdp")]
-    c.log_every_steps = 44
-    c.checkpoint_every_steps = 500
+    config_blocks.runtime(c, eval_every=660, checkpoint_every=500, log_every=44, analysis=False)
     c.keep_checkpoints = 2
     return c

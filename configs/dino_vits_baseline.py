@@ -24,26 +24,14 @@ images, 10 warm-up epochs, weight decay 0.04 rising to 0.4, 300 epochs (≈ 375k
 skips and 0 without. SOAP: b1 0.9, b2 0.95, preconditioning every 10 steps.
 """
 
-import importlib.util
-import os
-
 import ml_collections
 
-from skipless_jax import config_args
-
-
-def _skipless_recipe():
-    # The one recipe lives in dino_vits_skipless.py; this file only flips the switches.
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dino_vits_skipless.py")
-    spec = importlib.util.spec_from_file_location("dino_vits_skipless", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from skipless_jax import config_args, config_blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(
         arg, skip_sab=True, skip_ffn=True, init="default", opt="adamw", seed=0, variant="S/16", epochs=300
     )
-    args = ",".join(f"{k}={v}" for k, v in a.items())
-    return _skipless_recipe().get_config(args)
+    # The one recipe lives in dino_vits_skipless.py; this file only flips the switches.
+    return config_blocks.sibling(__file__, "dino_vits_skipless").get_config(config_args.to_arg(a))

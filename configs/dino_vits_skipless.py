@@ -33,7 +33,7 @@ SOAP: b1 0.9, b2 0.95, preconditioning every 10 steps (Cutting the Skip).
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from skipless_jax import config_args
+from skipless_jax import config_args, config_blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -71,25 +71,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         )
     )
 
-    with_skips = a["skip_sab"] and a["skip_ffn"]
-    c.model = ml_collections.ConfigDict(
-        dict(
-            variant=a["variant"],
-            patch_size=placeholder(int),  # from the variant
-            skip_sab=a["skip_sab"],
-            skip_ffn=a["skip_ffn"],
-            pool="tok",
-            posemb="learn",
-            dropout=0.0,
-            drop_path=0.1 if with_skips else 0.0,
-            dtype="bfloat16",
-            init=a["init"],
-            init_alpha=1.8,  # DINO ViT-S/16 constants (METHOD.md §3)
-            init_beta=1.0,
-            init_c=3.0,
-            token_graying=placeholder(str),
-            tg_eps=0.95,
-        )
+    c.model = config_blocks.vit_model(
+        a,
+        config_blocks.DINO_VITS_INIT,
+        variant=a["variant"],
+        patch_size=placeholder(int),  # from the variant
+        dtype="bfloat16",
     )
     c.dino = ml_collections.ConfigDict(
         dict(
@@ -109,13 +96,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         )
     )
 
-    c.optimizer = ml_collections.ConfigDict(
-        dict(name=a["opt"], lr=0.0005, lr_reference_batch=256, min_lr=1e-6, weight_decay=0.04, weight_decay_end=0.4)
+    c.optimizer = config_blocks.optimizer(
+        a["opt"], lr=0.0005, lr_reference_batch=256, min_lr=1e-6, weight_decay=0.04, weight_decay_end=0.4
     )
-    if a["opt"] == "soap":
-        c.optimizer.update(dict(b1=0.9, b2=0.95, precondition_frequency=10))
-    else:
-        c.optimizer.update(dict(b1=0.9, b2=0.999))
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10))
     c.total_epochs = a["epochs"]
     c.total_steps = placeholder(int)  # set to override the epochs
@@ -126,11 +109,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         dict(evaluators=("knn", "linear"), knn_k=20, knn_temperature=0.07, linear_l2=1e-4, linear_steps=1000, train_split=placeholder(str))
     )
     c.eval_at_start = False
-    c.eval_every_steps = 50_000
-
-    c.mesh = [("data", -1), ("fsdp", 1)]
-    c.sharding_rules = [(".*", "fsdp")]
-    c.log_every_steps = 100
-    c.checkpoint_every_steps = 2000
-    c.keep_checkpoints = 3
+    config_blocks.runtime(c, eval_every=50_000, checkpoint_every=2000, analysis=False)
     return c

@@ -26,9 +26,8 @@ without. Eval at 64×64, no resize; normalized with the ImageNet mean and std (i
 """
 
 import ml_collections
-from ml_collections.config_dict import placeholder
 
-from skipless_jax import config_args
+from skipless_jax import config_args, config_blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -44,77 +43,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         eps=0.95,
         epochs=100,
     )
-    c = ml_collections.ConfigDict()
-    c.trainer = "supervised"
-    c.seed = a["seed"]
-
-    c.dataset = ml_collections.ConfigDict(
-        dict(name="tiny_imagenet", train_split="train", eval_split="val", data_dir=placeholder(str))
-    )
-    c.input = ml_collections.ConfigDict(
-        dict(
-            batch_size=256,
-            eval_batch_size=1000,
-            image_size=64,
-            crop_pct=1.0,  # eval sees the 64×64 image as it is
-            num_workers=8,
-            aug=dict(
-                randaug="rand-m9-mstd0.5-inc1",
-                crop="pad",
-                crop_padding=8,
-                scale=(0.08, 1.0),  # used only by crop="rrc"
-                flip=True,
-                reprob=0.25,
-                mixup=0.8,
-                cutmix=1.0,
-                mixup_switch_prob=0.5,
-                label_smoothing=0.1,
-            ),
-        )
-    )
-
-    with_skips = a["skip_sab"] and a["skip_ffn"]
-    c.model = ml_collections.ConfigDict(
-        dict(
-            variant=placeholder(str),
-            width=192,
-            depth=a["depth"],
-            num_heads=3,
-            mlp_dim=768,
-            patch_size=8,
-            skip_sab=a["skip_sab"],
-            skip_ffn=a["skip_ffn"],
-            pool="tok",
-            posemb="learn",
-            dropout=0.0,
-            drop_path=0.1 if with_skips else 0.0,
-            dtype="float32",
-            init=a["init"],
-            init_alpha=2.0,  # ViT-B/16 supervised constants (METHOD.md §3)
-            init_beta=0.6,
-            init_c=3.0,
-            token_graying=placeholder(str) if a["tg"] == "none" else a["tg"],
-            tg_eps=a["eps"],
-        )
-    )
-
-    c.optimizer = ml_collections.ConfigDict(dict(name=a["opt"], lr=1e-3, weight_decay=0.05))
-    if a["opt"] == "soap":
-        c.optimizer.update(dict(b1=0.9, b2=0.95, precondition_frequency=10))
-    else:
-        c.optimizer.update(dict(b1=0.9, b2=0.999))
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10, end_lr=1e-5))
-    c.total_epochs = a["epochs"]
-    c.grad_clip_norm = 1.0
-    c.label_smoothing = 0.1
-    c.skip_nonfinite_steps = False
-
-    c.mesh = [("data", -1), ("fsdp", 1)]
-    c.sharding_rules = [(".*", "fsdp")]
-
-    c.log_every_steps = 100
-    c.eval_every_steps = 3907  # every 10 epochs (390.6 steps each)
-    c.checkpoint_every_steps = 3907
-    c.keep_checkpoints = 3
-    c.analysis = ml_collections.ConfigDict(dict(every_steps=0, probe_size=32))
+    # The CIFAR recipe (configs/cifar10_vit_tiny.py) at 64×64 with patch 8: 64 tokens again.
+    c = config_blocks.sibling(__file__, "cifar10_vit_tiny").get_config(config_args.to_arg(a))
+    c.dataset.update(dict(name="tiny_imagenet", eval_split="val"))
+    c.input.update(dict(batch_size=256, image_size=64))
+    c.input.aug.crop_padding = 8
+    c.model.patch_size = 8
+    steps_per_10_epochs = 3907  # 390.6 steps per epoch
+    c.eval_every_steps = c.checkpoint_every_steps = steps_per_10_epochs
     return c

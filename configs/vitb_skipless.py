@@ -25,7 +25,7 @@ RandAugment m9, mixup 0.8 / cutmix 1.0, random erasing 0.25, drop-path 0.1 with 
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from skipless_jax import config_args
+from skipless_jax import config_args, config_blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -55,57 +55,22 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             image_size=224,
             crop_pct=0.875,
             num_workers=32,
-            aug=dict(
-                randaug="rand-m9-mstd0.5-inc1",
-                scale=(0.08, 1.0),
-                flip=True,
-                reprob=0.25,
-                mixup=0.8,
-                cutmix=1.0,
-                mixup_switch_prob=0.5,
-                label_smoothing=0.1,
-            ),
+            aug=config_blocks.deit_aug(),
         )
     )
-
-    with_skips = a["skip_sab"] and a["skip_ffn"]
-    c.model = ml_collections.ConfigDict(
-        dict(
-            variant=a["variant"],
-            patch_size=placeholder(int),  # from the variant
-            skip_sab=a["skip_sab"],
-            skip_ffn=a["skip_ffn"],
-            pool="tok",
-            posemb="learn",
-            dropout=0.0,
-            drop_path=0.1 if with_skips else 0.0,
-            dtype="bfloat16",
-            init=a["init"],
-            init_alpha=2.0,  # ViT-B/16 supervised constants (METHOD.md §3)
-            init_beta=0.6,
-            init_c=3.0,
-            token_graying=placeholder(str) if a["tg"] == "none" else a["tg"],
-            tg_eps=a["eps"],
-        )
+    c.model = config_blocks.vit_model(
+        a,
+        config_blocks.VITB_SUPERVISED_INIT,
+        variant=a["variant"],
+        patch_size=placeholder(int),  # from the variant
+        dtype="bfloat16",
     )
 
-    c.optimizer = ml_collections.ConfigDict(dict(name=a["opt"], lr=1e-3, weight_decay=0.3))
-    if a["opt"] == "soap":
-        c.optimizer.update(dict(b1=0.9, b2=0.95, precondition_frequency=10))
-    else:
-        c.optimizer.update(dict(b1=0.9, b2=0.999))
+    c.optimizer = config_blocks.optimizer(a["opt"], lr=1e-3, weight_decay=0.3)
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=5, end_lr=1e-5))
     c.total_epochs = a["epochs"]
     c.grad_clip_norm = 1.0
     c.label_smoothing = 0.1
     c.skip_nonfinite_steps = False
-
-    c.mesh = [("data", -1), ("fsdp", 1)]
-    c.sharding_rules = [(".*", "fsdp")]
-
-    c.log_every_steps = 100
-    c.eval_every_steps = 5000
-    c.checkpoint_every_steps = 2000
-    c.keep_checkpoints = 3
-    c.analysis = ml_collections.ConfigDict(dict(every_steps=0, probe_size=32))
+    config_blocks.runtime(c, eval_every=5000, checkpoint_every=2000)
     return c

@@ -34,3 +34,8 @@ def parse(arg: Optional[str], **defaults: Any) -> dict[str, Any]:
             raise ValueError(f"config arg {item!r} is unknown; allowed: {', '.join(f'{k}=' for k in defaults)}")
         values[key] = _convert(key, text.strip(), defaults[key])
     return values
+
+
+def to_arg(values: dict[str, Any]) -> str:
+    """The inverse of `parse`: {'a': 1, 'b': 'x'} -> 'a=1,b=x' (to hand args to another config)."""
+    return ",".join(f"{k}={v}" for k, v in values.items())

@@ -1,0 +1,96 @@
+"""Blocks that the recipe configs (configs/*.py) share, so each setting is written once.
+
+A config file states its recipe (data, model size, schedule) and takes the rest from here:
+the residual switches and init constants from its args, the AdamW/SOAP settings, the DeiT
+augmentation, and the mesh/logging/checkpointing fields.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from types import ModuleType
+from typing import Any
+
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+# Skipless-init constants (METHOD.md §3).
+VITB_SUPERVISED_INIT = dict(init_alpha=2.0, init_beta=0.6, init_c=3.0)  # ViT-B/16 supervised
+DINO_VITS_INIT = dict(init_alpha=1.8, init_beta=1.0, init_c=3.0)  # DINO ViT-S/16
+
+
+def deit_aug(**overrides: Any) -> dict[str, Any]:
+    """DeiT-style train augmentation: RandAugment m9, flip, random erasing 0.25, mixup 0.8 /
+    cutmix 1.0, label smoothing 0.1, random-resized crop (scale 0.08-1) unless overridden."""
+    aug = dict(
+        randaug="rand-m9-mstd0.5-inc1",
+        scale=(0.08, 1.0),
+        flip=True,
+        reprob=0.25,
+        mixup=0.8,
+        cutmix=1.0,
+        mixup_switch_prob=0.5,
+        label_smoothing=0.1,
+    )
+    aug.update(overrides)
+    return aug
+
+
+def vit_model(a: dict[str, Any], init_constants: dict[str, float], **fields: Any) -> ml_collections.ConfigDict:
+    """`config.model`: the switches, init and Token Graying from the config args `a` (those it
+    has), drop-path 0.1 only with both skips, class token, learned position embedding; `fields`
+    (sizes or a variant, dtype, ...) are added and win."""
+    skip_sab, skip_ffn = a.get("skip_sab", True), a.get("skip_ffn", True)
+    tg = a.get("tg", "none")
+    model = dict(
+        skip_sab=skip_sab,
+        skip_ffn=skip_ffn,
+        pool="tok",
+        posemb="learn",
+        dropout=0.0,
+        drop_path=0.1 if skip_sab and skip_ffn else 0.0,
+        dtype="float32",
+        init=a.get("init", "default"),
+        **init_constants,
+        token_graying=placeholder(str) if tg == "none" else tg,
+        tg_eps=a.get("eps", 0.95),
+    )
+    model.update(fields)
+    return ml_collections.ConfigDict(model)
+
+
+def optimizer(name: str, **fields: Any) -> ml_collections.ConfigDict:
+    """`config.optimizer`: AdamW with b2 0.999, or SOAP with Cutting the Skip's b1 0.9, b2 0.95
+    and preconditioner refresh every 10 steps; `fields` (lr, weight decay, ...) are added."""
+    opt = dict(name=name, **fields)
+    if name == "soap":
+        opt.update(b1=0.9, b2=0.95, precondition_frequency=10)
+    else:
+        opt.update(b1=0.9, b2=0.999)
+    return ml_collections.ConfigDict(opt)
+
+
+def runtime(
+    c: ml_collections.ConfigDict, *, eval_every: int, checkpoint_every: int, log_every: int = 100, analysis: bool = True
+) -> None:
+    """Data-parallel mesh (set config.mesh's fsdp size for FSDP), logging, evaluation and
+    checkpoint periods in steps, 3 checkpoints kept, live log-κ monitoring present but off."""
+    c.mesh = [("data", -1), ("fsdp", 1)]
+    c.sharding_rules = [(".*", "fsdp")]
+    c.log_every_steps = log_every
+    c.eval_every_steps = eval_every
+    c.checkpoint_every_steps = checkpoint_every
+    c.keep_checkpoints = 3
+    if analysis:
+        c.analysis = ml_collections.ConfigDict(dict(every_steps=0, probe_size=32))
+
+
+def sibling(config_file: str, name: str) -> ModuleType:
+    """The config module `name` from the folder of `config_file` (a recipe that another config
+    file reuses with other defaults)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(config_file)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"configs_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
