@@ -2,8 +2,8 @@ r"""DINO pre-training on digits, with and without skips (skipless with the skipl
 
     OPENBLAS_NUM_THREADS=1 python experiments/dino_digits.py --out=docs/figures/dino_digits
 
-Runs configs/dino_digits.py in this process, one run after another (≈ 2 min of CPU each);
-results go to `<out>.json` as runs finish (a rerun skips finished runs), then a table
+Runs configs/dino_digits.py through `experiments/grid.py` (≈ 2 min of CPU each); results go
+to `<out>.json` as runs finish (a rerun skips finished runs), then a table
 (`<out>.md`) and a plot of the teacher entropies and kNN accuracy over training (`<out>.png`).
 The kNN / linear accuracies at step 0 are the same network at initialization.
 """
@@ -14,12 +14,9 @@ import argparse
 import json
 import math
 import os
-import sys
-import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+import grid
 
 VARIANTS = {
     "both skips, default init": "skip_sab=True,skip_ffn=True,init=default",
@@ -27,33 +24,24 @@ VARIANTS = {
 }
 
 
-def run_all(out: str, seeds: list[int]) -> dict[str, dict]:
-    from skipless_jax import dino
-    from util import load_config
+def run_all(out: str, seeds: list[int], worker: int = 0, workers: int = 1) -> dict[str, dict]:
+    """Every run not yet in `<out>.json` (this worker's share); returns all results."""
+    clock: dict[str, float] = {}
 
-    path = f"{out}.json"
-    results = json.load(open(path)) if os.path.exists(path) else {}
-    for name, arg in VARIANTS.items():
-        for seed in seeds:
-            key = f"{name}|seed={seed}"
-            if key in results:
-                continue
-            config = load_config("dino_digits", f"{arg},seed={seed}")
-            config.checkpoint_every_steps = 0
-            start, cpu = time.time(), time.process_time()
-            with tempfile.TemporaryDirectory() as workdir:
-                metrics = dino.train_and_evaluate(config, workdir)
-                history = [json.loads(line) for line in open(os.path.join(workdir, "history.jsonl"))]
-            results[key] = {
-                "final": {k: v for k, v in metrics.items() if "accuracy" in k or "entropy" in k},
-                "history": history,
-                "wall_s": round(time.time() - start, 1),
-                "cpu_s": round(time.process_time() - cpu, 1),
-                "log_k": math.log(config.dino.out_dim),
-            }
-            print(key, results[key]["final"], results[key]["wall_s"], "s", flush=True)
-            json.dump(results, open(path, "w"), indent=1)
-    return results
+    def configure(config):
+        clock.update(wall=time.time(), cpu=time.process_time())
+
+    def record(metrics, workdir, config):
+        return {
+            "final": {k: v for k, v in metrics.items() if "accuracy" in k or "entropy" in k},
+            "history": [json.loads(line) for line in open(os.path.join(workdir, "history.jsonl"))],
+            "wall_s": round(time.time() - clock["wall"], 1),
+            "cpu_s": round(time.process_time() - clock["cpu"], 1),
+            "log_k": math.log(config.dino.out_dim),
+        }
+
+    runs = [grid.Run(f"{name}|seed={seed}", "dino_digits", f"{arg},seed={seed}") for name, arg in VARIANTS.items() for seed in seeds]
+    return grid.run_grid(f"{out}.json", runs, configure=configure, record=record, worker=worker, workers=workers)
 
 
 def _series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -122,8 +110,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="docs/figures/dino_digits")
     parser.add_argument("--seeds", default="0,1,2")
+    grid.add_worker_args(parser)
     args = parser.parse_args()
-    results = run_all(args.out, [int(s) for s in args.seeds.split(",")])
+    results = run_all(args.out, [int(s) for s in args.seeds.split(",")], args.worker, args.workers)
     print(summarize(results, args.out))
 
 

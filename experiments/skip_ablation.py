@@ -1,51 +1,38 @@
 r"""The skip ablation on digits: both skips / no FFN skip / no SAB skip / no skips, 3 seeds,
-at depth 4 and 8 (METHOD.md §1's ordering is the hypothesis).
+at depth 4 and 8 (METHOD.md §1's ordering is the hypothesis), default init and AdamW; and no
+skips with the skipless init (METHOD.md §3), still AdamW.
 
     OPENBLAS_NUM_THREADS=1 python experiments/skip_ablation.py --out=docs/figures/skip_ablation
 
-Runs the quickstart config in this process, one run after another; results are appended to
-`<out>.json` as they finish (a rerun skips finished runs), then a table and a plot are written.
+Runs the quickstart config through `experiments/grid.py`: results go to `<out>.json` as runs
+finish (a rerun skips finished runs; `--workers=2 --worker=i` in two processes share the grid),
+then a table and a plot are written.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
-import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+import grid
 
 VARIANTS = {
     "both skips": "skip_sab=True,skip_ffn=True",
     "no FFN skip": "skip_sab=True,skip_ffn=False",
     "no SAB skip": "skip_sab=False,skip_ffn=True",
     "no skips": "skip_sab=False,skip_ffn=False",
+    "no skips, skipless init": "skip_sab=False,skip_ffn=False,init=skipless",  # later args win
 }
 
 
-def run_all(out: str, depths: list[int], seeds: list[int], extra: str = "") -> dict[str, dict]:
-    from skipless_jax import train
-    from util import load_config
-
-    path = f"{out}.json"
-    results = json.load(open(path)) if os.path.exists(path) else {}
-    for depth in depths:
-        for name, arg in VARIANTS.items():
-            for seed in seeds:
-                key = f"depth={depth}|{name}|seed={seed}"
-                if key in results:
-                    continue
-                config = load_config("quickstart", f"init=default,opt=adamw,{arg},depth={depth},seed={seed}{extra}")
-                config.checkpoint_every_steps = 0
-                with tempfile.TemporaryDirectory() as workdir:
-                    metrics = train.train_and_evaluate(config, workdir)
-                results[key] = {k: metrics[k] for k in ("test_accuracy", "test_loss", "train_loss")}
-                print(key, results[key], flush=True)
-                json.dump(results, open(path, "w"), indent=1)
-    return results
+def run_all(out: str, depths: list[int], seeds: list[int], worker: int = 0, workers: int = 1) -> dict[str, dict]:
+    """Every run not yet in `<out>.json` (this worker's share); returns all results."""
+    runs = [
+        grid.Run(f"depth={depth}|{name}|seed={seed}", "quickstart", f"init=default,opt=adamw,{arg},depth={depth},seed={seed}")
+        for depth in depths
+        for name, arg in VARIANTS.items()
+        for seed in seeds
+    ]
+    return grid.run_grid(f"{out}.json", runs, worker=worker, workers=workers)
 
 
 def summarize(results: dict[str, dict], out: str) -> str:
@@ -74,7 +61,7 @@ def summarize(results: dict[str, dict], out: str) -> str:
     ax.set_xticks(np.arange(len(depths)) + width * (len(VARIANTS) - 1) / 2, [f"depth {d}" for d in depths])
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 100)
-    ax.set_title("Skip ablation, ViT on digits (quickstart config, 3 seeds)")
+    ax.set_title("Skip ablation, ViT on digits (quickstart config, AdamW, 3 seeds)")
     ax.legend(loc="lower left")
     fig.tight_layout()
     fig.savefig(f"{out}.png", dpi=120)
@@ -88,6 +75,8 @@ if __name__ == "__main__":
     parser.add_argument("--out", default="docs/figures/skip_ablation")
     parser.add_argument("--depths", default="4,8")
     parser.add_argument("--seeds", default="0,1,2")
+    grid.add_worker_args(parser)
     args = parser.parse_args()
-    results = run_all(args.out, [int(d) for d in args.depths.split(",")], [int(s) for s in args.seeds.split(",")])
+    depths, seeds = [int(d) for d in args.depths.split(",")], [int(s) for s in args.seeds.split(",")]
+    results = run_all(args.out, depths, seeds, args.worker, args.workers)
     print(summarize(results, args.out))
