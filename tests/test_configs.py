@@ -307,3 +307,18 @@ def test_variable_size_images_without_aug_are_resized_and_cropped(monkeypatch):
     assert n == MOCK_EXAMPLES
     for batch in (train, evaluation, from_train):
         assert batch["image"].shape == (8, 224, 224, 3) and np.all(np.isfinite(batch["image"]))
+
+
+def test_config_args_round_trip_and_sibling_recipes_agree():
+    from skipless_jax import config_args
+
+    values = config_args.parse("skip_sab=False,eps=0.5,tg=none", skip_sab=True, eps=0.95, tg="dct", seed=0)
+    assert values == dict(skip_sab=False, eps=0.5, tg="none", seed=0)
+    assert config_args.parse(config_args.to_arg(values), skip_sab=True, eps=0.95, tg="dct", seed=0) == values
+    # The baseline's docstring: its skipless + init + SOAP cell *is* configs/vitb_skipless.py.
+    skipless = _module("vitb_i1k_300ep").get_config("skip_sab=False,skip_ffn=False,init=skipless,opt=soap")
+    assert skipless.to_dict() == _module("vitb_skipless").get_config().to_dict()
+    assert _module("dino_vits_baseline").get_config("skip_sab=False,skip_ffn=False,init=skipless").to_dict() == (
+        _module("dino_vits_skipless").get_config().to_dict()
+    )
+    assert _module("cifar100_vit_tiny").get_config().dataset.name == "cifar100"
