@@ -12,7 +12,8 @@ log κ of the attention Jacobian K_ℓ, of B_ℓ = Σ_h A_h ⊗ (Wⱽ_h Wᴼ_h)�
 the whole skipless block's Jacobian, all in float64.
 
 Parameters come from the newest readable checkpoint in `--workdir`; without one (or without a
-workdir) they are the trainer's own initialization for `config.seed`.
+workdir) they are the trainer's own initialization for `config.seed`. For a DINO config
+(`config.trainer='dino'`) the analyzed network is the student's ViT backbone.
 """
 
 from __future__ import annotations
@@ -31,20 +32,35 @@ from skipless_jax import conditioning
 MAX_JACOBIAN_SIZE = 4096  # n·d; the (nd × nd) float64 SVD stays around a second on a CPU core
 
 
+def _is_dino(config: ml_collections.ConfigDict) -> bool:
+    return config.get("trainer", "supervised") == "dino"
+
+
 def build(config: ml_collections.ConfigDict) -> tuple[Any, tuple[int, int, int]]:
-    """(ViT module, (H, W, C) input shape) for `config`."""
+    """(ViT module, (H, W, C) input shape) for `config` (DINO: the backbone, no head)."""
     from skipless_jax.data import inputs, sources
     from skipless_jax.models import vit
 
     info = sources.dataset_info(config.dataset.name)
     size = inputs.image_size(config)
-    return vit.build_model(config.model, info.num_classes), (size, size, info.image_shape[-1])
+    shape = (size, size, info.image_shape[-1])
+    if _is_dino(config):
+        from skipless_jax import dino
+
+        return dino.build_model(config).backbone, shape
+    return vit.build_model(config.model, info.num_classes), shape
 
 
 def init_params(model: Any, config: ml_collections.ConfigDict, image_shape: Sequence[int]) -> Any:
-    """The trainer's step-0 parameters: `model.init` with the first half of split(PRNGKey(seed))."""
+    """The trainer's step-0 parameters: `model.init` with the first half of split(PRNGKey(seed))
+    (DINO: the backbone's part of the backbone + head init)."""
     init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
     dummy = jnp.zeros((1, *image_shape), jnp.float32)
+    if _is_dino(config):
+        from skipless_jax import dino
+
+        full = dino.build_model(config)
+        return jax.jit(lambda rng: full.init({"params": rng}, (dummy,), train=False)["params"]["backbone"])(init_rng)
     return jax.jit(lambda rng: model.init({"params": rng}, dummy, train=False)["params"])(init_rng)
 
 
@@ -61,6 +77,9 @@ def load_params(
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         target = checkpoint.abstract(params, jax.tree.map(lambda _: device, params))
         try:
+            if _is_dino(config):  # the student's backbone; the head is not read
+                step, restored = checkpoint.restore_params(workdir, {"backbone": target})
+                return restored["backbone"], int(step), "checkpoint"
             step, restored = checkpoint.restore_params(workdir, target)
             return restored, int(step), "checkpoint"
         except FileNotFoundError:  # a workdir without checkpoints yet: analyze the init

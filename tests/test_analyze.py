@@ -109,3 +109,29 @@ def test_cli_error_is_one_line(tmp_path):
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: model.init='bogus' is unknown; allowed: default, skipless, mimetic")
+
+
+def test_analyze_a_dino_run_reads_the_student_backbone(tmp_path):
+    """A DINO workdir: the student's ViT backbone from the checkpoint, equal to the trainer's."""
+    from skipless_jax import dino
+    from util import load_config
+
+    config = load_config("dino_digits", "skip_sab=False,skip_ffn=False,init=skipless")
+    config.model.width, config.model.mlp_dim, config.model.depth = 32, 64, 2
+    config.dino.update(dict(out_dim=32, hidden_dim=32, bottleneck_dim=16))
+    config.total_epochs, config.total_steps = None, 3
+    config.schedule.warmup_epochs = 0
+    config.eval_at_start, config.eval_every_steps = False, 0
+    config.eval.evaluators = ("knn",)
+    dino.train_and_evaluate(config, str(tmp_path))
+
+    result = analyze.analyze(config, workdir=str(tmp_path), num_images=NUM_IMAGES)
+    assert (result["source"], result["step"]) == ("checkpoint", 3)
+    model, shape = analyze.build(config)
+    student = checkpoint.load_raw(str(tmp_path))[1]["params"]["backbone"]
+    want = _np_embedding_kappa(model, student, analyze.probe_images(config, NUM_IMAGES))
+    for point in conditioning.EMBEDDING_POINTS:
+        np.testing.assert_allclose(result["log_kappa"][point], want[point], rtol=1e-4, atol=1e-4)
+    at_init = analyze.analyze(config, output_dir=str(tmp_path / "init"), num_images=NUM_IMAGES)
+    assert at_init["source"] == "init"
+    assert np.abs(np.array(at_init["log_kappa"]["sab"]) - want["sab"]).max() > 1e-3
