@@ -61,6 +61,41 @@ def abstract(tree: Any, shardings: Any) -> Any:
     )
 
 
+class IncompatibleCheckpointError(ValueError):
+    """A readable checkpoint whose parameters do not match the model this config builds."""
+
+
+def _param_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    return {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _check_compatible(mngr: ocp.CheckpointManager, step: int, abstract_state: Any) -> None:
+    """Raises IncompatibleCheckpointError when the checkpoint's parameter names or shapes differ
+    from `abstract_state`'s (a changed config resumed in an old workdir). Unreadable metadata
+    passes: reading the checkpoint then fails and it is treated as corrupt."""
+    try:
+        reader = _metadata_reader(str(mngr.directory))
+        saved_shapes = _param_shapes(reader.item_metadata(step)[STATE].tree["params"])
+        reader.close()
+    except Exception:  # noqa: BLE001 - no usable metadata: let the restore decide
+        return
+    wanted = _param_shapes(abstract_state["params"])
+    if saved_shapes == wanted:
+        return
+    missing = sorted(set(wanted) - set(saved_shapes))
+    extra = sorted(set(saved_shapes) - set(wanted))
+    shape = sorted(k for k in set(wanted) & set(saved_shapes) if wanted[k] != saved_shapes[k])
+    what = "; ".join(
+        f"{label} {names[0]}{f' (+{len(names) - 1} more)' if len(names) > 1 else ''}"
+        for label, names in (("not in the checkpoint:", missing), ("only in the checkpoint:", extra),
+                             ("other shape:", shape)) if names
+    )
+    raise IncompatibleCheckpointError(
+        f"the checkpoint of step {step} in {mngr.directory} was written for other parameters ({what}); "
+        "resume it with the config that wrote it, or start in a new workdir"
+    )
+
+
 def restore_latest(
     mngr: ocp.CheckpointManager, abstract_state: Any, set_aside: bool = True
 ) -> Optional[tuple[int, Any, dict[str, Any]]]:
@@ -70,8 +105,11 @@ def restore_latest(
     is tried, so a crash during a save never loses the run. With `set_aside`, the unreadable
     step folder is moved to `checkpoints_unreadable/` next to the manager's directory, so that
     the resumed run saves that step again (and keep-N never keeps it over a good one).
+    A readable checkpoint written for other parameters raises IncompatibleCheckpointError and
+    is left in place.
     """
     for step in sorted(mngr.all_steps(), reverse=True):
+        _check_compatible(mngr, step, abstract_state)
         error = None
         try:
             restored = mngr.restore(
@@ -185,17 +223,22 @@ def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
     raise FileNotFoundError(f"no readable checkpoint with parameters at {path!r}")
 
 
+def _metadata_reader(directory: str) -> ocp.CheckpointManager:
+    """A read-only manager of `directory` that knows the items' handlers (for their metadata)."""
+    return ocp.CheckpointManager(
+        directory,
+        item_handlers={STATE: ocp.StandardCheckpointHandler(), META: ocp.JsonCheckpointHandler()},
+        options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+    )
+
+
 def load_raw(workdir: str, step: Optional[int] = None) -> tuple[int, Any]:
     """(step, state) of a checkpoint as saved, on this process's first device (inspection, tests).
 
     Shapes and dtypes come from the checkpoint's metadata, so a checkpoint written by any mesh
     or number of processes reads in one process.
     """
-    mngr = ocp.CheckpointManager(
-        os.path.join(_abs(workdir), "checkpoints"),
-        item_handlers={STATE: ocp.StandardCheckpointHandler(), META: ocp.JsonCheckpointHandler()},
-        options=ocp.CheckpointManagerOptions(read_only=True, create=False),
-    )
+    mngr = _metadata_reader(os.path.join(_abs(workdir), "checkpoints"))
     step = max(mngr.all_steps()) if step is None else step
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(

@@ -33,7 +33,7 @@ class _ConsoleFilter:
 def main(argv: list[str]) -> None:
     del argv
     logging.get_absl_handler().addFilter(_ConsoleFilter())
-    from skipless_jax import distributed
+    from skipless_jax import checkpoint, distributed
 
     distributed.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes, flags.FLAGS.process_id)
     import jax
@@ -47,7 +47,10 @@ def main(argv: list[str]) -> None:
         module.check_config(config)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"error: {err}")
-    metrics = module.train_and_evaluate(config, flags.FLAGS.workdir)
+    try:
+        metrics = module.train_and_evaluate(config, flags.FLAGS.workdir)
+    except checkpoint.IncompatibleCheckpointError as err:  # a changed config in an old workdir
+        sys.exit(f"error: {err}")
     if jax.process_index() == 0:
         summary = ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if k.startswith("test_"))
         print(f"Final ({trainer}, step {metrics.get('step')}): {summary}", flush=True)

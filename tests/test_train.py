@@ -1,6 +1,7 @@
 """The supervised trainer on digits: learning, exact resume, evaluation coverage, bad input."""
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -146,3 +147,16 @@ def test_live_kappa_monitoring_logs_probe_log_kappa(tmp_path):
             np.testing.assert_allclose(scalars[f"log_kappa/{point}/layer_{layer}"][5], expected, rtol=1e-3)
     # The probe is fixed: a different step's value differs only because the parameters changed.
     assert scalars["log_kappa/sab/layer_0"][2] != scalars["log_kappa/sab/layer_0"][5]
+
+
+def test_a_changed_model_in_an_old_workdir_fails_and_keeps_the_checkpoints(tmp_path):
+    train.train_and_evaluate(tiny_config(total_steps=2), str(tmp_path))
+    saved = sorted(os.listdir(tmp_path / "checkpoints"))
+    deeper = tiny_config("depth=3", total_steps=4)
+    with pytest.raises(checkpoint.IncompatibleCheckpointError, match=r"step 2 .* other parameters \(not in the checkpoint: \['block_2'\]"):
+        train.train_and_evaluate(deeper, str(tmp_path))
+    with pytest.raises(checkpoint.IncompatibleCheckpointError, match=r"other shape: \['block_0'\]"):
+        train.train_and_evaluate(tiny_config(total_steps=4, **{"model.mlp_dim": 48}), str(tmp_path))
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == saved  # nothing set aside
+    assert not (tmp_path / "checkpoints_unreadable").exists()
+    assert train.train_and_evaluate(tiny_config(total_steps=4), str(tmp_path))["step"] == 4  # the same config resumes
