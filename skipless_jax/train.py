@@ -240,10 +240,10 @@ def train_and_evaluate(
             _, out = model.apply({"params": params}, images, train=False)
             return conditioning.embedding_log_kappa(out)
 
-        # probe_size examples of the first eval batch: the first probe_size / P of each process's slice.
-        probe_images = next(inputs.eval_iterator(config, jax.process_index(), jax.process_count())[0])["image"]
-        local_probe = config.analysis.get("probe_size", 32) // jax.process_count()
-        probe = (jax.jit(kappa), to_global({"image": probe_images[:local_probe]})["image"])
+        # The first probe_size examples of the eval split, whatever the number of processes.
+        probe_size = config.analysis.get("probe_size", 32)
+        batches = inputs.eval_iterator(config, jax.process_index(), jax.process_count(), batch_size=probe_size)[0]
+        probe = (jax.jit(kappa), to_global({"image": next(batches)["image"]})["image"])
 
     # ---- Loop.
     writer = metric_writers.create_default_writer(workdir, asynchronous=True) if is_chief else metric_writers.MultiWriter([])

@@ -87,14 +87,16 @@ def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
     if config.get("analysis") is not None:  # live log-κ monitoring on a probe batch
         _positive(config, "analysis.every_steps", allow_zero=True, allow_none=True)
         every = config.analysis.get("every_steps")
-        _require(every is None or isinstance(every, int), f"config.analysis.every_steps={every!r} must be an integer (0: off)")
+        _require(every is None or (isinstance(every, int) and not isinstance(every, bool)), f"config.analysis.every_steps={every!r} must be an integer (0: off)")
         if every:
             probe = config.analysis.get("probe_size", 32)
-            eval_batch = config.input.get("eval_batch_size") or config.input.batch_size
+            split_size = info.splits.get(config.dataset.eval_split)  # None: not known before reading
             _require(
-                isinstance(probe, int) and not isinstance(probe, bool) and 0 < probe <= eval_batch and probe % (shards * jax.process_count()) == 0,
-                f"config.analysis.probe_size={probe!r} must be a positive integer <= the eval batch {eval_batch}, divisible by "
-                f"the {shards} data-parallel devices and {jax.process_count()} processes",
+                isinstance(probe, int) and not isinstance(probe, bool) and probe > 0
+                and probe % shards == 0 and probe % jax.process_count() == 0 and (split_size is None or probe <= split_size),
+                f"config.analysis.probe_size={probe!r} must be a positive integer divisible by the {shards} data-parallel "
+                f"devices and by the {jax.process_count()} processes"
+                + (f", at most the {split_size} examples of the eval split" if split_size else ""),
             )
     accum = config.get("grad_accum_steps") or 1
     _require(

@@ -89,7 +89,7 @@ def test_train_batches_depend_only_on_seed_and_step():
         ({"optimizer.name": "lion"}, r"config.optimizer.name='lion' is unknown"),
         ({"analysis.every_steps": -1}, r"config.analysis.every_steps=-1 must be a non-negative number"),
         ({"analysis.every_steps": 2, "analysis.probe_size": 12}, r"config.analysis.probe_size=12 must be .* divisible by the 8"),
-        ({"analysis.every_steps": 2, "analysis.probe_size": 256}, r"config.analysis.probe_size=256 must be .* <= the eval batch 128"),
+        ({"analysis.every_steps": 2, "analysis.probe_size": 400}, r"config.analysis.probe_size=400 must be .* at most the 360 examples"),
     ],
 )
 def test_bad_config_fails_before_compiling(tmp_path, overrides, match):

@@ -64,12 +64,13 @@ def train_iterator(
 
 
 def eval_iterator(
-    config: Any, process_index: int, process_count: int, split: str | None = None
+    config: Any, process_index: int, process_count: int, split: str | None = None, batch_size: int | None = None
 ) -> tuple[Iterator[dict[str, np.ndarray]], int]:
     """(process-local masked eval batches of `split`, number of real examples in it).
 
-    `split` defaults to config.dataset.eval_split. Images stored at the model's size are only
-    normalized; anything else is resized and centre-cropped (`crop_pct`).
+    `split` defaults to config.dataset.eval_split, `batch_size` (global) to the eval batch size.
+    Images stored at the model's size are only normalized; anything else is resized and
+    centre-cropped (`crop_pct`).
     """
     info = sources.dataset_info(config.dataset.name)
     split = split or config.dataset.eval_split
@@ -79,7 +80,7 @@ def eval_iterator(
         source,
         evaluate,
         num_classes=info.num_classes,
-        global_batch_size=config.input.get("eval_batch_size") or config.input.batch_size,
+        global_batch_size=batch_size or config.input.get("eval_batch_size") or config.input.batch_size,
         process_index=process_index,
         process_count=process_count,
     )
