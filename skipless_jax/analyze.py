@@ -13,7 +13,8 @@ the whole skipless block's Jacobian, all in float64.
 
 Parameters come from the newest readable checkpoint in `--workdir`; without one (or without a
 workdir) they are the trainer's own initialization for `config.seed`. For a DINO config
-(`config.trainer='dino'`) the analyzed network is the student's ViT backbone.
+(`config.trainer='dino'`) the analyzed network is the EMA teacher's ViT backbone, the network
+DINO's kNN and linear evaluations use (at initialization teacher = student).
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def load_params(
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         target = checkpoint.abstract(params, jax.tree.map(lambda _: device, params))
         try:
-            if _is_dino(config):  # the student's backbone; the head is not read
-                step, restored = checkpoint.restore_params(workdir, {"backbone": target})
+            if _is_dino(config):  # the teacher's backbone (what DINO evaluates); no head
+                step, restored = checkpoint.restore_params(workdir, {"backbone": target}, key="teacher")
                 return restored["backbone"], int(step), "checkpoint"
             step, restored = checkpoint.restore_params(workdir, target)
             return restored, int(step), "checkpoint"

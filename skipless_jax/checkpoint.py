@@ -190,10 +190,11 @@ def restore_from_path(path: str, abstract_state: Any) -> tuple[int, Any, dict[st
     raise FileNotFoundError(f"no readable checkpoint at {path!r}")
 
 
-def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
+def restore_params(path: str, abstract_params: Any, key: str = "params") -> tuple[int, Any]:
     """Only the parameters of a checkpoint (e.g. `config.init_from`, analysis of a run).
 
-    `abstract_params` gives the target shapes, dtypes and shardings; the optimizer state in
+    `abstract_params` gives the target shapes, dtypes and shardings (a sub-tree is enough);
+    `key` names the state entry to read ("teacher": DINO's EMA teacher). The optimizer state in
     the checkpoint is not read.
     """
     path = _abs(path)
@@ -205,10 +206,10 @@ def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
                 step,
                 args=ocp.args.Composite(
                     **{STATE: ocp.args.PyTreeRestore(
-                        item={"params": abstract_params},
+                        item={key: abstract_params},
                         restore_args=jax.tree.map(
                             lambda x: ocp.ArrayRestoreArgs(sharding=getattr(x, "sharding", None)),
-                            {"params": abstract_params},
+                            {key: abstract_params},
                         ),
                         partial_restore=True,
                     )}
@@ -218,7 +219,7 @@ def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
             logging.error("Checkpoint at step %d is unreadable (%s); trying the previous one.", step, _one_line(err))
             continue
         mngr.close()
-        return step, restored[STATE]["params"]
+        return step, restored[STATE][key]
     mngr.close()
     raise FileNotFoundError(f"no readable checkpoint with parameters at {path!r}")
 
