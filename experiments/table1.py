@@ -49,6 +49,9 @@ def run_all(out: str, depth: int, seeds: list[int], worker: int = 0, workers: in
         result = {k: metrics[k] for k in ("test_accuracy", "test_loss", "train_loss")}
         return dict(result, depth=depth, steps=steps, losses=[losses[s] for s in steps])
 
+    depths = {r["depth"] for r in grid.load(f"{out}_runs.json").values()}
+    if depths - {depth}:  # the keys do not name the depth: one depth per results file
+        raise ValueError(f"{out}_runs.json holds depth {sorted(depths)} runs; use another --out for --depth={depth}")
     runs = [
         grid.Run(f"{name}|{opt}|seed={seed}", "quickstart", f"{arg},opt={opt},depth={depth},seed={seed}")
         for opt in OPTIMIZERS

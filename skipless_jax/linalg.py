@@ -7,6 +7,11 @@ first call, every worker thread idle). On CPU `map_matrices` therefore loops ove
 this costs little); on GPU and TPU it calls the batched kernel. The branch is chosen when the
 program is lowered for its platform (`lax.platform_dependent`). `svd`, `eigh` and `qr` are
 jnp.linalg's through it.
+
+Limit: on CPU the loop runs over the whole (global) batch, so a batch sharded over several CPU
+devices (e.g. Token Graying inside a data-parallel step on fake CPU devices) is gathered and
+factorized on every device; correct, but not faster with more devices. Accelerators are
+unaffected. Meshes with explicit axis types reject the loop; the trainer's mesh uses Auto axes.
 """
 
 from __future__ import annotations

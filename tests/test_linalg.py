@@ -47,7 +47,8 @@ def test_unbatched_input_and_mismatched_batches():
 
 def test_replicated_batched_factorizations_on_8_cpu_devices_finish():
     """A replicated program with several batched SVDs, a skipless-init ViT and Token Graying,
-    on 8 host devices: with jnp.linalg's batched SVD this hangs on the first call (jax 0.10.2)."""
+    on 8 host devices: with jnp.linalg's batched SVD this hangs on the first call (jax 0.10.2),
+    also with XLA:CPU's concurrency-optimized scheduler off (as importing skipless_jax sets)."""
     script = textwrap.dedent(
         """
         import jax, jax.numpy as jnp
