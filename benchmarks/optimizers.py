@@ -35,6 +35,8 @@ import optax
 from skipless_jax.models import vit
 from skipless_jax.optim.soap import soap
 
+import common  # benchmarks/common.py (this script's folder is on sys.path)
+
 FREQUENCY = 10
 
 
@@ -150,14 +152,7 @@ def bench_train_step(variant: str, image_size: int, batch: int, repeats: int,
     labels = jnp.arange(batch) % 10
     runs: dict[str, dict[str, Any]] = {}
     for name, tx in optimizers.items():
-        def step(params, opt_state, images, labels, tx=tx):
-            def loss_fn(p):
-                logits, _ = model.apply({"params": p}, images, train=True)
-                return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-            loss, grads = jax.value_and_grad(loss_fn)(params)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, loss
+        step = common.classifier_step(model, tx)
 
         params = model.init(jax.random.PRNGKey(0), images[:1])["params"]
         opt_state = jax.jit(tx.init)(params)

@@ -37,6 +37,8 @@ from sklearn.datasets import load_sample_images
 from skipless_jax import token_graying
 from skipless_jax.models import vit
 
+import common  # benchmarks/common.py (this script's folder is on sys.path)
+
 VARIANTS = (None, "dct", "svd", "svd_fast")
 CASES = {"Ti/4@32": ("Ti/4", 32, 128), "S/16@224": ("S/16", 224, 8)}
 TARGETS = {"dct": 1.02, "svd_fast": 1.25}
@@ -61,14 +63,7 @@ def make_step(variant: str, tg: str | None, eps: float, dtype: str):
     model = vit.ViT(num_classes=1000, **vit.decode_variant(variant), dtype=jnp.dtype(dtype), token_graying=tg, tg_eps=eps)
     tx = optax.adamw(1e-3, weight_decay=0.05)
 
-    def step(params, opt_state, images, labels):
-        def loss_fn(p):
-            logits, _ = model.apply({"params": p}, images, train=True)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    step = common.classifier_step(model, tx)
 
     def init(rng, images):
         params = model.init(rng, images[:1])["params"]

@@ -23,6 +23,8 @@ import optax
 
 from skipless_jax.models import vit
 
+import common  # benchmarks/common.py (this script's folder is on sys.path)
+
 
 def make_step(variant: str, image_size: int, dtype: str, skips: bool, init: str):
     model = vit.ViT(
@@ -31,14 +33,7 @@ def make_step(variant: str, image_size: int, dtype: str, skips: bool, init: str)
     )
     tx = optax.adamw(1e-3, weight_decay=0.05)
 
-    def step(params, opt_state, images, labels):
-        def loss_fn(p):
-            logits, _ = model.apply({"params": p}, images, train=True)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    step = common.classifier_step(model, tx)
 
     def init(rng):
         params = model.init(rng, jnp.zeros((1, image_size, image_size, 3)))["params"]

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 import numpy as np
 
@@ -204,43 +203,36 @@ def photo_figures(results: dict) -> None:
 
 
 def run_digits(path: str, seeds: list[int]) -> dict:
+    """The ε ablation on digits through `experiments/grid.py` (resumable)."""
     import jax
     import jax.numpy as jnp
 
-    from skipless_jax import analyze, train
-    from util import load_config
+    import grid
+    from skipless_jax import analyze
 
-    results = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            results = json.load(f)
-    for eps in ABLATION_EPS:
-        for seed in seeds:
-            key = f"eps={eps}|seed={seed}"
-            if key in results:
-                continue
-            arg = f"seed={seed}" + ("" if eps == 1.0 else f",tg=svd,eps={eps}")
-            config = load_config("quickstart", arg)
-            config.checkpoint_every_steps = 0  # only the final checkpoint, read back below
-            with tempfile.TemporaryDirectory() as workdir:
-                metrics = train.train_and_evaluate(config, workdir)
-                model, shape = analyze.build(config)
-                params, _, source = analyze.load_params(model, config, shape, workdir)
-            assert source == "checkpoint", source
-            images = analyze.probe_images(config, 360)
-            _, out = jax.jit(model.apply, static_argnames="train")({"params": params}, jnp.asarray(images), train=False)
-            results[key] = dict(
-                eps=eps, seed=seed, test_accuracy=metrics["test_accuracy"], test_loss=metrics["test_loss"],
-                log_kappa_raw=float(log_kappa(_raw_patches(images, config)).mean()),
-                log_kappa_in=float(log_kappa(out["patches"]).mean()),
-                # X·W + b has rank ≤ d_in + 1 (5 here, of 16 tokens): κ over those singular values.
-                embedding_rank=min(out["embedding"].shape[-2], out["patches"].shape[-1] + 1),
-                log_kappa_embedding=float(log_kappa(out["embedding"], min(out["embedding"].shape[-2], out["patches"].shape[-1] + 1)).mean()),
-            )
-            print(key, results[key], flush=True)
-            with open(path, "w") as f:
-                json.dump(results, f, indent=1)
-    return results
+    def record(metrics, workdir, config):
+        model, shape = analyze.build(config)
+        params, _, source = analyze.load_params(model, config, shape, workdir)  # the final checkpoint
+        assert source == "checkpoint", source
+        images = analyze.probe_images(config, 360)
+        _, out = jax.jit(model.apply, static_argnames="train")({"params": params}, jnp.asarray(images), train=False)
+        # X·W + b has rank ≤ d_in + 1 (5 here, of 16 tokens): κ over those singular values.
+        rank = min(out["embedding"].shape[-2], out["patches"].shape[-1] + 1)
+        return dict(
+            eps=config.model.tg_eps if config.model.token_graying else 1.0, seed=config.seed,
+            test_accuracy=metrics["test_accuracy"], test_loss=metrics["test_loss"],
+            log_kappa_raw=float(log_kappa(_raw_patches(images, config)).mean()),
+            log_kappa_in=float(log_kappa(out["patches"]).mean()),
+            embedding_rank=rank,
+            log_kappa_embedding=float(log_kappa(out["embedding"], rank).mean()),
+        )
+
+    runs = [
+        grid.Run(f"eps={eps}|seed={seed}", "quickstart", f"seed={seed}" + ("" if eps == 1.0 else f",tg=svd,eps={eps}"))
+        for eps in ABLATION_EPS
+        for seed in seeds
+    ]
+    return grid.run_grid(path, runs, record=record)
 
 
 def _raw_patches(images: np.ndarray, config) -> np.ndarray:

@@ -258,9 +258,8 @@ def build_dino_optimizer(config: ml_collections.ConfigDict, sched: Schedules) ->
 
 def build_model(config: ml_collections.ConfigDict) -> dino_head.DINO:
     """ViT backbone (its learned position table sized for the global crop) + DINO head."""
-    info = sources.dataset_info(config.dataset.name)
     kwargs = vit.model_kwargs(config.model, num_classes=0)  # a backbone: no classifier
-    kwargs["image_size"] = int(config.input.get("image_size") or info.image_shape[0])
+    kwargs["image_size"] = inputs.image_size(config)
     d = config.dino
     head = dino_head.DINOHead(
         out_dim=d.out_dim,
@@ -438,7 +437,7 @@ def train_and_evaluate(
     num_train = inputs.num_train_examples(config)
     sched = schedules_from_config(config, num_train)
     total_steps = sched.total_steps
-    global_size = int(config.input.get("image_size") or info.image_shape[0])
+    global_size = inputs.image_size(config)
 
     # ---- Model and optimizer, abstract first.
     model = build_model(config)

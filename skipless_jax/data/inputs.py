@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, Iterator
 
 import numpy as np
@@ -44,21 +45,29 @@ def _transforms(config: Any):
 
 
 def train_iterator(
-    config: Any, start_step: int, process_index: int, process_count: int
+    config: Any,
+    start_step: int,
+    process_index: int,
+    process_count: int,
+    transform: Callable[[np.ndarray, np.random.Generator], Any] | None = None,
+    batch_transform: Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
+    """Process-local train batches from `start_step` on; `transform` (per example) and
+    `batch_transform` replace the config's augmentation (e.g. DINO's multi-crop)."""
     info = sources.dataset_info(config.dataset.name)
     source = sources.get_source(config.dataset.name, config.dataset.train_split, config.dataset.get("data_dir"))
-    train, _, batch = _transforms(config)
+    if transform is None:
+        transform, _, batch_transform = _transforms(config)
     return pipeline.train_batches(
         source,
-        train,
+        transform,
         num_classes=info.num_classes,
         global_batch_size=config.input.batch_size,
         seed=config.seed,
         start_step=start_step,
         process_index=process_index,
         process_count=process_count,
-        batch_transform=batch,
+        batch_transform=batch_transform,
         num_workers=config.input.get("num_workers", 0),
     )
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
-from skipless_jax.data import augment, pipeline, sources
+from skipless_jax.data import augment, inputs, pipeline, sources
 
 _BICUBIC = Image.Resampling.BICUBIC
 
@@ -193,9 +193,8 @@ def validate_multicrop_config(mc: Any, patch_size: int) -> None:
 def from_config(config: Any) -> MultiCrop:
     info = sources.dataset_info(config.dataset.name)
     mc = config.input.multicrop
-    size = config.input.get("image_size") or info.image_shape[0]
     return MultiCrop(
-        global_size=int(size),
+        global_size=inputs.image_size(config),
         local_size=int(mc.local_size),
         num_local=int(mc.num_local),
         mean=tuple(map(float, info.mean)),
@@ -215,21 +214,8 @@ def from_config(config: Any) -> MultiCrop:
 
 def train_iterator(config: Any, start_step: int, process_index: int, process_count: int) -> Iterator[dict[str, np.ndarray]]:
     """Process-local multi-crop batches {'global', 'local', 'label'} from `start_step` on."""
-    info = sources.dataset_info(config.dataset.name)
-    source = sources.get_source(config.dataset.name, config.dataset.train_split, config.dataset.get("data_dir"))
     mc = from_config(config)
-    return pipeline.train_batches(
-        source,
-        mc,
-        num_classes=info.num_classes,
-        global_batch_size=config.input.batch_size,
-        seed=config.seed,
-        start_step=start_step,
-        process_index=process_index,
-        process_count=process_count,
-        batch_transform=mc.unpack,
-        num_workers=config.input.get("num_workers", 0),
-    )
+    return inputs.train_iterator(config, start_step, process_index, process_count, transform=mc, batch_transform=mc.unpack)
 
 
 def split_views(batch_global: Any, batch_local: Any) -> tuple[Any, Any]:
