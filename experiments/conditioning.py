@@ -217,7 +217,8 @@ def run_embeddings(results: dict[str, Any], seeds: list[int], num_images: int = 
             key = f"{name}|{seed}"
             if key in table:
                 continue
-            config = load_config("quickstart", f"{arg},seed={seed}")
+            # The standard recipe these figures were made with (the quickstart's default is now skipless + SOAP).
+            config = load_config("quickstart", f"init=default,opt=adamw,{arg},seed={seed}")
             config.checkpoint_every_steps = 0  # the final step is still saved
             model, shape = analyze.build(config)
             images = analyze.probe_images(config, num_images)
