@@ -1,0 +1,209 @@
+"""TokenCut object discovery (docs/method.md §7), with the official TokenCut code's semantics.
+
+numpy/scipy only, all on the host in float64. For one image:
+
+1. keys: the chosen block's key projection of LN1(x), heads concatenated, CLS dropped:
+   (n, d) with n = h·w patch tokens in row-major order of the (h, w) patch grid;
+2. `affinity`: F = keys L2-normalized per token, A = F Fᵀ, binarized A_ij > τ → 1 (strict),
+   else ε; the diagonal is binarized like every other entry (it is 1 for any non-zero token);
+3. `second_smallest_eigenvector`: the second-smallest generalized eigenvector of
+   (D − A) y = λ D y, D = diag(A·1), D-normalized (yᵀ D y = 1);
+4. `bipartition`: foreground = y > mean(y); seed = argmax |y| (first index on ties); when the
+   seed is not foreground, the partition is complemented and y's sign flipped;
+5. `seed_component` / `box`: the 4-connected component of the foreground on the (h, w) grid
+   that holds the seed, and its box [x0·p, y0·p, (x1+1)·p, (y1+1)·p] clipped to the unpadded
+   image (W, H);
+6. `corloc`: images whose box has IoU ≥ 0.5 with any ground-truth box ÷ images evaluated.
+
+Images are zero-padded at the bottom/right to a multiple of the patch size after
+normalization (`pad_to_patch_multiple`), so boxes can reach past the image and get clipped.
+Boxes are (x0, y0, x1, y1) in pixels, x1/y1 exclusive (area (x1 − x0)·(y1 − y0)); VOC's
+1-based inclusive annotations convert with `voc_gt_box`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import scipy.linalg
+from scipy import ndimage
+
+METHOD_REF = "docs/method.md §7"
+TAU = 0.2
+EPS = 1e-5
+CORLOC_IOU = 0.5
+
+Box = tuple[int, int, int, int]
+
+
+def pad_to_patch_multiple(image: np.ndarray, patch_size: int) -> np.ndarray:
+    """Zero-pad an (H, W, C) (or (H, W)) image at the bottom/right to multiples of `patch_size`.
+
+    Apply it after normalization (the padding is zeros of the normalized image, as in the
+    official code). Returns (⌈H/p⌉·p, ⌈W/p⌉·p, C) of the input's dtype; the unpadded (H, W)
+    is what `box` clips to. docs/method.md §7.
+    """
+    image = np.asarray(image)
+    if image.ndim not in (2, 3):
+        raise ValueError(f"pad_to_patch_multiple: image must be (H, W) or (H, W, C), got shape {image.shape}")
+    if patch_size < 1:
+        raise ValueError(f"pad_to_patch_multiple: patch_size={patch_size} must be >= 1")
+    h, w = image.shape[:2]
+    ph, pw = -(-h // patch_size) * patch_size, -(-w // patch_size) * patch_size
+    pad = [(0, ph - h), (0, pw - w)] + [(0, 0)] * (image.ndim - 2)
+    return np.pad(image, pad, mode="constant", constant_values=0)
+
+
+def normalize_tokens(keys: np.ndarray) -> np.ndarray:
+    """(n, d) → (n, d) float64, each row divided by max(‖row‖₂, 1e-12) (torch F.normalize)."""
+    keys = np.asarray(keys, dtype=np.float64)
+    if keys.ndim != 2:
+        raise ValueError(f"tokencut: keys must be (n, d) patch tokens (CLS dropped), got shape {keys.shape}")
+    norms = np.linalg.norm(keys, axis=1, keepdims=True)
+    return keys / np.maximum(norms, 1e-12)
+
+
+def binarize(similarity: np.ndarray, tau: float = TAU, eps: float = EPS) -> np.ndarray:
+    """(n, n) cosine similarities → (n, n) float64 graph: 1 where > tau (strict), else eps.
+
+    The official `A = A > tau; A = np.where(A.astype(float) == 0, eps, A)`: every entry, the
+    diagonal included, goes through the same rule. docs/method.md §7.
+    """
+    similarity = np.asarray(similarity, dtype=np.float64)
+    return np.where(similarity > tau, 1.0, eps)
+
+
+def affinity(keys: np.ndarray, tau: float = TAU, eps: float = EPS) -> np.ndarray:
+    """(n, d) keys → (n, n) binarized affinity A of normalized tokens (float64). docs/method.md §7."""
+    f = normalize_tokens(keys)
+    return binarize(f @ f.T, tau, eps)
+
+
+def second_smallest_eigenvector(a: np.ndarray) -> np.ndarray:
+    """(n, n) symmetric affinity → (n,) second-smallest generalized eigenvector of (D − A, D).
+
+    Solved in the symmetric form: with D = diag(A·1), u is the eigenvector of the second-
+    smallest eigenvalue of I − D^{-½} A D^{-½} and y = D^{-½} u, so yᵀ D y = 1, the scale
+    `scipy.linalg.eigh(D − A, D)` returns. The sign is arbitrary (`bipartition` fixes it).
+    docs/method.md §7.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    n = a.shape[0]
+    if a.ndim != 2 or a.shape[1] != n or n < 2:
+        raise ValueError(f"tokencut: affinity must be (n, n) with n >= 2, got shape {a.shape}")
+    d = a.sum(axis=1)
+    if np.any(d <= 0):
+        raise ValueError("tokencut: the affinity has a token of zero degree")
+    s = 1.0 / np.sqrt(d)
+    lsym = np.eye(n) - s[:, None] * a * s[None, :]
+    lsym = 0.5 * (lsym + lsym.T)
+    _, u = scipy.linalg.eigh(lsym, subset_by_index=[1, 1])
+    return s * u[:, 0]
+
+
+def bipartition(eigenvector: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """(n,) eigenvector y → (y with fixed sign (n,), foreground (n,) bool, seed int).
+
+    foreground = y > mean(y); seed = argmax |y| (first index on ties); if the seed is not in
+    the foreground, foreground := its complement and y := −y (the official code), so the
+    returned y has y[seed] above its mean. docs/method.md §7.
+    """
+    y = np.asarray(eigenvector, dtype=np.float64).copy()
+    avg = np.sum(y) / len(y)
+    fg = y > avg
+    seed = int(np.argmax(np.abs(y)))
+    if not fg[seed]:
+        y = -y
+        fg = np.logical_not(fg)
+    return y, fg, seed
+
+
+def seed_component(mask: np.ndarray, seed: int) -> np.ndarray:
+    """(h, w) bool mask, flat seed index → (h, w) bool: the seed's 4-connected component.
+
+    `scipy.ndimage.label` with its default cross structure (4-connectivity); the seed indexes
+    the grid in row-major order and must lie in the mask. docs/method.md §7.
+    """
+    mask = np.asarray(mask, dtype=bool)
+    if mask.ndim != 2:
+        raise ValueError(f"tokencut: mask must be (h, w), got shape {mask.shape}")
+    if not 0 <= seed < mask.size:
+        raise ValueError(f"tokencut: seed={seed} is outside the {mask.shape} grid")
+    rc = np.unravel_index(seed, mask.shape)
+    if not mask[rc]:
+        raise ValueError(f"tokencut: seed={seed} (row, col)={tuple(int(v) for v in rc)} is not in the mask")
+    labels, _ = ndimage.label(mask)
+    return labels == labels[rc]
+
+
+def ncut(
+    keys: np.ndarray, grid_hw: tuple[int, int], tau: float = TAU, eps: float = EPS
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """TokenCut's normalized cut on one image's patch keys. docs/method.md §7.
+
+    keys: (n, d) patch keys (CLS dropped, heads concatenated), n = h·w in row-major order of
+    grid_hw = (h, w). Returns (eigenvector (n,) float64, D-normalized, sign fixed so that the
+    seed is foreground; mask (h, w) bool: the seed's 4-connected component of the foreground
+    — not the whole bipartition; seed: flat index of argmax |eigenvector|).
+    """
+    h, w = (int(v) for v in grid_hw)
+    keys = np.asarray(keys)
+    if keys.ndim != 2 or keys.shape[0] != h * w:
+        raise ValueError(f"tokencut: keys {keys.shape} do not match the {h}x{w} patch grid (CLS must be dropped)")
+    y = second_smallest_eigenvector(affinity(keys, tau, eps))
+    y, fg, seed = bipartition(y)
+    return y, seed_component(fg.reshape(h, w), seed), seed
+
+
+def box(mask: np.ndarray, seed: int, patch_size: int, image_hw: tuple[int, int]) -> Box:
+    """Pixel box (x0, y0, x1, y1) of the seed's 4-connected component of `mask`. docs/method.md §7.
+
+    mask: (h, w) bool patch grid (a raw bipartition or `ncut`'s component; the component is
+    selected here either way); seed: flat row-major index; image_hw: the unpadded (H, W).
+    Returns [x0·p, y0·p, (x1+1)·p, (y1+1)·p] with x1 ≤ W and y1 ≤ H after clipping.
+    """
+    comp = seed_component(mask, seed)
+    rows, cols = np.nonzero(comp)
+    p = int(patch_size)
+    hh, ww = (int(v) for v in image_hw)
+    x0, y0 = int(cols.min()) * p, int(rows.min()) * p
+    x1, y1 = (int(cols.max()) + 1) * p, (int(rows.max()) + 1) * p
+    return x0, y0, min(x1, ww), min(y1, hh)
+
+
+def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
+    """IoU of two (x0, y0, x1, y1) boxes, areas (x1 − x0)·(y1 − y0) (no +1). docs/method.md §7.
+
+    The official `bbox_iou` semantics without its 1e-7 guard terms (which vanish in its
+    float32 arithmetic), so an IoU of exactly 0.5 is 0.5; an empty union gives 0.
+    """
+    ax0, ay0, ax1, ay1 = (float(v) for v in a)
+    bx0, by0, bx1, by1 = (float(v) for v in b)
+    inter = max(min(ax1, bx1) - max(ax0, bx0), 0.0) * max(min(ay1, by1) - max(ay0, by0), 0.0)
+    union = (ax1 - ax0) * (ay1 - ay0) + (bx1 - bx0) * (by1 - by0) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def corloc(pred_boxes: Sequence[Sequence[float]] | np.ndarray, gt_boxes_per_image: Sequence[np.ndarray]) -> float:
+    """CorLoc: fraction of images whose box has IoU ≥ 0.5 with any ground-truth box. docs/method.md §7.
+
+    pred_boxes: (N, 4), one box per image; gt_boxes_per_image: N arrays (k_i, 4) (k_i = 0: the
+    image counts as a miss). Returns hits / N (N = 0 raises).
+    """
+    preds = np.asarray(pred_boxes, dtype=np.float64).reshape(-1, 4)
+    if len(preds) != len(gt_boxes_per_image):
+        raise ValueError(f"corloc: {len(preds)} predicted boxes for {len(gt_boxes_per_image)} images")
+    if len(preds) == 0:
+        raise ValueError("corloc: no images to evaluate")
+    hits = 0
+    for pred, gts in zip(preds, gt_boxes_per_image):
+        gts = np.asarray(gts, dtype=np.float64).reshape(-1, 4)
+        if any(box_iou(pred, g) >= CORLOC_IOU for g in gts):
+            hits += 1
+    return hits / len(preds)
+
+
+def voc_gt_box(xmin: float, ymin: float, xmax: float, ymax: float) -> tuple[float, float, float, float]:
+    """VOC's 1-based inclusive (xmin, ymin, xmax, ymax) → (xmin − 1, ymin − 1, xmax, ymax). docs/method.md §7."""
+    return xmin - 1, ymin - 1, xmax, ymax
