@@ -39,7 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from skipless_jax import checkpoint, sharding, train
+from skipless_jax import checkpoint, sharding
+from skipless_jax.trainers import common
 from skipless_jax.models import vit
 from skipless_jax.optim import OPTIMIZERS, build_optimizer
 
@@ -61,7 +62,7 @@ def load_config(arg: str):
 def make_state(config: Any, image_size: int, fsdp: int):
     """(model, tx, state, target, mesh): the trainer's state, created sharded, with dense (random)
     optimizer moments as after training; target = abstract state + shardings, for restoring."""
-    config.mesh = [("data", -1), ("fsdp", fsdp)]
+    config.mesh.fsdp = fsdp
     mesh = sharding.make_mesh(config.mesh)
     model = vit.build_model(config.model, NUM_CLASSES)
     tx, _ = build_optimizer(config, 1000)
@@ -71,7 +72,7 @@ def make_state(config: Any, image_size: int, fsdp: int):
         init_rng, train_rng = jax.random.split(rng)
         params = model.init({"params": init_rng}, dummy, train=False)["params"]
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-                "rng": train_rng, "nonfinite": train.init_nonfinite()}
+                "rng": train_rng, "nonfinite": common.init_nonfinite()}
 
     def trained_like(rng: jax.Array) -> dict[str, Any]:
         # Zero moments compress to nothing on disk; after training they are dense (and ≥ 0 for

@@ -4,8 +4,8 @@ r"""ViT-Tiny on Tiny-ImageNet-200 (64×64, 200 classes) with each residual a swi
         --workdir=/tmp/tiny_imagenet_nosab --config.dataset.data_dir=/data/tiny-imagenet-200
 
 Hardware: one GPU or TPU chip and ≥ 8 host cores for the augmentation (≈ 1 ms per image per
-core, docs/data.md). Expected wall-clock: ≈ 2 h on one A100 for 100 epochs (≈ 39k steps; an
-estimate: the host augmentation, not the chip, sets the pace).
+core, docs/data.md). Wall-clock: not measured (100 epochs ≈ 39k steps; the host augmentation,
+not the chip, is expected to set the pace).
 Data: the unpacked tiny-imagenet-200 folder (docs/data.md); config.dataset.data_dir must point
 at it, and the run fails at start, in one line, if it does not. Evaluation is on the 10,000
 validation images (the test labels are not public).
@@ -19,10 +19,11 @@ what to check is the ordering of the CIFAR-10 cells (both skips > no FFN skip >>
 
 Model: ViT-Ti (width 192, depth 12, 3 heads, MLP 768) on 64×64 images with patch 8, i.e. 64
 tokens plus the class token. Schedule (this project's DeiT-style recipe for 64×64 images): 100
-epochs, batch 256, lr 1e-3, weight decay 0.05 (not on biases and norms), 10 warm-up epochs,
-cosine to 1e-5, gradient clipping 1.0, label smoothing 0.1, RandAugment m9, mixup 0.8 / cutmix
-1.0, random erasing 0.25, zero-pad 8 + random crop and flip, drop-path 0.1 with skips and 0
-without. Eval at 64×64, no resize; normalized with the ImageNet mean and std (its source).
+epochs, batch 256, lr 1e-3, weight decay 0.05 (not on biases, norms, position embedding or
+class token; docs/method.md §14), 10 warm-up epochs, cosine to 1e-5, gradient clipping 1.0,
+label smoothing 0.1, RandAugment m9, mixup 0.8 / cutmix 1.0, random erasing 0.25, zero-pad 8 +
+random crop and flip, drop-path 0.1 with skips and 0 without. Eval at 64×64, no resize;
+normalized with the ImageNet mean and std (its source).
 """
 
 import ml_collections

@@ -3,17 +3,16 @@ r"""ImageNet-1k ViT-S/16 and ViT-B/16 with Token Graying: the TG rows of "Always
     python -m skipless_jax.main --config=configs/vit_i1k_tg.py:variant=S/16,tg=dct \
         --workdir=gs://BUCKET/vits_dct --config.dataset.data_dir=gs://BUCKET/tfds
 
-Token Graying (METHOD.md §4, skipless_jax/token_graying.py) is applied inside the jitted step
+Token Graying (docs/method.md §4, skipless_jax/token_graying.py) is applied inside the jitted step
 to each image's raw patch matrix (196×768, float32), before the patch embedding, identically
 at train and eval. Args: variant=S/16|B/16, tg=dct|svd|svd_fast|none, eps ∈ (0, 1].
 
 Hardware: sized for one 8-GPU node (A100/H100) or a TPU v4-32 slice (global batch 1024,
 bfloat16 compute); the augmentation needs ≈ 27 busy host cores per 6,150 images/s
-(docs/data.md). Expected wall-clock for 300 epochs (≈ 375k steps): ViT-B ≈ 17 h without TG
-(the 0.723 days of the paper's baseline); DCT-TG adds ≈ 1.2% in the paper (0.732 days) and
-SVD-TG multiplies by 6.3 (4.552 days); benchmarks/token_graying.py measures both and the fast
-SVD-TG on the machine at hand (docs/token_graying.md). ViT-S has ≈ 1/4 of ViT-B's FLOPs, so
-≈ 5 h where the input pipeline keeps up (≈ 100 busy host cores).
+(docs/data.md). Wall-clock: not measured (300 epochs ≈ 375k steps). The paper's figures for
+ViT-B (Always Skip Attention): 0.723 days for the baseline, 0.732 with DCT-TG (+1.2%), 4.552
+with SVD-TG (6.3×); benchmarks/token_graying.py measures the TG cost itself (DCT, SVD and the
+fast SVD-TG) on the machine at hand (docs/token_graying.md).
 Data: imagenet2012 prepared by tensorflow-datasets (docs/data.md); the run fails at start, in
 one line, if it is absent.
 
@@ -31,10 +30,11 @@ The ε ablation (ViT-B/16, SVD-TG; top-1, then log κ_in of the token matrix aft
 `tg=svd_fast` computes the same function as `tg=svd` (to ≤ 3e-5 relative on photo patches)
 from symmetric eigendecompositions instead of an SVD.
 
-Schedule (DeiT/ViT-B 300 epochs, as configs/vitb_i1k_300ep.py): batch 1024, lr 1e-3, weight
-decay 0.3 (not on biases and norms), 5 warm-up epochs, cosine to 1e-5, gradient clipping 1.0,
-label smoothing 0.1, RandAugment m9, mixup 0.8 / cutmix 1.0, random erasing 0.25, drop-path
-0.1, AdamW b1 0.9, b2 0.999; images 224×224 with patch 16.
+Schedule (ViT-B 300 epochs, as configs/vitb_i1k_300ep.py): batch 1024, lr 1e-3, weight decay
+0.3 (the ViT/big_vision AdamW value; DeiT uses 0.05), not on biases, norms, position embedding
+or class token (docs/method.md §14), 5 warm-up epochs, cosine to 1e-5, gradient clipping 1.0,
+label smoothing 0.1, DeiT's augmentation (RandAugment m9, mixup 0.8 / cutmix 1.0, random
+erasing 0.25), drop-path 0.1, AdamW b1 0.9, b2 0.999; images 224×224 with patch 16.
 """
 
 import ml_collections

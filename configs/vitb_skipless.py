@@ -4,7 +4,7 @@ r"""ImageNet-1k ViT-B/16 without skips, skipless init, SOAP: the "Cutting the Sk
         --workdir=gs://BUCKET/vitb_skipless --config.dataset.data_dir=gs://BUCKET/tfds
 
 Hardware: sized for a TPU v4-64 pod slice or 4× 8-GPU H100 nodes (global batch 1024,
-bfloat16 compute). Expected wall-clock: ≈ 1 day on a v4-64 for 300 epochs (≈ 375k steps).
+bfloat16 compute). Wall-clock: not measured (300 epochs ≈ 375k steps).
 Data: imagenet2012 prepared by tensorflow-datasets (docs/data.md); the run fails at start,
 in one line, if it is absent.
 
@@ -16,10 +16,11 @@ Expected ImageNet-1k top-1 (Cutting the Skip, 300 epochs), one cell per args:
     :opt=adamw                                              78.1   (skipless + skipless init)
     (no args)                                               80.8   (skipless + init + SOAP)
 
-Schedule (DeiT/ViT-B 300 epochs): batch 1024, lr 1e-3, weight decay 0.3 (not on biases and
-norms), 5 warm-up epochs, cosine to 1e-5, gradient clipping 1.0, label smoothing 0.1,
-RandAugment m9, mixup 0.8 / cutmix 1.0, random erasing 0.25, drop-path 0.1 with skips and
-0 without. SOAP: b1 0.9, b2 0.95, preconditioning every 10 steps (Cutting the Skip).
+Schedule (ViT-B 300 epochs): batch 1024, lr 1e-3, weight decay 0.3 (the ViT/big_vision AdamW
+value; DeiT uses 0.05), not on biases, norms, position embedding or class token (docs/method.md
+§14), 5 warm-up epochs, cosine to 1e-5, gradient clipping 1.0, label smoothing 0.1, DeiT's
+augmentation (RandAugment m9, mixup 0.8 / cutmix 1.0, random erasing 0.25), drop-path 0.1 with
+skips and 0 without. SOAP: b1 0.9, b2 0.95, preconditioning every 10 steps (Cutting the Skip).
 """
 
 import ml_collections

@@ -208,7 +208,8 @@ def summarize_width(results: dict[str, Any]) -> str:
 
 
 def run_embeddings(results: dict[str, Any], seeds: list[int], num_images: int = 64) -> None:
-    from skipless_jax import analyze, train
+    from skipless_jax import analyze
+    from skipless_jax.trainers import supervised
     from util import load_config
 
     table = results.setdefault("embedding", {})
@@ -224,7 +225,7 @@ def run_embeddings(results: dict[str, Any], seeds: list[int], num_images: int = 
             images = analyze.probe_images(config, num_images)
             entry = {"init": analyze.embedding_kappa(model, analyze.init_params(model, config, shape), images)}
             with tempfile.TemporaryDirectory() as workdir:
-                metrics = train.train_and_evaluate(config, workdir)
+                metrics = supervised.train_and_evaluate(config, workdir)
                 params, step, source = analyze.load_params(model, config, shape, workdir)
             assert source == "checkpoint", source
             entry["trained"] = analyze.embedding_kappa(model, params, images)

@@ -10,7 +10,6 @@ core badly, so two workers on a 2-core machine finish in about half the time).
 from __future__ import annotations
 
 import fcntl
-import importlib
 import json
 import os
 import sys
@@ -62,7 +61,7 @@ def run_grid(
     configure(config) adjusts each config before training (checkpointing off is always set);
     record(final metrics, workdir, config) gives what is kept of a run (read the workdir there).
     """
-    from skipless_jax import main
+    from skipless_jax import trainers
     from util import load_config
 
     if not 0 <= worker < workers:
@@ -74,7 +73,7 @@ def run_grid(
         config.checkpoint_every_steps = 0
         if configure is not None:
             configure(config)
-        trainer = importlib.import_module(main.TRAINERS[config.get("trainer", "supervised")])
+        trainer = trainers.get(config.get("trainer", "supervised"))
         with tempfile.TemporaryDirectory() as workdir:
             metrics = trainer.train_and_evaluate(config, workdir)
             result = record(metrics, workdir, config)

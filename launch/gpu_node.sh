@@ -24,10 +24,15 @@
 #   NCCL_P2P_DISABLE=1                   only if the GPUs hang in their first all-reduce (broken P2P).
 # Per-process logs go to --log-dir (default WORKDIR/launch_logs) and stream here as "[pI] line".
 # When a process fails, or on Ctrl-C, the others get SIGTERM (they checkpoint and stop), then
-# SIGKILL after --grace seconds (default 60); the exit status is the first failure's.
+# SIGKILL after --grace seconds (default 60).
+# Exit status: 0 the run finished; 75 preempted (a trainer exited 75 after saving its step, or
+# this script got SIGTERM): rerun the same command to resume, e.g. in a retry loop
+#   until launch/gpu_node.sh ...; do (($? == 75)) || break; done
+# 130 Ctrl-C; otherwise the first failing process's status (2: bad usage of this script).
 set -euo pipefail
 
 readonly PROG=gpu_node.sh
+readonly EXIT_PREEMPTED=75  # the trainer's status after it saved on SIGTERM or a preemption notice
 readonly USAGE="usage: $PROG --config CFG --workdir DIR [--platform gpu|cpu] [--num-processes N] \
 [--num-gpus G] [--cpu-devices K] [--port PORT] [--grace SECONDS] [--log-dir DIR] [--python PY] [--dry-run] \
 [-- TRAINER_FLAGS...]"
@@ -148,14 +153,16 @@ done
 ((dry_run)) && exit 0
 
 mkdir -p "$log_dir"
-pids=() stop_since='' status=''
+pids=() stop_since='' status='' interrupted='' preempted=0
 # SIGTERM first: the trainer saves a checkpoint and stops at its next step. Whatever still runs
 # after --grace seconds (e.g. blocked in a collective with a dead peer) gets SIGKILL.
 stop_all() {
   stop_since=${stop_since:-$SECONDS}
   if ((${#pids[@]})); then kill -TERM "${pids[@]}" 2>/dev/null || true; fi
 }
-trap 'echo "$PROG: interrupted; sending SIGTERM to the trainers" >&2; status=${status:-130}; stop_all' INT TERM
+# Ctrl-C ends the run (130); SIGTERM to this script is a preemption: the trainers save, exit 75.
+trap 'echo "$PROG: interrupted; sending SIGTERM to the trainers" >&2; interrupted=${interrupted:-130}; stop_all' INT
+trap 'echo "$PROG: terminated; sending SIGTERM to the trainers" >&2; interrupted=${interrupted:-$EXIT_PREEMPTED}; stop_all' TERM
 for ((i = 0; i < num_processes; i++)); do
   process_command "$i"
   "${cmd[@]}" > >(tee "$log_dir/process-$i.log" | sed -u "s/^/[p$i] /") 2>&1 &
@@ -168,7 +175,15 @@ while ((${#pids[@]})); do
     rc=0
     wait "${pids[i]}" || rc=$?
     unset 'pids[i]'
-    if ((rc != 0)) && [[ -z $status ]]; then
+    if ((rc == EXIT_PREEMPTED)); then
+      # Saved and stopped on a preemption notice or SIGTERM; the peers got it too, or get it now.
+      if ((!preempted)) && [[ -z $interrupted ]]; then
+        echo "$PROG: process $i was preempted (checkpoint saved); stopping the others" >&2
+      fi
+      preempted=1
+      stop_all
+    elif ((rc != 0)) && [[ -z $status ]] && ! { [[ -n $stop_since ]] && ((rc > 128)); }; then
+      # (A process that died of the SIGTERM or SIGKILL sent here was stopped, not failed.)
       status=$rc
       # The survivors would block in their next collective until the heartbeat timeout.
       echo "$PROG: process $i exited with status $rc (log: $log_dir/process-$i.log); stopping the others" >&2
@@ -181,4 +196,9 @@ while ((${#pids[@]})); do
   sleep 1
 done
 wait  # let the log pipes drain
-exit "${status:-0}"
+final=${status:-${interrupted:-0}}
+if [[ -z $status && -z $interrupted ]] && ((preempted)); then final=$EXIT_PREEMPTED; fi
+if ((final == EXIT_PREEMPTED)); then
+  echo "$PROG: preempted; the trainers saved a checkpoint in $workdir: rerun the same command to resume (exit status $EXIT_PREEMPTED)" >&2
+fi
+exit "$final"

@@ -17,6 +17,12 @@
 # Per-process logs: LOG_DIR/process-I.log (default WORKDIR/launch_logs); the job's own output,
 # with each line labelled by process, is LOG_DIR/JOBNAME-JOBID.out.
 #
+# Preemption: sbatch sends SIGTERM 5 minutes before the time limit; the trainers save their step
+# and exit 75. The job then requeues itself (scontrol requeue; submitted with --requeue) and
+# resumes from that checkpoint, at most --max-requeues times (default 10; 0: never); a job that
+# is not requeued exits 75: submit the same command again to resume. Exit status: 0 the run
+# finished, 75 preempted, 2 bad usage, otherwise the failing task's status.
+#
 # Settings that matter (export them before calling; sbatch and srun pass your environment on):
 #   XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true
 #       overlap collectives with compute; added here unless XLA_FLAGS already names it.
@@ -31,7 +37,8 @@ set -euo pipefail
 readonly PROG=slurm_multinode.sh
 readonly USAGE="usage: $PROG --config CFG --workdir DIR [--nodes N] [--gpus-per-node G] \
 [--partition P] [--account A] [--time T] [--job-name J] [--cpus-per-task C] [--sbatch-arg ARG]... \
-[--port PORT] [--log-dir DIR] [--python PY] [--dry-run] [-- TRAINER_FLAGS...]"
+[--port PORT] [--log-dir DIR] [--max-requeues N] [--python PY] [--dry-run] [-- TRAINER_FLAGS...]"
+readonly EXIT_PREEMPTED=75  # the trainer's status after it saved on SIGTERM or a preemption notice
 
 usage_error() {  # one line, exit 2: the shell convention for bad usage
   echo "$PROG: error: $1 (see $PROG --help)" >&2
@@ -66,6 +73,7 @@ positive_int() {  # $1 name, $2 value
 
 config='' workdir='' nodes='' gpus_per_node='' partition='' account='' time_limit=''
 job_name=skipless_jax cpus_per_task='' port='' log_dir='' python=${PYTHON:-python3} dry_run=0
+max_requeues=10
 sbatch_args=() trainer_flags=()
 while (($#)); do
   case $1 in
@@ -89,6 +97,7 @@ while (($#)); do
     --sbatch-arg) sbatch_args+=("$2") ;;
     --port) port=$2 ;;
     --log-dir) log_dir=$2 ;;
+    --max-requeues) max_requeues=$2 ;;
     --python) python=$2 ;;
     *) usage_error "unknown option $1" ;;
   esac
@@ -100,6 +109,7 @@ done
 [[ -z $nodes ]] || positive_int --nodes "$nodes"
 [[ -z $gpus_per_node ]] || positive_int --gpus-per-node "$gpus_per_node"
 [[ -z $cpus_per_task ]] || positive_int --cpus-per-task "$cpus_per_task"
+[[ $max_requeues =~ ^[0-9]+$ ]] || usage_error "--max-requeues must be a non-negative integer, got '$max_requeues'"
 if [[ -n $port ]] && { ! [[ $port =~ ^[0-9]+$ ]] || ((port < 1 || port > 65535)); }; then
   usage_error "--port must be in 1..65535, got '$port'"
 fi
@@ -109,16 +119,17 @@ if [[ -z ${SLURM_JOB_ID:-} ]]; then
   # Outside an allocation: submit this same script; in the job it takes the branch below.
   [[ -n $nodes ]] || usage_error "missing required --nodes (outside an allocation)"
   script=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
-  # SIGTERM 5 min before the time limit: the trainer checkpoints and stops; resubmit to resume.
+  # SIGTERM 5 min before the time limit: the trainer checkpoints and exits 75, and the job
+  # requeues itself (--requeue allows it; --open-mode=append keeps the output of every attempt).
   submit=(sbatch "--nodes=$nodes" --ntasks-per-node=1 --exclusive "--job-name=$job_name"
-    "--output=$log_dir/%x-%j.out" "--chdir=$PWD" --signal=TERM@300)
+    "--output=$log_dir/%x-%j.out" "--chdir=$PWD" --signal=TERM@300 --requeue --open-mode=append)
   [[ -z $gpus_per_node ]] || submit+=("--gpus-per-node=$gpus_per_node")
   [[ -z $cpus_per_task ]] || submit+=("--cpus-per-task=$cpus_per_task")
   [[ -z $partition ]] || submit+=("--partition=$partition")
   [[ -z $account ]] || submit+=("--account=$account")
   [[ -z $time_limit ]] || submit+=("--time=$time_limit")
   submit+=(${sbatch_args[@]+"${sbatch_args[@]}"} "$script" --nodes "$nodes" --config "$config"
-    --workdir "$workdir" --log-dir "$log_dir" --python "$python")
+    --workdir "$workdir" --log-dir "$log_dir" --max-requeues "$max_requeues" --python "$python")
   [[ -z $port ]] || submit+=(--port "$port")
   submit+=(-- ${trainer_flags[@]+"${trainer_flags[@]}"})
   ((dry_run)) || mkdir -p "$log_dir"  # sbatch does not create the directory of --output
@@ -148,9 +159,41 @@ step=(env JAX_PLATFORMS=cuda "XLA_FLAGS=$xla_flags" "JAX_COORDINATOR_ADDRESS=$co
 [[ -z ${SLURM_CPUS_PER_TASK:-} ]] || step+=("--cpus-per-task=$SLURM_CPUS_PER_TASK")
 # Inside each task: its rank becomes the jax process id, and its output is also kept per process.
 # shellcheck disable=SC2016  # expanded by the task's shell, not here
-task='set -o pipefail; export JAX_PROCESS_ID=$SLURM_PROCID; "$@" 2>&1 | tee "$SKIPLESS_LOG_DIR/process-$SLURM_PROCID.log"'
+# Each task also leaves its exit status in process-I.status: srun reports the highest status, or
+# the signal of a task it killed, so the tasks' own statuses tell whether all of them stopped
+# preempted (75) rather than failed.
+task='set -o pipefail; export JAX_PROCESS_ID=$SLURM_PROCID; "$@" 2>&1 | tee "$SKIPLESS_LOG_DIR/process-$SLURM_PROCID.log"; '
+# shellcheck disable=SC2016
+task+='rc=$?; echo "$rc" > "$SKIPLESS_LOG_DIR/process-$SLURM_PROCID.status"; exit "$rc"'
 step+=(bash -c "$task" skipless_task "$python" -m skipless_jax.main "--config=$config"
   "--workdir=$workdir" ${trainer_flags[@]+"${trainer_flags[@]}"})
 echo "# $allocated process(es), one per node; coordinator $coordinator_host:$port; logs $log_dir"
-((dry_run)) || mkdir -p "$log_dir"
-run "${step[@]}"
+echo "# exit status $EXIT_PREEMPTED (preempted, checkpoint saved): scontrol requeue $SLURM_JOB_ID, at most $max_requeues times"
+if ((dry_run)); then
+  run "${step[@]}"
+  exit 0
+fi
+mkdir -p "$log_dir"
+rm -f "$log_dir"/process-*.status
+status=0
+run "${step[@]}" || status=$?
+preempted=0
+if ((status == EXIT_PREEMPTED)); then
+  preempted=1
+elif ((status != 0)); then
+  codes=$(cat "$log_dir"/process-*.status 2>/dev/null | sort -u) || true
+  # Some task exited 75 and none failed otherwise (the rest were killed by srun --kill-on-bad-exit).
+  if grep -qx "$EXIT_PREEMPTED" <<<"$codes" && ! grep -qvxE "0|$EXIT_PREEMPTED" <<<"$codes"; then preempted=1; fi
+fi
+if ((preempted)); then
+  restarts=${SLURM_RESTART_COUNT:-0}
+  if ((restarts >= max_requeues)); then
+    echo "$PROG: preempted (checkpoint saved); not requeued after $restarts of --max-requeues $max_requeues: submit the same command again to resume" >&2
+  elif scontrol requeue "$SLURM_JOB_ID"; then
+    echo "$PROG: preempted (checkpoint saved); job $SLURM_JOB_ID requeued (restart $((restarts + 1)) of at most $max_requeues): it resumes from the checkpoint" >&2
+  else
+    echo "$PROG: preempted (checkpoint saved); scontrol could not requeue job $SLURM_JOB_ID (an salloc shell, or not --requeue): submit the same command again to resume" >&2
+  fi
+  exit "$EXIT_PREEMPTED"
+fi
+exit "$status"

@@ -19,7 +19,8 @@
 #
 # The workdir defaults to gs://BUCKET/skipless_jax/RUN and TFDS_DATA_DIR to
 # gs://BUCKET/tensorflow_datasets; RUN defaults to the config's name with its arguments.
-# Rerunning `run` with the same RUN resumes from the workdir's last checkpoint.
+# Rerunning `run` with the same RUN resumes from the workdir's last checkpoint. Exit status: 0, or
+# the first failed step's; 75 when `run` was preempted (the trainers saved their step).
 #
 #   launch/tpu_vm.sh create install run delete --name vit-v4 --zone us-central2-b \
 #       --accelerator-type v4-32 --bucket gs://my-bucket --config configs/quickstart.py \
@@ -29,6 +30,7 @@
 set -euo pipefail
 
 readonly PROG=tpu_vm.sh
+readonly EXIT_PREEMPTED=75  # the trainer's status after it saved on SIGTERM or a preemption notice
 readonly USAGE="usage: $PROG STEP... (create|install|run|logs|stop|delete) --name NAME --zone ZONE \
 [--project P] [--accelerator-type T] [--version V] [--spot] [--bucket gs://B] [--config CFG] \
 [--workdir DIR] [--run-name RUN] [--env VAR=VALUE]... [--detach] [--repo URL] [--ref REF] \
@@ -254,7 +256,10 @@ for step in "${steps[@]}"; do
     create) step_create ;; install) step_install ;; run) step_run ;;
     logs) step_logs ;; stop) step_stop ;; delete) step_delete ;;
   esac) || status=$?
-  if ((status)); then
+  if ((status == EXIT_PREEMPTED)) && [[ $step == run ]]; then
+    failed=$status  # the trainers saved their step; the slice may be gone (spot): create install run
+    echo "$PROG: step 'run' preempted (status $status, checkpoint saved): rerun 'run' (after 'create install' if the VM was reclaimed) to resume" >&2
+  elif ((status)); then
     failed=$status
     echo "$PROG: step '$step' failed (status $status)" >&2
   fi

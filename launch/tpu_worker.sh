@@ -13,6 +13,7 @@
 # and TPU_WORKER_ID where those are set (GKE sets them; tests set them too).
 # The log is kept in ~/skipless_logs/RUN/worker-ID.log, copied to WORKDIR/launch_logs/ when
 # the trainer exits, and streamed to stdout with a "[worker ID]" prefix.
+# Exit status: the trainer's: 0 finished, 75 preempted (it saved its step: run again to resume).
 #
 # Settings that matter (pass them with --env on tpu_vm.sh, or export them here):
 #   LIBTPU_INIT_ARGS      XLA TPU compiler flags, e.g. --xla_tpu_enable_latency_hiding_scheduler=true
@@ -20,6 +21,7 @@
 set -euo pipefail
 
 readonly PROG=tpu_worker.sh
+readonly EXIT_PREEMPTED=75  # the trainer's status after it saved on SIGTERM or a preemption notice
 readonly USAGE="usage: $PROG stop | run --config CFG --workdir DIR [--run-name NAME] \
 [--tfds-data-dir DIR] [--python PY] [--dry-run] [-- TRAINER_FLAGS...]"
 
@@ -141,4 +143,7 @@ status=0
 [[ $workdir == gs://* ]] || mkdir -p "$workdir/launch_logs"
 quote "${keep[@]}"
 "${keep[@]}" || echo "$PROG: could not copy the log to $workdir/launch_logs (kept in $log)" >&2
+if ((status == EXIT_PREEMPTED)); then
+  echo "$PROG: worker $id preempted (checkpoint saved in $workdir): run again to resume (exit status $EXIT_PREEMPTED)" >&2
+fi
 exit "$status"

@@ -3,7 +3,7 @@ r"""Condition-number analysis of a ViT, at initialization or from a run's latest
     python -m skipless_jax.analyze --config=configs/quickstart.py:skip_sab=False \
         [--workdir=/tmp/quickstart] [--output_dir=DIR] [--num_images=64] [--jacobian]
 
-Prints a table of per-layer log κ (natural log, METHOD.md §2) of the token matrices at
+Prints a table of per-layer log κ (natural log, docs/method.md §2) of the token matrices at
 ① SAB output, ①+②, ③ FFN output and ③+④ (mean over a fixed probe batch: the first
 `num_images` test images), and writes `log_kappa.png` (one line per point) and
 `log_kappa.json` to `--output_dir` (default: `<workdir>/analysis`, else `./analysis`).
@@ -38,18 +38,41 @@ def _is_dino(config: ml_collections.ConfigDict) -> bool:
 
 
 def build(config: ml_collections.ConfigDict) -> tuple[Any, tuple[int, int, int]]:
-    """(ViT module, (H, W, C) input shape) for `config` (DINO: the backbone, no head)."""
+    """(model of the registry, (H, W, C) input shape) for `config` (DINO: the backbone, no head)."""
+    from skipless_jax import models
     from skipless_jax.data import inputs, sources
-    from skipless_jax.models import vit
 
     info = sources.dataset_info(config.dataset.name)
     size = inputs.image_size(config)
     shape = (size, size, info.image_shape[-1])
     if _is_dino(config):
-        from skipless_jax import dino
+        from skipless_jax.trainers import dino
 
         return dino.build_model(config).backbone, shape
-    return vit.build_model(config.model, info.num_classes), shape
+    return models.build(config.model, info.num_classes), shape
+
+
+def config_of_workdir(config: Optional[ml_collections.ConfigDict], workdir: Optional[str]) -> ml_collections.ConfigDict:
+    """The config the workdir's checkpoint was written with (what its parameters are), else `config`.
+
+    A `--config` that trains something else than the saved one is reported on one line and the
+    saved config is used: analysing the checkpoint through the wrong model gives wrong numbers.
+    """
+    from skipless_jax import checkpoint
+    from skipless_jax.trainers import common
+
+    saved = checkpoint.saved_config(workdir) if workdir and os.path.isdir(os.path.join(workdir, "checkpoints")) else None
+    if saved is None:
+        if config is None:
+            raise ValueError(f"--workdir={workdir!r} has no checkpoint with a saved config; pass --config")
+        return config
+    saved_config = ml_collections.ConfigDict(saved)
+    if config is not None:
+        diffs = common.config_differences(saved, config.to_dict())
+        if diffs:
+            print(f"note: --config differs from the config saved in {workdir} ({', '.join(diffs[:4])}"
+                  f"{' ...' if len(diffs) > 4 else ''}); analysing with the saved config", flush=True)
+    return saved_config
 
 
 def init_params(model: Any, config: ml_collections.ConfigDict, image_shape: Sequence[int]) -> Any:
@@ -58,7 +81,7 @@ def init_params(model: Any, config: ml_collections.ConfigDict, image_shape: Sequ
     init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
     dummy = jnp.zeros((1, *image_shape), jnp.float32)
     if _is_dino(config):
-        from skipless_jax import dino
+        from skipless_jax.trainers import dino
 
         full = dino.build_model(config)
         return jax.jit(lambda rng: full.init({"params": rng}, (dummy,), train=False)["params"]["backbone"])(init_rng)
@@ -117,6 +140,8 @@ def embedding_kappa(model: Any, params: Any, images: np.ndarray) -> dict[str, np
 
 def jacobian_rows(model: Any, params: Any, images: np.ndarray, image: int = 0) -> list[dict[str, float]]:
     """Per layer at probe image `image`: K_ℓ vs B_ℓ and the block Jacobian (the model's skips), float64."""
+    if not hasattr(model, "num_heads") or getattr(model, "depth", None) is None:
+        raise ValueError(f"--jacobian is implemented for the ViT family; this model is {type(model).__name__}")
     with jax.enable_x64(True):
         model64 = model.clone(dtype=jnp.float64)
         params64 = conditioning.to_float64(params)
@@ -126,7 +151,7 @@ def jacobian_rows(model: Any, params: Any, images: np.ndarray, image: int = 0) -
             raise ValueError(f"--jacobian needs n·d <= {MAX_JACOBIAN_SIZE}; this model has n={n}, d={d}")
         return conditioning.jacobian_report(
             params64, out, num_heads=model.num_heads, image=0,
-            skip_sab=model.skip_sab, skip_ffn=model.skip_ffn,
+            skip_sab=model.skip_sab, skip_ffn=model.skip_ffn, gelu_approximate=model.gelu_approximate,
         )
 
 
@@ -215,9 +240,11 @@ def analyze(
     config_name: str = "config",
 ) -> dict[str, Any]:
     """Runs the analysis, prints the table, writes log_kappa.{png,json}; returns the result."""
-    from skipless_jax.models import init as init_lib
+    from skipless_jax import models
+    from skipless_jax.data import inputs
 
-    init_lib.validate_init_config(config.model)
+    config = config_of_workdir(config, workdir)
+    models.check_config(config.model, inputs.image_size(config))
     num_images = num_images or config.get("analysis", {}).get("probe_size", 32)
     model, image_shape = build(config)
     params, step, source = load_params(model, config, image_shape, workdir)
@@ -247,8 +274,10 @@ def main(argv: Sequence[str]) -> None:
     from ml_collections import config_flags
 
     cfg_flag = flags.FLAGS["config"]
-    name = config_flags.get_config_filename(cfg_flag)  # the path, with any ':args'
+    name = config_flags.get_config_filename(cfg_flag) if cfg_flag.value is not None else "saved config"
     try:
+        if cfg_flag.value is None and not flags.FLAGS.workdir:
+            raise ValueError("pass --config, or --workdir of a run (its saved config is used)")
         analyze(
             cfg_flag.value,
             workdir=flags.FLAGS.workdir,
@@ -270,5 +299,4 @@ if __name__ == "__main__":
     flags.DEFINE_string("output_dir", None, "Where log_kappa.png/json go (default <workdir>/analysis).")
     flags.DEFINE_integer("num_images", None, "Probe images (default config.analysis.probe_size).")
     flags.DEFINE_bool("jacobian", False, "Also the per-layer Jacobian κ (small models, float64).")
-    flags.mark_flags_as_required(["config"])
     app.run(main)

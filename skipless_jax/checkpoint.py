@@ -1,23 +1,64 @@
 """Orbax checkpoints of the train state: async saves, keep-N, restore onto target shardings.
 
 A checkpoint holds the whole train state pytree (step, params, optimizer state, RNG, the
-non-finite counters) plus a small JSON `meta` item (the data position and the config). The
-data a step sees depends only on (seed, step), so the step is the data iterator's state.
+non-finite counters) plus a small JSON `meta` item (the data position, the config, and the
+state's checksums). The data a step sees depends only on (seed, step), so the step is the data
+iterator's state.
+
+Checksums. Tensorstore stores the arrays compressed but without a checksum of their values, so
+bytes damaged on disk may decode to other numbers without any error. `save` therefore records
+one 64-bit checksum per array of the state (`meta["state_checksums"]`), and every restore
+recomputes it from the restored arrays and compares: a checkpoint whose values differ from the
+saved ones is treated exactly like an unreadable one (reported, set aside, the previous one
+used). The checksum is a function of the *global* array's value only, so it verifies whatever
+the mesh, the shardings or the number of processes of the saving and of the restoring run:
+
+    checksum(x) = (sum_i h_0(i, w_i) mod 2^32, sum_i h_1(i, w_i) mod 2^32)
+
+over the words w_i of the global array in row-major order (its elements bitcast to 32-bit words:
+16- and 8-bit types zero-extended, 64-bit types two words, PRNG keys their key data), where i is
+the word's global row-major index and h_k(i, w) = fmix32(fmix32(i ^ seed_k) + w) (murmur3's
+finalizer; a bijection of w for each i, so one changed word always changes each lane, and a
+random change leaves both lanes equal with probability 2^-64; moved words change it too, as h
+depends on i). Integer addition mod 2^32 is associative and commutative, so the sum is exact in
+any reduction order: it runs as one jitted reduction over each sharded array (each device sums
+its shard, then an all-reduce of two words per array), with no gather and no host copy of the
+state. Cost: one read of the state on its devices at every save (synchronous, before the async
+save starts, since the trainer donates the state to its next step) and at every restore, plus
+one compilation per state layout; about 20 integer operations per 32-bit word.
+Replicated copies are not compared with each other (each device holds the same value; orbax
+writes one replica). Checkpoints written before checksums were recorded restore with a warning
+and no verification; a leaf restored to another dtype or shape than it was saved with is not
+verified either.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+from jax import lax
 from jax.experimental import multihost_utils
 
 STATE, META = "state", "meta"
+CHECKSUMS = "state_checksums"  # the key of `meta` that holds them
+_ALGORITHM = "fmix32-sum-x2/v1"  # the checksum of the module docstring
+_SEEDS = (0x9E3779B9, 0x7F4A7C15)
+
+
+class IncompatibleCheckpointError(ValueError):
+    """A readable checkpoint whose parameters do not match the model this config builds."""
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint whose restored values differ from the ones saved (their checksums)."""
 
 
 def _abs(path: str) -> str:
@@ -42,9 +83,14 @@ def manager(workdir: str, keep: int = 3, async_save: bool = True) -> ocp.Checkpo
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any]) -> None:
-    """Starts an (async) save of `state` at `step`; a step already saved is skipped."""
+    """Starts an (async) save of `state` at `step`; a step already saved is skipped.
+
+    The state's checksums are computed before this returns (the caller may donate `state`
+    right after) and are saved in `meta` under CHECKSUMS.
+    """
     if step in mngr.all_steps():
         return
+    meta = dict(meta, **{CHECKSUMS: {"algorithm": _ALGORITHM, "leaves": checksums(state)}})
     mngr.save(
         step,
         args=ocp.args.Composite(
@@ -61,8 +107,134 @@ def abstract(tree: Any, shardings: Any) -> Any:
     )
 
 
-class IncompatibleCheckpointError(ValueError):
-    """A readable checkpoint whose parameters do not match the model this config builds."""
+# ---- Checksums (see the module docstring).
+
+
+def _fmix32(h: jax.Array) -> jax.Array:
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _words(x: jax.Array) -> jax.Array:
+    """The array as uint32 words, shape x.shape + (words per element,): row-major is the word order."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        x = jnp.stack([x.real, x.imag], axis=-1)
+    size = np.dtype(x.dtype).itemsize
+    if size == 4:
+        return lax.bitcast_convert_type(x, jnp.uint32)[..., None]
+    if size in (1, 2):
+        return lax.bitcast_convert_type(x, jnp.uint8 if size == 1 else jnp.uint16).astype(jnp.uint32)[..., None]
+    if size == 8:
+        return lax.bitcast_convert_type(x, jnp.uint32)  # (..., 2)
+    raise TypeError(f"no checksum for dtype {x.dtype}")
+
+
+def _leaf_checksum(x: jax.Array) -> jax.Array:
+    """uint32[2]: the two lanes of the checksum of the global value of `x` (traced)."""
+    words = _words(x)
+    index, stride = jnp.zeros(words.shape, jnp.uint32), 1
+    for axis in reversed(range(words.ndim)):  # global row-major index, mod 2^32, no reshape
+        index = index + lax.broadcasted_iota(jnp.uint32, words.shape, axis) * jnp.uint32(stride % 2**32)
+        stride *= words.shape[axis]
+    return jnp.stack([jnp.sum(_fmix32(_fmix32(index ^ jnp.uint32(seed)) + words), dtype=jnp.uint32) for seed in _SEEDS])
+
+
+@jax.jit
+def _checksums_of(leaves: tuple[jax.Array, ...]) -> jax.Array:
+    return jnp.stack([_leaf_checksum(x) for x in leaves])
+
+
+def _key_name(key: Any) -> str:
+    for attr in ("key", "name", "idx"):  # DictKey, GetAttrKey (namedtuples), SequenceKey
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _leaf_path(path: tuple[Any, ...]) -> str:
+    """'opt_state/0/mu/block_0/kernel': the same for a namedtuple, a dict or a list of the tree."""
+    return "/".join(_key_name(k) for k in path)
+
+
+def _describe(x: Any) -> str:
+    return f"{np.dtype(x.dtype).name if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x.dtype}{list(x.shape)}"
+
+
+def checksums(tree: Any, prefix: str = "") -> dict[str, str]:
+    """{leaf path: "<dtype>[<shape>]:<16 hex digits>"} of every array of `tree`.
+
+    Every process must call this at the same point (the sums of arrays spanning processes are
+    collectives). Leaves that are not arrays (or of a dtype without a checksum) are left out.
+    """
+    leaves = []
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not isinstance(x, jax.Array):
+            try:
+                x = jnp.asarray(x)
+            except (TypeError, ValueError):
+                continue
+        try:
+            jax.eval_shape(_words, jax.ShapeDtypeStruct(x.shape, x.dtype))
+        except TypeError:
+            continue
+        leaves.append((prefix + _leaf_path(path), x))
+    # One jitted sum per device set (all the arrays of a mesh in one program).
+    groups: dict[Any, list[int]] = {}
+    for i, (_, x) in enumerate(leaves):
+        devices = tuple(sorted(d.id for d in x.sharding.device_set)) if getattr(x, "committed", True) else None
+        groups.setdefault(devices, []).append(i)
+    sums: list[Any] = [None] * len(leaves)
+    results = [(indices, _checksums_of(tuple(leaves[i][1] for i in indices))) for indices in groups.values()]
+    for indices, result in results:
+        for i, lanes in zip(indices, np.asarray(jax.device_get(result))):
+            sums[i] = "".join(f"{int(v):08x}" for v in lanes)
+    return {name: f"{_describe(x)}:{s}" for (name, x), s in zip(leaves, sums)}
+
+
+def _verify(step: int, tree: Any, saved: Optional[dict[str, Any]], prefix: str = "") -> Optional[str]:
+    """None when the restored `tree` has the saved checksums, else why not (one line).
+
+    `saved`: meta[CHECKSUMS] of the checkpoint (None: written before checksums, not verified).
+    `prefix`: the path of `tree` in the saved state (a partial restore).
+    """
+    if not saved or "leaves" not in saved:
+        logging.warning("Checkpoint at step %d has no checksums (written before they were recorded); restored unverified.", step)
+        return None
+    if saved.get("algorithm") != _ALGORITHM:
+        logging.warning("Checkpoint at step %d has checksums of another kind (%s); restored unverified.", step, saved.get("algorithm"))
+        return None
+    expected = saved["leaves"]
+    got = checksums(tree, prefix)
+    bad, unverified = [], 0
+    for name, value in got.items():
+        if name not in expected:
+            unverified += 1
+        elif expected[name].rsplit(":", 1)[0] != value.rsplit(":", 1)[0]:
+            unverified += 1  # restored to another dtype or shape: the words differ
+        elif expected[name] != value:
+            bad.append(name)
+    if unverified:
+        logging.warning("Checkpoint at step %d: %d restored arrays not verified (no saved checksum of that dtype and shape).", step, unverified)
+    if not bad:
+        return None
+    more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+    return f"corrupt: the values of {bad[0]}{more} differ from the saved ones (checksum {got[bad[0]]}, saved {expected[bad[0]]})"
+
+
+def _split_meta(meta: Any) -> tuple[dict[str, Any], Optional[dict[str, Any]]]:
+    """(meta as the caller saved it, the checksums)."""
+    meta = dict(meta or {})
+    return meta, meta.pop(CHECKSUMS, None)
+
+
+# ---- Restore.
 
 
 def _param_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
@@ -96,36 +268,56 @@ def _check_compatible(mngr: ocp.CheckpointManager, step: int, abstract_state: An
     )
 
 
+def _restore_verified(mngr: ocp.CheckpointManager, step: int, args: dict[str, Any], verify: Any) -> tuple[Optional[str], Any]:
+    """(None, restored) or (why the checkpoint is unusable, None), the same in every process.
+
+    `verify(step, restored)` -> None or the reason it is corrupt; it runs in every process once
+    every process has read the checkpoint (its sums are collectives).
+    """
+    error, restored = None, None
+    try:
+        restored = mngr.restore(step, args=ocp.args.Composite(**args))
+    except Exception as err:  # noqa: BLE001 - any read failure means: unusable
+        error = _one_line(err)
+    if not _everywhere(error is None):
+        return error or "unreadable in another process", None
+    error = verify(step, restored)
+    if not _everywhere(error is None):
+        return error or "corrupt in another process", None
+    return None, restored
+
+
+def _full_args(abstract_state: Any) -> dict[str, Any]:
+    return {STATE: ocp.args.StandardRestore(abstract_state), META: ocp.args.JsonRestore()}
+
+
+def _verify_full(step: int, restored: Any) -> Optional[str]:
+    return _verify(step, restored[STATE], _split_meta(restored[META])[1])
+
+
 def restore_latest(
     mngr: ocp.CheckpointManager, abstract_state: Any, set_aside: bool = True
 ) -> Optional[tuple[int, Any, dict[str, Any]]]:
     """(step, state, meta) of the newest readable checkpoint, or None if there is none.
 
-    A checkpoint that fails to read (truncated, corrupted) is reported and the one before it
-    is tried, so a crash during a save never loses the run. With `set_aside`, the unreadable
-    step folder is moved to `checkpoints_unreadable/` next to the manager's directory, so that
-    the resumed run saves that step again (and keep-N never keeps it over a good one).
+    A checkpoint that fails to read (truncated, corrupted) or whose values differ from the
+    saved checksums is reported and the one before it is tried, so a crash during a save or a
+    damaged file never loses the run. With `set_aside`, the unreadable step folder is moved to
+    `checkpoints_unreadable/` next to the manager's directory, so that the resumed run saves
+    that step again (and keep-N never keeps it over a good one); nothing is deleted.
     A readable checkpoint written for other parameters raises IncompatibleCheckpointError and
     is left in place.
     """
+    skipped = []
     for step in sorted(mngr.all_steps(), reverse=True):
         _check_compatible(mngr, step, abstract_state)
-        error = None
-        try:
-            restored = mngr.restore(
-                step,
-                args=ocp.args.Composite(
-                    **{STATE: ocp.args.StandardRestore(abstract_state), META: ocp.args.JsonRestore()}
-                ),
-            )
-        except Exception as err:  # noqa: BLE001 - any read failure means: try the previous one
-            error = _one_line(err)
-        if _everywhere(error is None):  # every process resumes from the same step
-            return step, restored[STATE], dict(restored[META] or {})
-        logging.error(
-            "Checkpoint at step %d is unreadable (%s); trying the previous one.",
-            step, error or "unreadable in another process",
-        )
+        error, restored = _restore_verified(mngr, step, _full_args(abstract_state), _verify_full)
+        if error is None:
+            if skipped:
+                logging.warning("Using the checkpoint of step %d (unreadable: step %s).", step, ", ".join(map(str, skipped)))
+            return step, restored[STATE], _split_meta(restored[META])[0]
+        logging.error("Checkpoint at step %d is unreadable (%s); trying the previous one.", step, error)
+        skipped.append(step)
         if set_aside:
             _set_aside(mngr, step)
     return None
@@ -164,13 +356,24 @@ def _set_aside(mngr: ocp.CheckpointManager, step: int) -> None:
     mngr.reload()
 
 
+def _reader(directory: str) -> ocp.CheckpointManager:
+    """A read-only manager of another run's (or this run's) checkpoint folder."""
+    return ocp.CheckpointManager(
+        directory, item_names=(STATE, META), options=ocp.CheckpointManagerOptions(read_only=True, create=False)
+    )
+
+
 def restore_from_path(path: str, abstract_state: Any) -> tuple[int, Any, dict[str, Any]]:
-    """Restores from a workdir, its `checkpoints/` folder, or one step folder of another run."""
+    """Restores from a workdir, its `checkpoints/` folder, or one step folder of another run.
+
+    A workdir or folder: its newest good checkpoint (as `restore_latest`, nothing moved). One
+    step folder: that step, or CorruptCheckpointError when its values differ from the saved ones.
+    """
     path = _abs(path)
     candidates = [os.path.join(path, "checkpoints"), path]
     for directory in candidates:
         if _is_dir(directory):
-            mngr = ocp.CheckpointManager(directory, item_names=(STATE, META), options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+            mngr = _reader(directory)
             if mngr.all_steps():
                 found = restore_latest(mngr, abstract_state, set_aside=False)  # another run's files
                 mngr.close()
@@ -178,15 +381,13 @@ def restore_from_path(path: str, abstract_state: Any) -> tuple[int, Any, dict[st
                     return found
     parent, name = os.path.split(path)
     if name.isdigit() and _is_dir(parent):
-        mngr = ocp.CheckpointManager(parent, item_names=(STATE, META), options=ocp.CheckpointManagerOptions(read_only=True, create=False))
-        restored = mngr.restore(
-            int(name),
-            args=ocp.args.Composite(
-                **{STATE: ocp.args.StandardRestore(abstract_state), META: ocp.args.JsonRestore()}
-            ),
-        )
+        mngr = _reader(parent)
+        restored = mngr.restore(int(name), args=ocp.args.Composite(**_full_args(abstract_state)))
         mngr.close()
-        return int(name), restored[STATE], dict(restored[META] or {})
+        error = _verify_full(int(name), restored)
+        if error is not None:
+            raise CorruptCheckpointError(f"the checkpoint at {path} is unusable: {error}")
+        return int(name), restored[STATE], _split_meta(restored[META])[0]
     raise FileNotFoundError(f"no readable checkpoint at {path!r}")
 
 
@@ -195,33 +396,64 @@ def restore_params(path: str, abstract_params: Any, key: str = "params") -> tupl
 
     `abstract_params` gives the target shapes, dtypes and shardings (a sub-tree is enough);
     `key` names the state entry to read ("teacher": DINO's EMA teacher). The optimizer state in
-    the checkpoint is not read.
+    the checkpoint is not read. The arrays read are verified against the saved checksums; a
+    checkpoint that fails to read or verify is reported and the one before it is used.
     """
     path = _abs(path)
     directory = os.path.join(path, "checkpoints") if _is_dir(os.path.join(path, "checkpoints")) else path
-    mngr = ocp.CheckpointManager(directory, item_names=(STATE, META), options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+    mngr = _reader(directory)
+    args = {
+        STATE: ocp.args.PyTreeRestore(
+            item={key: abstract_params},
+            restore_args=jax.tree.map(
+                lambda x: ocp.ArrayRestoreArgs(sharding=getattr(x, "sharding", None)),
+                {key: abstract_params},
+            ),
+            partial_restore=True,
+        ),
+        META: ocp.args.JsonRestore(),
+    }
+
+    def verify(step: int, restored: Any) -> Optional[str]:
+        return _verify(step, restored[STATE], _split_meta(restored[META])[1])
+
+    skipped = []
     for step in sorted(mngr.all_steps(), reverse=True):
-        try:
-            restored = mngr.restore(
-                step,
-                args=ocp.args.Composite(
-                    **{STATE: ocp.args.PyTreeRestore(
-                        item={key: abstract_params},
-                        restore_args=jax.tree.map(
-                            lambda x: ocp.ArrayRestoreArgs(sharding=getattr(x, "sharding", None)),
-                            {key: abstract_params},
-                        ),
-                        partial_restore=True,
-                    )}
-                ),
-            )
-        except Exception as err:  # noqa: BLE001
-            logging.error("Checkpoint at step %d is unreadable (%s); trying the previous one.", step, _one_line(err))
+        error, restored = _restore_verified(mngr, step, args, verify)
+        if error is not None:
+            logging.error("Checkpoint at step %d is unreadable (%s); trying the previous one.", step, error)
+            skipped.append(step)
             continue
         mngr.close()
+        if skipped:
+            logging.warning("Using the parameters of step %d (unreadable: step %s).", step, ", ".join(map(str, skipped)))
         return step, restored[STATE][key]
     mngr.close()
     raise FileNotFoundError(f"no readable checkpoint with parameters at {path!r}")
+
+
+def param_shapes(path: str, key: str = "params") -> dict[str, tuple[int, ...]]:
+    """{'block_0/.../kernel': shape} of `state[key]` in the newest checkpoint of `path` (a workdir
+    or a checkpoint folder) whose metadata reads; only metadata is read. FileNotFoundError when
+    there is none, KeyError when its state has no `key`."""
+    path = _abs(path)
+    directory = os.path.join(path, "checkpoints") if _is_dir(os.path.join(path, "checkpoints")) else path
+    if not _is_dir(directory):
+        raise FileNotFoundError(f"no checkpoint at {path!r}")
+    reader = _metadata_reader(directory)
+    try:
+        for step in sorted(reader.all_steps(), reverse=True):
+            try:
+                tree = reader.item_metadata(step)[STATE].tree
+            except Exception as err:  # noqa: BLE001 - unreadable metadata: the one before
+                logging.error("Checkpoint at step %d has unreadable metadata (%s); trying the previous one.", step, _one_line(err))
+                continue
+            if key not in tree:
+                raise KeyError(f"the checkpoint of step {step} at {path!r} has no state entry {key!r}; it has {sorted(tree)}")
+            return {_leaf_path(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree[key])[0]}
+    finally:
+        reader.close()
+    raise FileNotFoundError(f"no readable checkpoint at {path!r}")
 
 
 def _metadata_reader(directory: str) -> ocp.CheckpointManager:
@@ -233,11 +465,12 @@ def _metadata_reader(directory: str) -> ocp.CheckpointManager:
     )
 
 
-def load_raw(workdir: str, step: Optional[int] = None) -> tuple[int, Any]:
+def load_raw(workdir: str, step: Optional[int] = None, verify: bool = True) -> tuple[int, Any]:
     """(step, state) of a checkpoint as saved, on this process's first device (inspection, tests).
 
     Shapes and dtypes come from the checkpoint's metadata, so a checkpoint written by any mesh
-    or number of processes reads in one process.
+    or number of processes reads in one process. With `verify`, values that differ from the
+    saved checksums raise CorruptCheckpointError.
     """
     mngr = _metadata_reader(os.path.join(_abs(workdir), "checkpoints"))
     step = max(mngr.all_steps()) if step is None else step
@@ -245,6 +478,71 @@ def load_raw(workdir: str, step: Optional[int] = None) -> tuple[int, Any]:
     target = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), mngr.item_metadata(step)[STATE].tree
     )
-    restored = mngr.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target)}))
+    items = {STATE: ocp.args.StandardRestore(target)}
+    if verify:
+        items[META] = ocp.args.JsonRestore()
+    restored = mngr.restore(step, args=ocp.args.Composite(**items))
     mngr.close()
+    if verify:
+        error = _verify_full(step, restored)
+        if error is not None:
+            raise CorruptCheckpointError(f"the checkpoint of step {step} in {workdir} is unusable: {error}")
     return step, restored[STATE]
+
+
+def saved_config(workdir_or_checkpoint_dir: str, step: Optional[int] = None) -> Optional[dict[str, Any]]:
+    """The config (`config.to_json()` parsed) saved with the newest (or the given) checkpoint.
+
+    Accepts a workdir, its `checkpoints/` folder or one step folder. None when there is no
+    checkpoint (of that step) or it holds no config. A newest checkpoint whose `meta` does not
+    read is skipped for the one before it (when no step is given).
+    """
+    path = _abs(workdir_or_checkpoint_dir)
+    parent, name = os.path.split(path.rstrip("/"))
+    if _is_dir(os.path.join(path, "checkpoints")):
+        directory = os.path.join(path, "checkpoints")
+    elif name.isdigit() and _is_dir(os.path.join(path, META)):  # one step folder
+        directory, step = parent, int(name) if step is None else step
+    else:
+        directory = path
+    if not _is_dir(directory):
+        return None
+    mngr = _reader(directory)
+    try:
+        steps = sorted(mngr.all_steps(), reverse=True)
+        if step is not None:
+            steps = [s for s in steps if s == step]
+        for s in steps:
+            try:
+                meta = mngr.restore(s, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))[META]
+            except Exception as err:  # noqa: BLE001 - an unreadable meta: the one before (newest only)
+                logging.warning("The meta of the checkpoint at step %d is unreadable (%s).", s, _one_line(err))
+                continue
+            config = (meta or {}).get("config")
+            if config is None:
+                return None
+            return json.loads(config) if isinstance(config, str) else dict(config)
+        return None
+    finally:
+        mngr.close()
+
+
+def param_shapes(path: str, key: str = "params") -> dict[str, tuple[int, ...]]:
+    """{'block_0/MlpBlock_0/Dense_0/kernel': shape, ...} of `state[key]` in the newest checkpoint
+    at `path` (a workdir or its checkpoints/ folder), from the metadata alone (no array is read)."""
+    path = _abs(path)
+    directory = os.path.join(path, "checkpoints") if _is_dir(os.path.join(path, "checkpoints")) else path
+    if not _is_dir(directory):
+        raise FileNotFoundError(f"no checkpoint at {path!r}")
+    mngr = _metadata_reader(directory)
+    try:
+        steps = mngr.all_steps()
+        if not steps:
+            raise FileNotFoundError(f"no checkpoint at {path!r}")
+        tree = mngr.item_metadata(max(steps))[STATE].tree
+    finally:
+        mngr.close()
+    if key not in tree:
+        raise ValueError(f"the checkpoint at {path!r} has no {key!r} (it has {sorted(tree)})")
+    return {"/".join(str(getattr(k, "key", k)) for k in p): tuple(x.shape)
+            for p, x in jax.tree_util.tree_flatten_with_path(tree[key])[0]}

@@ -1,4 +1,4 @@
-"""Condition numbers of embeddings and Jacobians (METHOD.md §2). Pure functions.
+"""Condition numbers of embeddings and Jacobians (docs/method.md §2). Pure functions.
 
 κ(M) = σ_max(M) / σ_min(M) over the thin SVD of the last two axes; everything is reported as
 natural log. Three measurements:
@@ -61,7 +61,7 @@ def log_condition_number(m: jax.Array) -> jax.Array:
 
 
 def embedding_log_kappa(out: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """Per-layer mean-over-batch log κ of the token matrices at ①, ①+②, ③, ③+④ (METHOD.md §2).
+    """Per-layer mean-over-batch log κ of the token matrices at ①, ①+②, ③, ③+④ (docs/method.md §2).
 
     Args:
       out: the ViT's intermediates; `out['blocks'][l][point]` is (B, n_tokens, d).
@@ -104,7 +104,7 @@ def attention_probs(params: Params, x: jax.Array, num_heads: int) -> jax.Array:
 
 
 def self_attention(params: Params, x: jax.Array, num_heads: int) -> jax.Array:
-    """SA(X) = Σ_h A_h (X Wⱽ_h + bⱽ_h) Wᴼ_h + bᴼ for one image (METHOD.md §1): (n, d) -> (n, d).
+    """SA(X) = Σ_h A_h (X Wⱽ_h + bⱽ_h) Wᴼ_h + bᴼ for one image (docs/method.md §1): (n, d) -> (n, d).
 
     `params` is a `MultiHeadAttention` param dict: (d, d) kernels query/key/value/out and
     optional `<name>_bias` vectors.
@@ -137,7 +137,7 @@ def jacobian_matrix(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.A
 
 
 def attention_jacobian(params: Params, x: jax.Array, num_heads: int) -> np.ndarray:
-    """K_ℓ = ∂SA(X)/∂X at X (n, d), in float64: (nd, nd) (METHOD.md §2)."""
+    """K_ℓ = ∂SA(X)/∂X at X (n, d), in float64: (nd, nd) (docs/method.md §2)."""
     with jax.enable_x64(True):
         p, x64 = to_float64(dict(params)), to_float64(x)
         return np.asarray(jacobian_matrix(lambda y: self_attention(p, y, num_heads), x64))
@@ -197,16 +197,17 @@ def layer_norm(params: Params, x: jax.Array, eps: float = 1e-6) -> jax.Array:
     return (x - mean) / jnp.sqrt(var + eps) * params["scale"] + params["bias"]
 
 
-def mlp(params: Params, x: jax.Array) -> jax.Array:
-    """Dense_0 – GELU (tanh form, flax's default) – Dense_1 of an `MlpBlock` param dict."""
-    h = jax.nn.gelu(x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"], approximate=True)
+def mlp(params: Params, x: jax.Array, gelu_approximate: bool = True) -> jax.Array:
+    """Dense_0 – GELU (tanh form, flax's default; exact erf with gelu_approximate=False) – Dense_1 of an `MlpBlock` param dict."""
+    h = jax.nn.gelu(x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"], approximate=gelu_approximate)
     return h @ params["Dense_1"]["kernel"] + params["Dense_1"]["bias"]
 
 
 def encoder_block(
-    params: Params, x: jax.Array, num_heads: int, skip_sab: bool = False, skip_ffn: bool = False
+    params: Params, x: jax.Array, num_heads: int, skip_sab: bool = False, skip_ffn: bool = False,
+    gelu_approximate: bool = True,
 ) -> jax.Array:
-    """One pre-LN block (METHOD.md §1) for one image, (n, d) -> (n, d), from `EncoderBlock` params.
+    """One pre-LN block (docs/method.md §1) for one image, (n, d) -> (n, d), from `EncoderBlock` params.
 
     The same computation as `models.vit.EncoderBlock` (tests hold them equal), written with
     `self_attention` so that it is float64 throughout: `jax.nn.dot_product_attention`, which
@@ -214,7 +215,7 @@ def encoder_block(
     """
     y = self_attention(params["MultiHeadAttention_0"], layer_norm(params["LayerNorm_0"], x), num_heads)
     x = x + y if skip_sab else y  # ②
-    z = mlp(params["MlpBlock_0"], layer_norm(params["LayerNorm_1"], x))
+    z = mlp(params["MlpBlock_0"], layer_norm(params["LayerNorm_1"], x), gelu_approximate)
     return x + z if skip_ffn else z  # ④
 
 
@@ -225,6 +226,7 @@ def block_jacobian(
     num_heads: int,
     skip_sab: bool = False,
     skip_ffn: bool = False,
+    gelu_approximate: bool = True,
 ) -> np.ndarray:
     """∂Block(X)/∂X of one block (skipless by default) at X (n, d), in float64: (nd, nd).
 
@@ -232,7 +234,7 @@ def block_jacobian(
     """
     with jax.enable_x64(True):
         p, x64 = to_float64(dict(block_params)), to_float64(x)
-        return np.asarray(jacobian_matrix(lambda y: encoder_block(p, y, num_heads, skip_sab, skip_ffn), x64))
+        return np.asarray(jacobian_matrix(lambda y: encoder_block(p, y, num_heads, skip_sab, skip_ffn, gelu_approximate), x64))
 
 
 def block_inputs(out: Mapping[str, Any]) -> list[jax.Array]:
@@ -243,6 +245,7 @@ def block_inputs(out: Mapping[str, Any]) -> list[jax.Array]:
 def jacobian_report(
     params: Params, out: Mapping[str, Any], *, num_heads: int, image: int = 0,
     layers: Optional[Sequence[int]] = None, skip_sab: bool = False, skip_ffn: bool = False,
+    gelu_approximate: bool = True,
 ) -> list[dict[str, float]]:
     """Per layer at one image: log κ(K_ℓ), log κ(B_ℓ), ‖K−B‖/‖K‖, log κ(WⱽWᴼ), log κ(block).
 
@@ -261,7 +264,8 @@ def jacobian_report(
             x_attn = layer_norm(to_float64(dict(bp["LayerNorm_0"])), x)
             row = dict(layer=layer)
             row.update(compare_attention_jacobian(bp["MultiHeadAttention_0"], x_attn, num_heads))
-            jac = block_jacobian(bp, x, num_heads=num_heads, skip_sab=skip_sab, skip_ffn=skip_ffn)
+            jac = block_jacobian(bp, x, num_heads=num_heads, skip_sab=skip_sab, skip_ffn=skip_ffn,
+                                 gelu_approximate=gelu_approximate)
             row["log_kappa_block"] = matrix_log_kappa(jac, block_null_dim(x.shape[0], skip_sab))
         rows.append(row)
     return rows

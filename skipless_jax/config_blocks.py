@@ -15,14 +15,15 @@ from typing import Any
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-# Skipless-init constants (METHOD.md §3).
+# Skipless-init constants (docs/method.md §3).
 VITB_SUPERVISED_INIT = dict(init_alpha=2.0, init_beta=0.6, init_c=3.0)  # ViT-B/16 supervised
 DINO_VITS_INIT = dict(init_alpha=1.8, init_beta=1.0, init_c=3.0)  # DINO ViT-S/16
 
 
 def deit_aug(**overrides: Any) -> dict[str, Any]:
     """DeiT-style train augmentation: RandAugment m9, flip, random erasing 0.25, mixup 0.8 /
-    cutmix 1.0, label smoothing 0.1, random-resized crop (scale 0.08-1) unless overridden."""
+    cutmix 1.0, random-resized crop (scale 0.08-1) unless overridden; label smoothing is the
+    loss's `config.label_smoothing` (it applies to the mixed targets alike)."""
     aug = dict(
         randaug="rand-m9-mstd0.5-inc1",
         scale=(0.08, 1.0),
@@ -31,7 +32,6 @@ def deit_aug(**overrides: Any) -> dict[str, Any]:
         mixup=0.8,
         cutmix=1.0,
         mixup_switch_prob=0.5,
-        label_smoothing=0.1,
     )
     aug.update(overrides)
     return aug
@@ -74,9 +74,10 @@ def optimizer(name: str, **fields: Any) -> ml_collections.ConfigDict:
 def runtime(
     c: ml_collections.ConfigDict, *, eval_every: int, checkpoint_every: int, log_every: int = 100, analysis: bool = True
 ) -> None:
-    """Data-parallel mesh (set config.mesh's fsdp size for FSDP), logging, evaluation and
-    checkpoint periods in steps, 3 checkpoints kept, live log-κ monitoring present but off."""
-    c.mesh = [("data", -1), ("fsdp", 1)]
+    """Data-parallel mesh (`--config.mesh.fsdp=8` shards parameters over 8 devices, data takes
+    the rest), logging, evaluation and checkpoint periods in steps, 3 checkpoints kept, live
+    log-κ monitoring present but off."""
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
     c.sharding_rules = [(".*", "fsdp")]
     c.log_every_steps = log_every
     c.eval_every_steps = eval_every
@@ -94,3 +95,18 @@ def sibling(config_file: str, name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# DINO's backbone (facebookresearch/dino, docs/method.md §13): exact GELU, position tables of local
+# crops resized bicubically without antialiasing.
+DINO_BACKBONE = dict(gelu="exact", posemb_antialias=False)
+
+
+def dino_evals(linear_l2: float, linear_steps: int) -> ml_collections.ConfigDict:
+    """`config.evals` of the DINO recipes: weighted kNN (k 20, T 0.07) and the linear probe on
+    the teacher's features, both on the eval split with the train split as their bank."""
+    common = dict(split=placeholder(str), train_split=placeholder(str), prefix="test")
+    return ml_collections.ConfigDict(dict(
+        knn=dict(type="knn", k=20, temperature=0.07, **common),
+        linear=dict(type="linear_probe", l2=linear_l2, steps=linear_steps, **common),
+    ))

@@ -20,6 +20,29 @@ def _cluster_detected() -> bool:
     return slurm or tpu_pod
 
 
+def check_processes(coordinator_address: Optional[str], num_processes: Optional[int], process_id: Optional[int]) -> None:
+    """One-line ValueError for a process count or id that cannot be what the user meant: more than
+    one process with no coordinator to join (and no cluster that names one), or an id outside
+    [0, num_processes). The values are the flags', else the JAX_* environment's."""
+    if num_processes is not None and num_processes < 1:
+        raise ValueError(f"--num_processes={num_processes} (or JAX_NUM_PROCESSES) must be a positive integer")
+    if process_id is not None and (process_id < 0 or (num_processes is not None and process_id >= num_processes)):
+        allowed = f"[0, {num_processes}) for --num_processes={num_processes}" if num_processes is not None else "a non-negative integer"
+        raise ValueError(f"--process_id={process_id} (or JAX_PROCESS_ID) is out of range; allowed: {allowed}")
+    if coordinator_address is not None:
+        if not coordinator_address.strip() or ":" not in coordinator_address:
+            raise ValueError(f"--coordinator_address={coordinator_address!r} (or JAX_COORDINATOR_ADDRESS) must be HOST:PORT")
+        return
+    if _cluster_detected():
+        return
+    if (num_processes or 1) > 1 or process_id:
+        what = f"--num_processes={num_processes}" if (num_processes or 1) > 1 else f"--process_id={process_id}"
+        raise ValueError(
+            f"{what} (or JAX_NUM_PROCESSES/JAX_PROCESS_ID) asks for a multi-process run, but there is no "
+            "--coordinator_address=HOST:PORT (or JAX_COORDINATOR_ADDRESS) and no SLURM or Cloud TPU cluster to join"
+        )
+
+
 def initialize(
     coordinator_address: Optional[str] = None,
     num_processes: Optional[int] = None,
@@ -33,6 +56,7 @@ def initialize(
         num_processes = int(os.environ["JAX_NUM_PROCESSES"])
     if process_id is None and "JAX_PROCESS_ID" in os.environ:
         process_id = int(os.environ["JAX_PROCESS_ID"])
+    check_processes(coordinator_address, num_processes, process_id)
     if coordinator_address is None and not _cluster_detected():
         return
     if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):

@@ -1,7 +1,9 @@
 """Device mesh and the `(regex, rule)` list that decides how every array is sharded.
 
-`config.mesh` is a list of `(axis_name, size)` pairs, one size may be -1 (all the rest):
-`[('data', -1), ('fsdp', 1)]` is data-parallel, `[('data', 2), ('fsdp', 4)]` FSDP on 8 devices.
+`config.mesh` gives each axis its size, one size may be -1 (all the rest), axis order data then
+fsdp: `{'data': -1, 'fsdp': 1}` is data-parallel, `{'data': -1, 'fsdp': 8}` FSDP over 8 devices
+(`--config.mesh.fsdp=8` on the command line). The older list of `(axis, size)` pairs,
+`[('data', 2), ('fsdp', 4)]`, is still accepted.
 `config.sharding_rules` is a list of `(regex, rule)`; the first regex that matches a leaf's path
 (e.g. 'params/block_0/MultiHeadAttention/query') decides. Rules:
   'fsdp'       shard the largest dimension divisible by the fsdp axes, else replicate;
@@ -24,30 +26,63 @@ DATA_AXES = ("data", "fsdp")  # the batch is split over both; fsdp also splits p
 MESH_AXES = DATA_AXES
 
 
-def mesh_shape(axes: Sequence[tuple[str, int]], num_devices: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """Resolves the -1 entry; raises a one-line error if the sizes do not match the devices."""
+def _mesh_axes(mesh: Any) -> list[tuple[str, Any]]:
+    """(axis, size) pairs in mesh order (data, then fsdp) from a ConfigDict/dict or the old list."""
+    if hasattr(mesh, "items"):  # ConfigDict or dict: {'data': -1, 'fsdp': 1}
+        unknown = [name for name in mesh.keys() if name not in MESH_AXES]
+        if unknown:
+            raise ValueError(
+                f"config.mesh.{unknown[0]}={mesh[unknown[0]]!r} is an unknown mesh axis; allowed: {', '.join(MESH_AXES)}"
+            )
+        return [(name, mesh[name]) for name in MESH_AXES if name in mesh]
+    try:  # the old form: [('data', -1), ('fsdp', 1)]
+        axes = [(name, size) for name, size in mesh]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"config.mesh={mesh!r} must be axis sizes like {{'data': -1, 'fsdp': 1}} (or (axis, size) pairs)"
+        ) from None
+    names = [name for name, _ in axes]
+    for name in names:
+        if name not in MESH_AXES or names.count(name) > 1:
+            what = "an unknown mesh axis" if name not in MESH_AXES else "repeated"
+            raise ValueError(f"config.mesh.{name} (in config.mesh={list(mesh)}) is {what}; allowed: {', '.join(MESH_AXES)}")
+    return axes
+
+
+def mesh_shape(mesh: Any, num_devices: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(axis names, sizes) of `config.mesh` over `num_devices`, the -1 resolved; one-line errors.
+
+    `mesh` is a ConfigDict/dict `{'data': -1, 'fsdp': 1}` (axis order: data, then fsdp) or the
+    older list of (axis, size) pairs.
+    """
+    axes = _mesh_axes(mesh)
+    if not axes:
+        raise ValueError(f"config.mesh={mesh!r} has no axes; allowed: {', '.join(MESH_AXES)}")
     names = tuple(name for name, _ in axes)
+    for name, size in axes:
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not (size > 0 or size == -1):
+            raise ValueError(f"config.mesh.{name}={size!r} must be a positive integer, or -1 for all the remaining devices")
     sizes = [int(size) for _, size in axes]
-    unknown = [n for n in names if n not in MESH_AXES]
-    if unknown or len(set(names)) != len(names):
-        raise ValueError(f"config.mesh={list(axes)} has unknown or repeated axes {unknown}; allowed: {list(MESH_AXES)}")
-    if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-        raise ValueError(f"config.mesh={list(axes)}: sizes must be positive, with at most one -1")
+    if sizes.count(-1) > 1:
+        both = " and ".join(f"config.mesh.{n}=-1" for n, s in axes if s == -1)
+        raise ValueError(f"{both}: at most one axis may be -1 (all the remaining devices)")
     known = math.prod(s for s in sizes if s != -1)
+    spelled = " × ".join(f"config.mesh.{n}={s}" for n, s in zip(names, sizes) if s != -1)
     if -1 in sizes:
         if num_devices % known:
-            raise ValueError(f"config.mesh={list(axes)} does not divide the {num_devices} devices")
+            raise ValueError(f"{spelled} does not divide the {num_devices} devices; allowed: divisors of {num_devices}")
         sizes[sizes.index(-1)] = num_devices // known
-    if math.prod(sizes) != num_devices:
+    elif known != num_devices:
         raise ValueError(
-            f"config.mesh={list(axes)} has {math.prod(sizes)} devices but {num_devices} are available"
+            f"{spelled} is {known} devices but {num_devices} are available (set one axis to -1 to take the rest)"
         )
     return names, tuple(sizes)
 
 
-def make_mesh(axes: Sequence[tuple[str, int]], devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(mesh: Any, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The device mesh of `config.mesh` (see `mesh_shape`) over `devices` (default: all)."""
     devices = list(devices if devices is not None else jax.devices())
-    names, sizes = mesh_shape(axes, len(devices))
+    names, sizes = mesh_shape(mesh, len(devices))
     return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names), devices=devices)
 
 

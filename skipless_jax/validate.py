@@ -5,14 +5,13 @@ Every error is one line that names the field, the bad value and what is allowed.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import jax
 
-from skipless_jax import sharding, token_graying
+from skipless_jax import sharding
 from skipless_jax.data import sources
-from skipless_jax.models import init as init_lib
-from skipless_jax.models import vit
 
 TRAINERS = ("supervised", "dino")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -23,38 +22,111 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _positive(config: Any, field: str, allow_zero: bool = False, allow_none: bool = False) -> None:
+def _get(config: Any, field: str) -> Any:
     holder = config
     *parents, name = field.split(".")
     for parent in parents:
         holder = holder[parent]
-    value = holder.get(name)
+    return holder.get(name)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_finite(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive(config: Any, field: str, allow_zero: bool = False, allow_none: bool = False) -> None:
+    value = _get(config, field)
     if value is None and allow_none:
         return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    if _is_number(value) and not math.isfinite(value):
+        raise ValueError(f"config.{field}={value!r} must be a finite number {'>= 0' if allow_zero else '> 0'}")
+    ok = _is_number(value) and (value >= 0 if allow_zero else value > 0)
     _require(ok, f"config.{field}={value!r} must be a {'non-negative' if allow_zero else 'positive'} number")
 
 
-def model_image_checks(model: Any, image_size: int, patch_size: Optional[int] = None) -> None:
-    """Variant, sizes, heads, patch vs image size, pooling, position embedding, dtype, TG, init."""
-    sizes = dict(model.to_dict()) if hasattr(model, "to_dict") else dict(model)
-    if sizes.get("variant"):
-        sizes.update({k: v for k, v in vit.decode_variant(sizes["variant"]).items() if k != "patch_size" or not model.get("patch_size")})
-    for field in ("width", "depth", "num_heads", "mlp_dim", "patch_size"):
-        value = sizes.get(field)
-        _require(isinstance(value, int) and value > 0, f"config.model.{field}={value!r} must be a positive integer")
-    p = patch_size or sizes["patch_size"]
-    _require(image_size % p == 0, f"config.model.patch_size={p} does not divide the image size {image_size}; allowed: divisors of {image_size}")
-    _require(sizes["width"] % sizes["num_heads"] == 0, f"config.model.num_heads={sizes['num_heads']} does not divide config.model.width={sizes['width']}")
-    _require(model.get("pool", "tok") in vit.POOLS, f"config.model.pool={model.get('pool')!r} is unknown; allowed: {list(vit.POOLS)}")
-    _require(model.get("posemb", "learn") in vit.POSEMBS, f"config.model.posemb={model.get('posemb')!r} is unknown; allowed: {list(vit.POSEMBS)}")
-    _require(str(model.get("dtype", "float32")) in DTYPES, f"config.model.dtype={model.get('dtype')!r} is unknown; allowed: {list(DTYPES)}")
-    for field in ("dropout", "drop_path"):
-        value = model.get(field, 0.0)
-        _require(0.0 <= value < 1.0, f"config.model.{field}={value!r} must be in [0, 1)")
-    init_lib.validate_init_config(model)
-    if model.get("token_graying") is not None:
-        token_graying.validate_token_graying(model.token_graying, model.get("tg_eps", 0.95))
+def _finite(config: Any, field: str, minimum: str = "> 0", allow_none: bool = False, none_means: str = "") -> None:
+    """A float field: finite and `> 0` or `>= 0` (None allowed when `allow_none`)."""
+    value = _get(config, field)
+    if value is None and allow_none:
+        return
+    ok = _is_finite(value) and (value > 0 if minimum == "> 0" else value >= 0)
+    _require(ok, f"config.{field}={value!r} must be a finite number {minimum}" + (f" ({none_means})" if none_means else ""))
+
+
+def _count(config: Any, field: str, allow_zero: bool = False, allow_none: bool = False, zero_means: str = "") -> None:
+    """An integer field (steps, sizes, counts): > 0, or >= 0 when `allow_zero`."""
+    value = _get(config, field)
+    if value is None and allow_none:
+        return
+    ok = _is_int(value) and (value >= 0 if allow_zero else value > 0)
+    what = "non-negative" if allow_zero else "positive"
+    _require(ok, f"config.{field}={value!r} must be a {what} integer" + (f" ({zero_means})" if zero_means else ""))
+
+
+def _nonfinite_numbers(tree: Any, prefix: str) -> None:
+    """Every number anywhere under `tree` (a ConfigDict or dict) is finite."""
+    items = tree.items() if hasattr(tree, "items") else []
+    for key, value in items:
+        if hasattr(value, "items"):
+            _nonfinite_numbers(value, f"{prefix}.{key}")
+        elif isinstance(value, (tuple, list)):
+            for i, v in enumerate(value):
+                _require(not _is_number(v) or math.isfinite(v), f"{prefix}.{key}[{i}]={v!r} must be a finite number")
+        else:
+            _require(not _is_number(value) or math.isfinite(value), f"{prefix}.{key}={value!r} must be a finite number")
+
+
+def steps_per_epoch(config: Any, num_train: int) -> float:
+    """Train steps in an epoch of `num_train` examples, as the trainers count them: num_train /
+    batch for the supervised trainer (epochs may end mid-batch), ⌊num_train / batch⌋ (at least
+    1) for DINO, whose loader drops the last partial batch."""
+    if config.get("trainer", "supervised") == "dino":
+        return max(num_train // config.input.batch_size, 1)
+    return num_train / config.input.batch_size
+
+
+def _steps_field(config: Any, name: str) -> str:
+    """The field that sets the `name` ('total' or 'warmup') steps, as `config.x=value`."""
+    holder, prefix = (config.schedule, "config.schedule.") if name == "warmup" else (config, "config.")
+    field = f"{name}_steps" if holder.get(f"{name}_steps") is not None else f"{name}_epochs"
+    return f"{prefix}{field}={holder.get(field)!r}"
+
+
+def _check_warmup(config: Any) -> None:
+    """The warm-up is not longer than the run, counted in steps as the trainer counts them."""
+    uses_epochs = config.get("total_steps") is None or config.schedule.get("warmup_steps") is None
+    spe = 1.0
+    if uses_epochs:
+        from skipless_jax.data import inputs
+
+        try:  # the split size; reading the data is checked (one line) after the config
+            num_train = inputs.num_train_examples(config)
+        except Exception:  # noqa: BLE001 - missing or unreadable data is reported by check_available
+            return
+        spe = steps_per_epoch(config, num_train)
+    from skipless_jax.trainers.common import steps_of  # the trainers' own count
+
+    total, warmup = steps_of(config, "total", spe), steps_of(config, "warmup", spe)
+    _require(
+        warmup <= total,
+        f"{_steps_field(config, 'warmup')} is a warm-up of {warmup} steps, longer than the run's {total} steps "
+        f"({_steps_field(config, 'total')}); allowed: at most {total} steps",
+    )
+
+
+def model_image_checks(model: Any, image_size: int) -> None:
+    """The model family's own checks (models registry): sizes, heads, patch vs image, dtype, TG, init."""
+    from skipless_jax import models
+
+    models.check_config(model, image_size)
 
 
 def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
@@ -69,9 +141,14 @@ def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
     info = sources.dataset_info(name)
     for field in ("train_split", "eval_split"):
         _require(isinstance(config.dataset.get(field), str) and config.dataset.get(field), f"config.dataset.{field}={config.dataset.get(field)!r} must name a split")
-    image_size = config.input.get("image_size") or info.image_shape[0]
-    _positive(config, "input.batch_size")
-    _positive(config, "input.eval_batch_size", allow_none=True)
+    size = config.input.get("image_size")
+    _require(
+        size is None or (_is_int(size) and size > 0),
+        f"config.input.image_size={size!r} must be a positive integer (None: the dataset's own, {info.image_shape[0]})",
+    )
+    image_size = size or info.image_shape[0]
+    _count(config, "input.batch_size")
+    _count(config, "input.eval_batch_size", allow_none=True)
 
     # Mesh: sizes vs devices, batch vs data-parallel shards, processes.
     names, sizes = sharding.mesh_shape(config.mesh, num_devices)
@@ -81,7 +158,7 @@ def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
     for field in ("batch_size", "eval_batch_size"):
         batch = config.input.get(field)
         if batch:
-            _require(batch % shards == 0, f"config.input.{field}={batch} is not divisible by the {shards} data-parallel devices of config.mesh={list(config.mesh)}")
+            _require(batch % shards == 0, f"config.input.{field}={batch} is not divisible by the {shards} data-parallel devices of the mesh {dict(zip(names, sizes))}")
             _require(batch % jax.process_count() == 0, f"config.input.{field}={batch} is not divisible by the {jax.process_count()} processes")
     sharding.validate_rules(config.get("sharding_rules", []))
     if config.get("analysis") is not None:  # live log-κ monitoring on a probe batch
@@ -113,7 +190,14 @@ def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
 
     opt = config.optimizer
     _require(opt.get("name") in OPTIMIZERS, f"config.optimizer.name={opt.get('name')!r} is unknown; allowed: {sorted(OPTIMIZERS)}")
-    _positive(config, "optimizer.lr")
+    _finite(config, "optimizer.lr")
+    _finite(config, "optimizer.weight_decay", ">= 0", allow_none=True)
+    for field in ("b1", "b2"):
+        value = opt.get(field)
+        _require(value is None or (_is_finite(value) and 0.0 <= value < 1.0), f"config.optimizer.{field}={value!r} must be in [0, 1)")
+    _require(config.get("schedule") is not None, "config.schedule must be set (warmup_steps or warmup_epochs, end_lr)")
+    _finite(config, "schedule.end_lr", ">= 0", allow_none=True)
+    _nonfinite_numbers(opt, "config.optimizer")
     if opt.name == "soap":
         from skipless_jax.optim.soap import validate_soap_hparams
 
@@ -124,25 +208,27 @@ def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
             )
         except ValueError as err:
             raise ValueError(f"config.optimizer: {err}") from None
-    _positive(config, "optimizer.weight_decay", allow_zero=True, allow_none=True)
-    for field in ("b1", "b2"):
-        value = opt.get(field)
-        _require(value is None or 0.0 <= value < 1.0, f"config.optimizer.{field}={value!r} must be in [0, 1)")
     _require(
         config.get("total_steps") is not None or config.get("total_epochs") is not None,
         "config.total_steps or config.total_epochs must be set",
     )
-    _positive(config, "total_steps", allow_none=True)
-    _positive(config, "total_epochs", allow_none=True)
-    _positive(config, "schedule.warmup_steps", allow_zero=True, allow_none=True)
-    _positive(config, "schedule.warmup_epochs", allow_zero=True, allow_none=True)
-    _positive(config, "grad_clip_norm", allow_none=True)
+    _count(config, "total_steps", allow_none=True)
+    _finite(config, "total_epochs", allow_none=True)
+    _count(config, "schedule.warmup_steps", allow_zero=True, allow_none=True)
+    _finite(config, "schedule.warmup_epochs", ">= 0", allow_none=True)
+    _nonfinite_numbers(config.schedule, "config.schedule")
+    _check_warmup(config)
+    _finite(config, "grad_clip_norm", allow_none=True, none_means="None: no clipping")
     smoothing = config.get("label_smoothing", 0.0)
-    _require(0.0 <= smoothing < 1.0, f"config.label_smoothing={smoothing!r} must be in [0, 1)")
-    for field in ("log_every_steps",):
-        _positive(config, field)
+    _require(_is_finite(smoothing) and 0.0 <= smoothing < 1.0, f"config.label_smoothing={smoothing!r} must be in [0, 1)")
+    _count(config, "log_every_steps")
     for field in ("eval_every_steps", "checkpoint_every_steps"):
-        _positive(config, field, allow_zero=True, allow_none=True)
+        _count(config, field, allow_zero=True, allow_none=True, zero_means="0 or None: only at the end")
+    keep = config.get("keep_checkpoints", 3)
+    _require(
+        _is_int(keep) and keep > 0,
+        f"config.keep_checkpoints={keep!r} must be a positive integer (the newest checkpoints kept; 0 would end a run with none)",
+    )
     aug = config.input.get("aug")
     if aug is not None:
         from skipless_jax.data import augment

@@ -155,9 +155,7 @@ def _install_hooks() -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
-
     from skipless_jax import main
 
     _install_hooks()
-    app.run(main.main)
+    main.run()

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import jax
+import ml_collections
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -72,6 +73,26 @@ def test_analyze_reads_the_latest_checkpoint(tmp_path):
     assert np.abs(np.array(result["log_kappa"]["sab"]) - at_init["sab"]).max() > 1e-2
 
 
+def test_analyze_uses_the_config_saved_in_the_workdir(tmp_path, capsys):
+    """A --config with another skip switch or depth than the run's: the saved config is analysed
+    (it used to print a plausible table for the wrong model, or a 77-line traceback)."""
+    from skipless_jax.trainers import supervised
+
+    saved = tiny_config("skip_sab=False", total_steps=2)
+    supervised.train_and_evaluate(saved, str(tmp_path))
+    right = analyze.analyze(saved, workdir=str(tmp_path), num_images=NUM_IMAGES, output_dir=str(tmp_path / "a"))
+    capsys.readouterr()
+    flipped = analyze.analyze(tiny_config("skip_sab=True", total_steps=2), workdir=str(tmp_path), num_images=NUM_IMAGES,
+                              output_dir=str(tmp_path / "b"))
+    assert "analysing with the saved config" in capsys.readouterr().out
+    assert flipped["log_kappa"] == right["log_kappa"] and flipped["model"]["skip_sab"] is False
+    deeper = analyze.analyze(tiny_config("depth=3", total_steps=2), workdir=str(tmp_path), num_images=NUM_IMAGES,
+                             output_dir=str(tmp_path / "c"))
+    assert len(deeper["log_kappa"]["sab"]) == 2
+    no_config = analyze.analyze(None, workdir=str(tmp_path), num_images=NUM_IMAGES, output_dir=str(tmp_path / "d"))
+    assert no_config["log_kappa"] == right["log_kappa"]
+
+
 def test_jacobian_columns(tmp_path, capsys):
     config = tiny_config("skip_sab=False,skip_ffn=False,init=skipless")
     result = analyze.analyze(config, output_dir=str(tmp_path), num_images=2, jacobian=True)
@@ -113,7 +134,7 @@ def test_cli_error_is_one_line(tmp_path):
 
 def test_analyze_a_dino_run_reads_the_teacher_backbone(tmp_path):
     """A DINO workdir: the EMA teacher's ViT backbone from the checkpoint (what DINO evaluates)."""
-    from skipless_jax import dino
+    from skipless_jax.trainers import dino
     from util import load_config
 
     config = load_config("dino_digits", "skip_sab=False,skip_ffn=False,init=skipless")
@@ -122,7 +143,7 @@ def test_analyze_a_dino_run_reads_the_teacher_backbone(tmp_path):
     config.total_epochs, config.total_steps = None, 3
     config.schedule.warmup_epochs = 0
     config.eval_at_start, config.eval_every_steps = False, 0
-    config.eval.evaluators = ("knn",)
+    config.evals = ml_collections.ConfigDict({"knn": config.evals.knn.to_dict()})
     dino.train_and_evaluate(config, str(tmp_path))
 
     result = analyze.analyze(config, workdir=str(tmp_path), num_images=NUM_IMAGES)

@@ -37,7 +37,7 @@ def _noise_image(height: int, width: int, seed: int = 0) -> np.ndarray:
 
 def _deit_aug(**overrides) -> ml_collections.ConfigDict:
     fields = dict(randaug="rand-m9-mstd0.5-inc1", scale=(0.08, 1.0), flip=True, reprob=0.25,
-                  mixup=0.8, cutmix=1.0, mixup_switch_prob=0.5, label_smoothing=0.1)
+                  mixup=0.8, cutmix=1.0, mixup_switch_prob=0.5)
     fields.update(overrides)
     return ml_collections.ConfigDict(fields)
 
@@ -457,7 +457,7 @@ def test_mixup_cutmix_rejects_bad_input():
     ("mixup", -0.1, r"aug.mixup=-0.1; must be a Beta alpha >= 0"),
     ("cutmix", "1", r"aug.cutmix='1'; must be a Beta alpha >= 0"),
     ("mixup_switch_prob", 2.0, r"aug.mixup_switch_prob=2.0"),
-    ("label_smoothing", 1.0, r"aug.label_smoothing=1.0; must be a number in \[0, 1\)"),
+    ("label_smoothing", 0.1, r"aug.label_smoothing=0.1 is not used; set config.label_smoothing instead"),
 ])
 def test_validate_aug_config_names_the_bad_field(field, value, message):
     augment.validate_aug_config(_deit_aug())
@@ -514,7 +514,7 @@ def test_batch_transform_from_config():
     images, labels = _batch()
     mix = augment.batch_transform(_deit_aug(), num_classes=10)
     out, soft = mix(images, labels, _rng(2))
-    ref_out, ref_soft = augment.mixup_cutmix(images, labels, 10, _rng(2), 0.8, 1.0, 0.5, 1.0, 0.1)
+    ref_out, ref_soft = augment.mixup_cutmix(images, labels, 10, _rng(2), 0.8, 1.0, 0.5, 1.0, 0.0)  # smoothing: the loss's
     np.testing.assert_array_equal(out, ref_out)
     np.testing.assert_array_equal(soft, ref_soft)
     with pytest.raises(ValueError, match="num_classes=0"):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from skipless_jax import main
+from skipless_jax import trainers
 from skipless_jax.data import augment, inputs, sources, tiny_imagenet
 
 from util import ROOT
@@ -242,7 +242,7 @@ def test_config_trains_one_step_and_evaluates_on_mock_data(name, tmp_path, monke
             assert batch["image"].dtype == np.float32 and np.all(np.isfinite(batch["image"]))
             assert batch["label"].shape == (8, num_classes)
             np.testing.assert_allclose(batch["label"].sum(-1), 1.0, atol=1e-5)
-        trainer = importlib.import_module(main.TRAINERS[c.get("trainer", "supervised")])
+        trainer = trainers.get(c.get("trainer", "supervised"))
         metrics = trainer.train_and_evaluate(c, str(tmp_path / "workdir"))
     assert metrics["step"] == 1
     assert all(np.isfinite(v) for v in metrics.values()), metrics

@@ -27,7 +27,7 @@ def test_sizes_fields_and_dtypes(train, test48):
     assert len(train) == 2 * 1437 and len(test48) == 2 * 360
     x = train[5]
     assert x["image"].shape == (32, 32, 1) and x["image"].dtype == np.uint8
-    assert x["mask"].shape == (32, 32) and x["mask"].dtype == np.uint8
+    assert x["segmentation"].shape == (32, 32) and x["segmentation"].dtype == np.uint8
     k = x["num_boxes"]
     assert isinstance(k, int) and 1 <= k <= ds.MAX_OBJECTS
     assert x["boxes"].shape == (k, 4) and x["boxes"].dtype == np.float32
@@ -36,7 +36,7 @@ def test_sizes_fields_and_dtypes(train, test48):
     assert x["box_labels_padded"].shape == (ds.MAX_OBJECTS,)
     assert isinstance(x["label"], int) and 0 <= x["label"] < 10
     y = test48[0]
-    assert y["image"].shape == (48, 48, 3) and y["mask"].shape == (48, 48)
+    assert y["image"].shape == (48, 48, 3) and y["segmentation"].shape == (48, 48)
     assert len(ds.DigitScenesSource("test", num_scenes=7)) == 7
     assert train[-1]["label"] == train[len(train) - 1]["label"]
     with pytest.raises(IndexError):
@@ -75,7 +75,7 @@ def test_determinism():
 
 def _check_scene(x, h, w):
     k = x["num_boxes"]
-    boxes, labels, mask = x["boxes"], x["box_labels"], x["mask"]
+    boxes, labels, mask = x["boxes"], x["box_labels"], x["segmentation"]
     # Inside the canvas, non-empty, integer pixel coordinates.
     assert (boxes[:, 0] >= 0).all() and (boxes[:, 1] >= 0).all()
     assert (boxes[:, 2] <= w).all() and (boxes[:, 3] <= h).all()
@@ -141,7 +141,7 @@ def test_mask_is_the_thresholded_resized_source_digit(train):
     for i in range(0, 60, 3):
         x = train[i]
         for (x0, y0, x1, y1), lab, di in zip(x["boxes"].astype(int), x["box_labels"], x["digit_indices"]):
-            crop = x["mask"][y0:y1, x0:x1] == lab + 1
+            crop = x["segmentation"][y0:y1, x0:x1] == lab + 1
             ok = False
             for s in range(ds.DIGIT_SIZE[0], ds.DIGIT_SIZE[1] + 1):
                 ink = _resize_bilinear(images[di, :, :, 0].astype(float), s) > 255 * 4 / 16

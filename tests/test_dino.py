@@ -4,6 +4,7 @@ import dataclasses
 import math
 
 import jax
+import ml_collections
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -12,7 +13,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from util import load_config
 
-from skipless_jax import checkpoint, dino, sharding
+from skipless_jax import checkpoint, sharding
+from skipless_jax.trainers import dino
 from skipless_jax.data import multicrop
 from skipless_jax.models import dino_head
 
@@ -29,7 +31,8 @@ def tiny_dino_config(**overrides):
     c.total_steps = 4
     c.schedule.warmup_epochs = None
     c.schedule.warmup_steps = 2
-    c.eval.evaluators = ()
+    if not any(key.startswith("evals.") for key in overrides):
+        c.evals = ml_collections.ConfigDict()  # no evaluation: faster
     c.eval_at_start = False
     c.log_every_steps = 2
     c.checkpoint_every_steps = 0
@@ -150,17 +153,47 @@ def test_clip_per_tensor_and_frozen_last_layer():
     np.testing.assert_array_equal(np.asarray(clipped["w"]), 0.5)  # norm 0.87 < 3: untouched
 
     params = jax.tree.map(jnp.ones_like, grads)
-    tx = dino.freeze_until(optax.adam(0.1), dino.is_last_layer, steps=2)
+    tx = dino.frozen_until(optax.adam(0.1), steps=2)
     state = tx.init(params)
     for step in range(3):
         updates, state = tx.update(grads, state, params)
         last = np.abs(np.asarray(updates["head"]["last_layer_v"])).max()
         assert (last == 0.0) == (step < 2), (step, last)
-        assert np.abs(np.asarray(updates["w"])).max() > 0
-    # Frozen steps fed zero gradients: the moments start from zero at step 3 (Adam's count ran on).
-    m_hat = 0.1 * 2.0 / (1 - 0.9**3)
-    v_hat = 0.001 * 4.0 / (1 - 0.999**3)
-    np.testing.assert_allclose(np.asarray(updates["head"]["last_layer_v"]), -0.1 * m_hat / (math.sqrt(v_hat) + 1e-8), rtol=1e-5)
+    # The inner state did not advance while frozen: the first real update is Adam's t = 1,
+    # -lr·g/(|g| + eps) (it was -lr·0.64 with the count running on through zero gradients).
+    np.testing.assert_allclose(np.asarray(updates["head"]["last_layer_v"]), -0.1 * 2.0 / (2.0 + 1e-8), rtol=1e-5)
+    assert int(state.inner[0].count) == 1
+
+
+def test_frozen_last_layer_starts_adam_at_t1_and_follows_the_global_lr_and_wd():
+    """torch semantics: the frozen last layer has no grad, so AdamW skips it (no moments, no step,
+    no decay); lr and wd of its first update are the global step's."""
+    config = load_config("dino_digits", "opt=adamw")
+    sched = dataclasses.replace(dino.schedules_from_config(config, 1437), freeze_last_layer_steps=2)
+    tx = dino.build_dino_optimizer(config, sched)
+    params = {"head": {"last_layer_v": jnp.full((4, 6), 0.5)}, "w": jnp.full((4, 4), 0.5)}
+    state = tx.init(params)
+    grads = {"head": {"last_layer_v": jnp.full((4, 6), 1e-3)}, "w": jnp.full((4, 4), 1e-3)}
+    for step in range(3):
+        g = jax.tree.map(lambda x: x * (step + 1), grads)  # gradients that differ per step
+        updates, state = jax.jit(tx.update)(g, state, params)
+    lr, wd = float(sched.lr(2)), float(sched.wd(2))
+    g2 = 3e-3
+    expected_last = -lr * g2 / (g2 + 1e-8) - lr * wd * 0.5  # Adam at t = 1
+    np.testing.assert_allclose(np.asarray(updates["head"]["last_layer_v"]), expected_last, rtol=1e-4)
+    m = (1 - 0.9) * (0.9**2 * 1e-3 + 0.9 * 2e-3 + 3e-3)  # the rest: Adam at t = 3
+    v = (1 - 0.999) * (0.999**2 * 1e-6 + 0.999 * 4e-6 + 9e-6)
+    m_hat, v_hat = m / (1 - 0.9**3), v / (1 - 0.999**3)
+    np.testing.assert_allclose(np.asarray(updates["w"]), -lr * m_hat / (math.sqrt(v_hat) + 1e-8) - lr * wd * 0.5, rtol=1e-4)
+
+
+def test_dino_decays_position_table_and_class_token_but_not_biases():
+    params = {"backbone": {"pos_embedding": jnp.ones((1, 5, 4)), "cls": jnp.ones((1, 1, 4)),
+                           "embedding": {"kernel": jnp.ones((4, 4)), "bias": jnp.ones((4,))}},
+              "head": {"last_layer_g": jnp.ones((6,))}}
+    mask = dino.dino_decay_mask(params)
+    assert mask["backbone"]["pos_embedding"] and mask["backbone"]["cls"] and mask["backbone"]["embedding"]["kernel"]
+    assert not mask["backbone"]["embedding"]["bias"] and not mask["head"]["last_layer_g"]
 
 
 @pytest.mark.parametrize("opt", ["adamw", "soap"])
@@ -305,7 +338,10 @@ def test_checkpoint_resume_continues_teacher_centre_and_schedules_exactly(tmp_pa
         ({"dino.student_temp": 0}, r"config\.dino\.student_temp=0\.0 must be a finite number > 0"),
         ({"dino.momentum_teacher": 1.5}, r"config\.dino\.momentum_teacher=1\.5 must be in \[0, 1\]"),
         ({"dino.center_momentum": -0.1}, r"config\.dino\.center_momentum=-0\.1 must be in \[0, 1\]"),
-        ({"eval.knn_k": 0}, r"config\.eval\.knn_k=0 must be a positive integer"),
+        ({"evals.knn.k": 0}, r"config\.evals\.knn\.k=0 must be a positive integer"),
+        ({"evals.linear.type": "linear"}, r"config\.evals\.linear\.type='linear' is unknown for the dino trainer"),
+        ({"grad_accum_steps": 2}, r"config\.grad_accum_steps=2: the dino trainer does not accumulate"),
+        ({"grad_clip_norm": 1.0}, r"config\.grad_clip_norm=1\.0: the dino trainer clips per tensor"),
         ({"model.init": "orthogonal"}, r"model\.init='orthogonal' is unknown"),
     ],
 )

@@ -51,8 +51,8 @@ def test_knn_accuracy_separates_informative_from_random_features():
 
 @pytest.mark.parametrize(
     "k, t, match",
-    [(0, 0.07, r"knn_k=0 must be a positive integer"), (2.5, 0.07, r"knn_k=2\.5"), (5, 0.0, r"knn_temperature=0\.0 must be"),
-     (500, 0.07, r"knn_k=500 exceeds the 300 train examples")],
+    [(0, 0.07, r"config\.evals\.knn\.k=0 must be a positive integer"), (2.5, 0.07, r"knn\.k=2\.5"),
+     (5, 0.0, r"knn\.temperature=0\.0 must be"), (500, 0.07, r"knn\.k=500 exceeds the 300 train examples")],
 )
 def test_knn_bad_input_is_one_line(k, t, match):
     with pytest.raises(ValueError, match=match):
@@ -89,7 +89,7 @@ def test_linear_probe_accuracy_and_bad_input():
     train_x, train_y = clustered(rng, 300, 8, 3, 0.3)
     test_x, test_y = clustered(np.random.default_rng(5), 300, 8, 3, 0.3)
     assert linear_probe.linear_probe_accuracy(train_x, train_y, test_x, test_y, 3, l2=1e-3) > 0.95
-    with pytest.raises(ValueError, match=r"config\.eval\.linear_l2=-1\.0 must be a finite number >= 0"):
+    with pytest.raises(ValueError, match=r"config\.evals\.linear\.l2=-1\.0 must be a finite number >= 0"):
         linear_probe.fit(train_x, train_y, 3, l2=-1.0)
-    with pytest.raises(ValueError, match=r"config\.eval\.linear_steps=0 must be a positive integer"):
+    with pytest.raises(ValueError, match=r"config\.evals\.linear\.steps=0 must be a positive integer"):
         linear_probe.fit(train_x, train_y, 3, max_steps=0)

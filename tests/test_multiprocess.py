@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 import subprocess_runs as sr
-from skipless_jax import checkpoint, train
+from skipless_jax import checkpoint
+from skipless_jax.trainers import common, supervised
 
 from util import tiny_config
 
-MESH = [("data", 2), ("fsdp", 2)]  # parameters sharded across the two processes
+MESH = {"data": 2, "fsdp": 2}  # parameters sharded across the two processes
 TIMEOUT = 300  # per run; a hang fails the test instead of stalling it
 HEARTBEAT = 10  # seconds before the coordination service declares a silent process dead
 LONG_RUN = ["--config.total_steps=1000", "--config.checkpoint_every_steps=2"]  # stopped long before the end
@@ -56,9 +57,9 @@ def _close(a, b):
 def _resume_in_one_process(workdir, caplog):
     """Continues `workdir` to step 7 on one device, checking that it resumed at step 5."""
     config = tiny_config(total_steps=7, log_every_steps=1)
-    config.mesh = [("data", 1)]
+    config.mesh = {"data": 1}
     with caplog.at_level(logging.INFO):
-        metrics = train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+        metrics = supervised.train_and_evaluate(config, workdir, devices=jax.devices()[:1], allow_config_change=True)  # a longer schedule
     assert metrics["step"] == 7
     assert any(re.search(r"Resumed from .* at step 5\.", r.getMessage()) for r in caplog.records)
     caplog.clear()
@@ -80,7 +81,7 @@ def test_two_processes_equal_one_process_and_checkpoint_restores_in_one(tmp_path
     single = str(tmp_path / "one_process")
     config = tiny_config(total_steps=5, log_every_steps=5)
     config.mesh = MESH
-    expected = train.train_and_evaluate(config, single, devices=jax.devices()[:4])
+    expected = supervised.train_and_evaluate(config, single, devices=jax.devices()[:4])
 
     with open(os.path.join(multi, "final_metrics.json")) as f:  # written by process 0 only
         got = json.load(f)
@@ -126,7 +127,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path, tmp_p
         codes = [sr.finish(proc, log, 2 * HEARTBEAT) for proc, log in zip(procs, logs)]
     finally:
         _reap(procs)
-    assert codes == [0, 0], [sr.tail(log, 2000) for log in logs]
+    assert codes == [common.EXIT_PREEMPTED] * 2, [sr.tail(log, 2000) for log in logs]
     stops = [re.findall(r"Stopping at step (\d+) on a preemption", sr.tail(log, 10**6)) for log in logs]
     assert stops[0] == stops[1] and len(stops[0]) == 1, stops
     assert max(sr.steps_on_disk(workdir)) == int(stops[0][0])

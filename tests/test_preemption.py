@@ -12,6 +12,7 @@ import pytest
 
 import subprocess_runs as sr
 from skipless_jax import checkpoint
+from skipless_jax.trainers import common
 
 STEPS, EVERY = 12, 4
 OVERRIDES = [f"--config.total_steps={STEPS}", f"--config.checkpoint_every_steps={EVERY}", "--config.keep_checkpoints=2"]
@@ -68,9 +69,12 @@ def test_sigkill_then_restart_equals_uninterrupted(tmp_path, environ, reference)
     _assert_bitwise_equal(workdir, reference[1])
 
 
-def test_sigterm_saves_the_current_step_exits_cleanly_and_resumes_equal(tmp_path, environ, reference):
+def test_sigterm_saves_the_current_step_exits_preempted_and_resumes_equal(tmp_path, environ, reference):
     workdir, proc, at, log = _signal_mid_run(tmp_path, environ, signal.SIGTERM)
-    assert sr.finish(proc, log, TIMEOUT) == 0, sr.tail(log)
+    assert sr.finish(proc, log, TIMEOUT) == common.EXIT_PREEMPTED, sr.tail(log)
+    text = sr.tail(log, 10**6)
+    assert "Preempted at step" in text and "Final (" not in text and "Done." not in text
+    assert not os.path.exists(os.path.join(workdir, "final_metrics.json"))  # not finished
     saved = max(sr.steps_on_disk(workdir))
     # The signal lands while step `at` is fetched or computed; that step finishes and is saved.
     assert saved in (at, at + 1) and saved < STEPS, (at, saved)
@@ -101,6 +105,7 @@ def _truncate(path, rng):
 def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, environ, reference, damage, pattern):
     workdir = str(tmp_path / "run")
     shutil.copytree(reference[0], workdir)
+    os.remove(os.path.join(workdir, "final_metrics.json"))  # died after its last save (a finished run is not re-run)
     files = [f for f in glob.glob(os.path.join(workdir, "checkpoints", str(STEPS), pattern), recursive=True) if os.path.isfile(f)]
     assert files
     rng = np.random.default_rng(0)

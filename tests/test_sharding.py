@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from skipless_jax import checkpoint, sharding, train
+from skipless_jax import checkpoint, sharding
+from skipless_jax.trainers import supervised
 
 from util import tiny_config
 
@@ -13,16 +14,16 @@ from util import tiny_config
 def _final_state(tmp_path, name, mesh, devices):
     config = tiny_config(total_steps=5, log_every_steps=5)
     config.mesh = mesh
-    metrics = train.train_and_evaluate(config, str(tmp_path / name), devices=devices)
+    metrics = supervised.train_and_evaluate(config, str(tmp_path / name), devices=devices)
     return metrics, checkpoint.load_raw(str(tmp_path / name))[1]
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    return _final_state(tmp_path_factory.mktemp("ref"), "one", [("data", 1)], jax.devices()[:1])
+    return _final_state(tmp_path_factory.mktemp("ref"), "one", {"data": 1}, jax.devices()[:1])
 
 
-@pytest.mark.parametrize("mesh", [[("data", 8), ("fsdp", 1)], [("data", 2), ("fsdp", 4)]], ids=["dp8", "fsdp2x4"])
+@pytest.mark.parametrize("mesh", [{"data": 8, "fsdp": 1}, {"data": 2, "fsdp": 4}], ids=["dp8", "fsdp2x4"])
 def test_multi_device_equals_one_device(tmp_path, reference, mesh):
     ref_metrics, ref_state = reference
     metrics, state = _final_state(tmp_path, "multi", mesh, jax.devices())
@@ -54,10 +55,16 @@ def test_fsdp_rules_shard_largest_divisible_dim_and_optimizer_state_follows():
 @pytest.mark.parametrize(
     "mesh, devices, match",
     [
-        ([("data", 3)], 8, r"config.mesh=\[\('data', 3\)\] has 3 devices but 8 are available"),
-        ([("data", -1), ("fsdp", 3)], 8, r"does not divide the 8 devices"),
-        ([("model", 8)], 8, r"unknown or repeated axes \['model'\]"),
-        ([("data", -1), ("fsdp", -1)], 8, r"at most one -1"),
+        ([("data", 3)], 8, r"config.mesh.data=3 is 3 devices but 8 are available"),
+        ([("data", -1), ("fsdp", 3)], 8, r"config.mesh.fsdp=3 does not divide the 8 devices"),
+        ([("model", 8)], 8, r"config.mesh.model .* is an unknown mesh axis; allowed: data, fsdp"),
+        ([("data", -1), ("fsdp", -1)], 8, r"at most one axis may be -1"),
+        ({"data": 2, "fsdp": 2}, 8, r"config.mesh.data=2 × config.mesh.fsdp=2 is 4 devices but 8 are available"),
+        ({"data": -1, "fsdp": 3}, 8, r"config.mesh.fsdp=3 does not divide the 8 devices"),
+        ({"data": -1, "model": 2}, 8, r"config.mesh.model=2 is an unknown mesh axis; allowed: data, fsdp"),
+        ({"data": -1, "fsdp": 0}, 8, r"config.mesh.fsdp=0 must be a positive integer, or -1"),
+        ({"data": -1, "fsdp": 2.0}, 8, r"config.mesh.fsdp=2.0 must be a positive integer"),
+        ({"data": -1, "fsdp": -1}, 8, r"config.mesh.data=-1 and config.mesh.fsdp=-1: at most one axis may be -1"),
     ],
 )
 def test_mesh_mismatch_is_one_line(mesh, devices, match):

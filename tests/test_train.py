@@ -1,14 +1,19 @@
 """The supervised trainer on digits: learning, exact resume, evaluation coverage, bad input."""
 
+import glob
 import json
 import os
+import re
 
 import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
-from skipless_jax import checkpoint, train
+from skipless_jax import checkpoint, config_blocks
 from skipless_jax.data import pipeline, sources
+from skipless_jax.trainers import common, supervised
 
 from util import read_scalars, tiny_config
 
@@ -20,7 +25,7 @@ def _read_params(workdir, step=None):
 def test_loss_decreases_on_digits(tmp_path):
     config = tiny_config(total_steps=60)
     config.optimizer.lr = 1e-2
-    metrics = train.train_and_evaluate(config, str(tmp_path))
+    metrics = supervised.train_and_evaluate(config, str(tmp_path))
     assert metrics["step"] == 60
     # The zero-initialized head starts at loss ln 10 = 2.30 and chance accuracy 10%.
     assert metrics["test_loss"] < 1.5, metrics
@@ -30,14 +35,14 @@ def test_loss_decreases_on_digits(tmp_path):
 
 def test_resume_continues_from_saved_step_and_matches(tmp_path):
     config = tiny_config(total_steps=8, checkpoint_every_steps=4)
-    train.train_and_evaluate(config, str(tmp_path / "full"))
+    supervised.train_and_evaluate(config, str(tmp_path / "full"))
     reference = _read_params(str(tmp_path / "full"))
     # Lose the last checkpoint, as if the run had died between steps 4 and 8.
     mngr = checkpoint.manager(str(tmp_path / "full"))
     assert mngr.all_steps() == [4, 8]
     mngr.delete(8)
     mngr.close()
-    metrics = train.train_and_evaluate(config, str(tmp_path / "full"))
+    metrics = supervised.train_and_evaluate(config, str(tmp_path / "full"))
     assert metrics["step"] == 8
     resumed = _read_params(str(tmp_path / "full"))
     assert int(resumed["step"]) == 8
@@ -94,9 +99,9 @@ def test_train_batches_depend_only_on_seed_and_step():
 )
 def test_bad_config_fails_before_compiling(tmp_path, overrides, match):
     config = tiny_config(**overrides)
-    config.mesh = [("data", 8)]
+    config.mesh = {"data": 8}
     with pytest.raises(ValueError, match=match):
-        train.train_and_evaluate(config, str(tmp_path))
+        supervised.train_and_evaluate(config, str(tmp_path))
     assert not (tmp_path / "checkpoints").exists()
 
 
@@ -106,13 +111,13 @@ def test_missing_dataset_is_one_line(tmp_path):
     config.dataset.data_dir = str(tmp_path / "no_data")
     config.model.patch_size = 4
     with pytest.raises(FileNotFoundError, match=r"config.dataset.name='cifar10': dataset not found in data dir .*no_data.*docs/data.md") as err:
-        train.check_config(config)
+        supervised.check_config(config)
     assert "\n" not in str(err.value)
 
 
 def test_gradient_accumulation_equals_the_full_batch(tmp_path):
-    full = train.train_and_evaluate(tiny_config(total_steps=3, log_every_steps=3), str(tmp_path / "full"))
-    accum = train.train_and_evaluate(tiny_config(total_steps=3, log_every_steps=3, grad_accum_steps=4), str(tmp_path / "accum"))
+    full = supervised.train_and_evaluate(tiny_config(total_steps=3, log_every_steps=3), str(tmp_path / "full"))
+    accum = supervised.train_and_evaluate(tiny_config(total_steps=3, log_every_steps=3, grad_accum_steps=4), str(tmp_path / "accum"))
     np.testing.assert_allclose(accum["train_loss"], full["train_loss"], rtol=1e-5)
     a, b = _read_params(str(tmp_path / "full")), _read_params(str(tmp_path / "accum"))
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6), a["params"], b["params"])
@@ -127,7 +132,7 @@ def test_live_kappa_monitoring_logs_probe_log_kappa(tmp_path):
     config = tiny_config("skip_sab=False,skip_ffn=False,init=skipless", total_steps=5, log_every_steps=5)
     config.analysis.every_steps = 2
     config.analysis.probe_size = 16
-    train.train_and_evaluate(config, str(tmp_path))
+    supervised.train_and_evaluate(config, str(tmp_path))
 
     scalars = read_scalars(tmp_path)
     kappa_tags = sorted(t for t in scalars if t.startswith("log_kappa/"))
@@ -150,13 +155,157 @@ def test_live_kappa_monitoring_logs_probe_log_kappa(tmp_path):
 
 
 def test_a_changed_model_in_an_old_workdir_fails_and_keeps_the_checkpoints(tmp_path):
-    train.train_and_evaluate(tiny_config(total_steps=2), str(tmp_path))
+    supervised.train_and_evaluate(tiny_config(total_steps=2), str(tmp_path))
     saved = sorted(os.listdir(tmp_path / "checkpoints"))
-    deeper = tiny_config("depth=3", total_steps=4)
+    deeper = tiny_config("depth=3", total_steps=2)
+    with pytest.raises(common.ConfigChangedError, match=r"another config \(model\.depth: 2 -> 3\); use a new --workdir, or pass --allow_config_change"):
+        supervised.train_and_evaluate(deeper, str(tmp_path))
+    # Forced: the parameters still do not fit.
     with pytest.raises(checkpoint.IncompatibleCheckpointError, match=r"step 2 .* other parameters \(not in the checkpoint: \['block_2'\]"):
-        train.train_and_evaluate(deeper, str(tmp_path))
+        supervised.train_and_evaluate(deeper, str(tmp_path), allow_config_change=True)
     with pytest.raises(checkpoint.IncompatibleCheckpointError, match=r"other shape: \['block_0'\]"):
-        train.train_and_evaluate(tiny_config(total_steps=4, **{"model.mlp_dim": 48}), str(tmp_path))
+        supervised.train_and_evaluate(tiny_config(total_steps=2, **{"model.mlp_dim": 48}), str(tmp_path), allow_config_change=True)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == saved  # nothing set aside
     assert not (tmp_path / "checkpoints_unreadable").exists()
-    assert train.train_and_evaluate(tiny_config(total_steps=4), str(tmp_path))["step"] == 4  # the same config resumes
+    # A longer schedule is a deliberate change: refused without the flag, resumed with it.
+    with pytest.raises(common.ConfigChangedError, match=r"total_steps: 2 -> 4"):
+        supervised.train_and_evaluate(tiny_config(total_steps=4), str(tmp_path))
+    assert supervised.train_and_evaluate(tiny_config(total_steps=4), str(tmp_path), allow_config_change=True)["step"] == 4
+
+
+@pytest.mark.parametrize("first, second, field", [
+    ("", "skip_sab=False", "model.skip_sab: True -> False"),  # same parameter shapes: resumed the other model before
+    ("opt=soap", "opt=adamw", "optimizer.name: 'soap' -> 'adamw'"),  # set the checkpoints aside and retrained before
+])
+def test_a_changed_config_with_the_same_shapes_is_refused_and_nothing_moves(tmp_path, first, second, field):
+    supervised.train_and_evaluate(tiny_config(first, total_steps=2), str(tmp_path))
+    before = sorted(os.listdir(tmp_path / "checkpoints"))
+    with pytest.raises(common.ConfigChangedError, match=re.escape(field)) as err:
+        supervised.train_and_evaluate(tiny_config(second, total_steps=2), str(tmp_path))
+    assert "\n" not in str(err.value)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == before
+    assert not (tmp_path / "checkpoints_unreadable").exists()
+
+
+def test_a_finished_run_rerun_reports_its_final_metrics_and_changes_nothing(tmp_path):
+    config = tiny_config(total_steps=4)
+    first = supervised.train_and_evaluate(config, str(tmp_path))
+    files = {p: os.path.getmtime(p) for p in glob.glob(str(tmp_path / "**"), recursive=True) if os.path.isfile(p)}
+    final = (tmp_path / "final_metrics.json").read_text()
+    again = supervised.train_and_evaluate(tiny_config(total_steps=4), str(tmp_path))
+    assert again == first and again["test_accuracy"] == first["test_accuracy"]
+    assert (tmp_path / "final_metrics.json").read_text() == final
+    now = {p: os.path.getmtime(p) for p in glob.glob(str(tmp_path / "**"), recursive=True) if os.path.isfile(p)}
+    assert now == files  # no file written, none added
+
+
+def test_mixup_prob_acts_and_aug_label_smoothing_is_refused():
+    from skipless_jax.data import augment
+
+    aug = ml_collections.ConfigDict(config_blocks.deit_aug(mixup_prob=0.0))
+    mix = augment.batch_transform(aug, 10)
+    images = np.random.default_rng(0).normal(size=(4, 8, 8, 3)).astype(np.float32)
+    out, labels = mix(images, np.arange(4), np.random.default_rng(1))
+    np.testing.assert_array_equal(out, images)  # never mixed
+    np.testing.assert_array_equal(labels, np.eye(10, dtype=np.float32)[np.arange(4)])  # no smoothing inside
+    aug.mixup_prob = 1.0
+    out, _ = augment.batch_transform(aug, 10)(images, np.arange(4), np.random.default_rng(1))
+    assert not np.array_equal(out, images)
+    aug.label_smoothing = 0.1
+    with pytest.raises(ValueError, match=r"aug\.label_smoothing=0\.1 is not used; set config\.label_smoothing"):
+        augment.validate_aug_config(aug)
+
+
+def test_records_carry_dense_targets_through_the_pipeline_and_splits_slice():
+    """Digit scenes: the segmentation and padded boxes travel with their images; a minival
+    carved from train ('train[:10%]') sits next to the rest of train ('train[10%:]')."""
+    from skipless_jax.data import inputs
+
+    config = tiny_config(**{"dataset.name": "digit_scenes", "model.patch_size": 4})
+    source = sources.get_source("digit_scenes", "test")
+    batches, n = inputs.eval_iterator(config, 0, 1, "test", batch_size=64)
+    batch = next(batches)
+    assert n == len(source) == 720
+    assert batch["segmentation"].shape == (64, 32, 32) and batch["boxes_padded"].shape == (64, 3, 4)
+    for i in (0, 17, 63):
+        np.testing.assert_array_equal(batch["segmentation"][i], source[i]["segmentation"])
+        np.testing.assert_array_equal(batch["num_boxes"][i], source[i]["num_boxes"])
+    train = next(inputs.train_iterator(config, 0, 0, 1))
+    assert train["segmentation"].shape == (32, 32, 32)
+
+    minival, rest = sources.get_source("digits", "train[:10%]"), sources.get_source("digits", "train[10%:]")
+    full = sources.get_source("digits", "train")
+    assert len(minival) == 144 and len(rest) == 1437 - 144
+    np.testing.assert_array_equal(minival[0]["image"], full[0]["image"])
+    np.testing.assert_array_equal(rest[0]["image"], full[144]["image"])
+    with pytest.raises(ValueError, match=r"split 'valid' of 'digits' is unknown"):
+        sources.get_source("digits", "valid")
+
+
+def test_several_evaluation_splits_report_under_their_prefixes(tmp_path):
+    config = tiny_config(total_steps=2)
+    config.dataset.train_split = "train[10%:]"
+    config.evals = ml_collections.ConfigDict(dict(
+        minival=dict(type="classification", split="train[:10%]"),
+        test=dict(type="classification", split="test"),
+        knn=dict(type="knn", split="test", train_split="train[10%:]", k=5, prefix="test"),
+    ))
+    metrics = supervised.train_and_evaluate(config, str(tmp_path))
+    for key in ("minival_accuracy", "minival_loss", "test_accuracy", "test_loss", "test_knn_accuracy"):
+        assert 0.0 <= metrics[key] <= max(1.0, metrics[key]), key
+    assert metrics["minival_accuracy"] != metrics["test_accuracy"] or metrics["minival_loss"] != metrics["test_loss"]
+    scalars = read_scalars(str(tmp_path))
+    assert 2 in scalars["minival/accuracy"] and 2 in scalars["test/knn_accuracy"]
+
+
+def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_path):
+    """config.init_from with init_from_key='teacher': block and embedding weights are the DINO
+    teacher's backbone, the new classifier head keeps its initialization."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from skipless_jax import models
+    from skipless_jax.trainers import dino
+    from util import load_config
+
+    dino_config = load_config("dino_digits")
+    dino_config.model.update(dict(width=32, mlp_dim=64, num_heads=2, depth=2))
+    dino_config.dino.update(dict(out_dim=32, hidden_dim=32, bottleneck_dim=16))
+    dino_config.total_epochs, dino_config.total_steps = None, 2
+    dino_config.schedule.warmup_epochs = 0
+    dino_config.eval_at_start = False
+    dino_config.evals = ml_collections.ConfigDict()
+    dino.train_and_evaluate(dino_config, str(tmp_path / "dino"))
+    _, saved = checkpoint.load_raw(str(tmp_path / "dino"))
+
+    config = tiny_config(total_steps=1, init_from=str(tmp_path / "dino"), init_from_key="teacher", **{"schedule.warmup_steps": 0})
+    config.model.update(dict(patch_size=4, pool="tok", gelu="exact", posemb_antialias=False))
+    config.input.image_size = 8
+    model = models.build(config.model, 10)
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
+    repl = jax.tree.map(lambda _: NamedSharding(jax.sharding.Mesh(jax.devices()[:1], ("data",)), PartitionSpec()), params)
+    loaded = common.init_from(config.init_from, params, repl, "teacher", supervised.init_from_rename("teacher"))
+    np.testing.assert_array_equal(loaded["block_1"]["MlpBlock_0"]["Dense_0"]["kernel"],
+                                  saved["teacher"]["backbone"]["block_1"]["MlpBlock_0"]["Dense_0"]["kernel"])
+    np.testing.assert_array_equal(loaded["pos_embedding"], saved["teacher"]["backbone"]["pos_embedding"])
+    np.testing.assert_array_equal(loaded["head"]["kernel"], params["head"]["kernel"])  # fresh
+    assert supervised.train_and_evaluate(config, str(tmp_path / "sup"))["step"] == 1
+    with pytest.raises(ValueError, match=r"config\.init_from=.* has no teacher/"):
+        common.init_from(config.init_from, {"nope": params["head"]["kernel"]}, {"nope": repl["head"]["kernel"]}, "teacher",
+                         lambda name: name)
+
+
+def test_evaluate_command_reports_the_final_metrics_of_a_finished_run(tmp_path):
+    """`python -m skipless_jax.evaluate --workdir=DIR` on a finished run equals its last evaluation."""
+    from skipless_jax import evaluate
+
+    config = tiny_config(total_steps=4)
+    final = supervised.train_and_evaluate(config, str(tmp_path))
+    results = evaluate.evaluate(str(tmp_path))  # the saved config
+    assert results["step"] == 4
+    np.testing.assert_allclose(results["test_accuracy"], final["test_accuracy"], rtol=1e-6)
+    np.testing.assert_allclose(results["test_loss"], final["test_loss"], rtol=1e-5)
+    assert json.loads((tmp_path / "evaluation.json").read_text())["test_accuracy"] == results["test_accuracy"]
+    config.evals = ml_collections.ConfigDict(dict(knn=dict(type="knn", k=5)))
+    assert 0.0 <= evaluate.evaluate(str(tmp_path), config)["knn_knn_accuracy"] <= 1.0  # another evaluator
+    with pytest.raises(ValueError, match=r"--config trains another model than the checkpoint .*model\.depth"):
+        evaluate.evaluate(str(tmp_path), tiny_config("depth=3", total_steps=4))

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.special
 from jax import lax
 
 from skipless_jax.models import vit
@@ -43,14 +44,15 @@ def test_patchify_dense_equals_strided_conv():
     np.testing.assert_allclose(dense, conv.reshape(2, -1, d), rtol=1e-5, atol=1e-5)
 
 
-def _block(skip_sab, skip_ffn):
-    block = vit.EncoderBlock(mlp_dim=16, num_heads=2, skip_sab=skip_sab, skip_ffn=skip_ffn, drop_path=0.5)
+def _block(skip_sab, skip_ffn, gelu_approximate=True):
+    block = vit.EncoderBlock(mlp_dim=16, num_heads=2, skip_sab=skip_sab, skip_ffn=skip_ffn, drop_path=0.5,
+                             gelu_approximate=gelu_approximate)
     x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 8))
     params = block.init(jax.random.PRNGKey(0), x, train=False)["params"]
     return block, params, x
 
 
-def _hand_composed(params, x, skip_sab, skip_ffn):
+def _hand_composed(params, x, skip_sab, skip_ffn, exact_gelu=False):
     """The block written out from METHOD.md §1 in numpy, independently of the module."""
     x = np.asarray(x, np.float64)
 
@@ -71,7 +73,9 @@ def _hand_composed(params, x, skip_sab, skip_ffn):
         o = (a @ val).transpose(0, 2, 1, 3).reshape(b, n, d)
         return o @ w["out"] + w["out_bias"]
 
-    def gelu(v):  # tanh approximation, flax's default
+    def gelu(v):  # tanh approximation, flax's default; or the exact erf form (DINO, timm)
+        if exact_gelu:
+            return 0.5 * v * (1 + scipy.special.erf(v / np.sqrt(2)))
         return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))
 
     def mlp(v, p):
@@ -93,6 +97,46 @@ def test_block_equals_hand_composed_function(skip_sab, skip_ffn):
     np.testing.assert_allclose(inter["sab_skip"], x + inter["sab"], rtol=1e-6)
     expected = inter["ffn_skip"] if skip_ffn else inter["ffn"]
     np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+def test_exact_gelu_block_equals_hand_composed_function():
+    block, params, x = _block(False, True, gelu_approximate=False)
+    out, _ = block.apply({"params": params}, x, train=False)
+    np.testing.assert_allclose(out, _hand_composed(params, x, False, True, exact_gelu=True), rtol=2e-4, atol=2e-5)
+    tanh = _hand_composed(params, x, False, True, exact_gelu=False)
+    assert np.abs(np.asarray(out) - tanh).max() > 1e-6  # the two forms differ here
+
+
+def test_gelu_field_and_variant_conflicts_in_the_config():
+    from skipless_jax import models
+
+    cfg = {"name": "vit", "variant": "Ti/4", "gelu": "exact", "width": None, "depth": None}
+    model = models.build(cfg, 10)
+    assert (model.width, model.depth, model.patch_size, model.gelu_approximate) == (192, 12, 4, False)
+    with pytest.raises(ValueError, match=r"config\.model\.variant='Ti/4' conflicts with config\.model\.width=64 \(the variant's: 192\)"):
+        models.build({**cfg, "width": 64}, 10)
+    models.build({**cfg, "width": 192}, 10)  # the variant's own value is no conflict
+    with pytest.raises(ValueError, match=r"config\.model\.gelu='erf' is unknown; allowed: \['tanh', 'exact'\]"):
+        models.check_config({**cfg, "gelu": "erf"}, 32)
+    with pytest.raises(ValueError, match=r"config\.model\.name='swin' is unknown; allowed: \['vit'\]"):
+        models.build({"name": "swin"}, 10)
+
+
+def test_local_crop_position_table_resize_follows_the_antialias_field():
+    """DINO resizes position tables bicubically without antialiasing; downsampling with it differs."""
+    images = jnp.zeros((1, 4, 4, 1))  # zero pixels and a zero stem bias: block 0's input is cls + table
+    inputs = {}
+    for antialias in (True, False):
+        model = vit.ViT(num_classes=0, patch_size=1, width=8, depth=1, mlp_dim=8, num_heads=2, image_size=8,
+                        posemb_antialias=antialias)
+        params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
+        block = model.apply({"params": params}, images)[1]["blocks"][0]
+        inputs[antialias] = np.asarray(block["sab_skip"] - block["sab"])[:, 1:]
+    grid = params["pos_embedding"][:, 1:].reshape(1, 8, 8, 8)
+    for antialias in (True, False):
+        want = jax.image.resize(grid, (1, 4, 4, 8), "bicubic", antialias=antialias).reshape(1, 16, 8)
+        np.testing.assert_allclose(inputs[antialias], want, rtol=1e-5, atol=1e-6)
+    assert np.abs(inputs[True] - inputs[False]).max() > 1e-3
 
 
 def test_drop_path_is_off_without_the_skip():
@@ -120,7 +164,7 @@ def test_vit_outputs_and_intermediates(pool, posemb):
     assert len(out["blocks"]) == 3
     tokens = 16 + (pool == "tok")
     for block in out["blocks"]:
-        assert set(block) == {"sab", "sab_skip", "ffn", "ffn_skip"}
+        assert set(block) == {"sab", "sab_skip", "ffn", "ffn_skip", "keys"}  # keys: TokenCut's features
         assert all(v.shape == (4, tokens, 16) for v in block.values())
 
 

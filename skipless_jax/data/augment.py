@@ -5,7 +5,7 @@ random choice is drawn from the `np.random.Generator` passed in, so an image's
 augmentation depends only on that generator's seed (the pipeline derives it from
 (seed, step, example index)); there is no global random state.
 
-Semantics follow timm as DeiT used it (METHOD.md §1 recipe; the papers' ImageNet runs):
+Semantics follow timm as DeiT used it (docs/method.md §1 recipe; the papers' ImageNet runs):
 random resized crop (bicubic) → horizontal flip → RandAugment 'rand-m9-mstd0.5-inc1'
 (bicubic, fill = the mean colour) → normalize → random erasing ('pixel', p 0.25) per
 example, then mixup 0.8 / cutmix 1.0 (switch 0.5, 'batch' mode) with label smoothing 0.1
@@ -664,8 +664,7 @@ def mixup_cutmix(
 # ----------------------------------------------------------------------------------------
 # Config validation and the transforms the pipeline maps.
 
-_AUG_FIELDS = ("randaug", "scale", "flip", "reprob", "mixup", "cutmix", "mixup_switch_prob",
-               "label_smoothing")
+_AUG_FIELDS = ("randaug", "scale", "flip", "reprob", "mixup", "cutmix", "mixup_switch_prob")
 
 
 def _field(aug_config: Any, name: str) -> Any:
@@ -696,7 +695,7 @@ def validate_aug_config(aug_config: Any) -> None:
     """Raises a one-line ValueError naming the first out-of-range augmentation field.
 
     Fields: randaug (None or 'rand-…'), scale (0 < lo <= hi <= 1), flip (bool), reprob [0, 1],
-    mixup >= 0, cutmix >= 0, mixup_switch_prob [0, 1], label_smoothing [0, 1). Optional: ratio
+    mixup >= 0, cutmix >= 0, mixup_switch_prob [0, 1]. Optional: ratio
     (0 < lo <= hi; default (3/4, 4/3)), mixup_prob [0, 1] (default 1), crop ('rrc' random
     resized crop, default; 'pad' zero-pad + random crop, CIFAR style), crop_padding (int >= 0,
     default 4).
@@ -726,7 +725,9 @@ def validate_aug_config(aug_config: Any) -> None:
         if not _is_number(value) or value < 0:
             raise ValueError(f"aug.{name}={value!r}; must be a Beta alpha >= 0 (0 turns it off)")
     _check_unit(_field(aug_config, "mixup_switch_prob"), "mixup_switch_prob")
-    _check_unit(_field(aug_config, "label_smoothing"), "label_smoothing", upper_open=True)
+    smoothing = _optional(aug_config, "label_smoothing", None)
+    if smoothing:  # one smoothing, in the loss: it applies to mixed targets the same way (it is linear)
+        raise ValueError(f"aug.label_smoothing={smoothing!r} is not used; set config.label_smoothing instead")
     _check_unit(_optional(aug_config, "mixup_prob", 1.0), "mixup_prob")
     crop = _optional(aug_config, "crop", "rrc")
     if crop not in CROPS:
@@ -796,19 +797,22 @@ class EvalTransform:
 
 @dataclasses.dataclass(frozen=True)
 class BatchMix:
-    """Per-batch mixup/cutmix + label smoothing. Call: (images, labels, rng) → (images, soft labels)."""
+    """Per-batch mixup/cutmix (with probability `prob`). Call: (images, labels, rng) → (images, soft labels).
+
+    Label smoothing is not applied here: the loss applies `config.label_smoothing` to the mixed
+    targets, which is the same (smoothing and mixing commute).
+    """
 
     num_classes: int
     mixup_alpha: float
     cutmix_alpha: float
     switch_prob: float
     prob: float
-    label_smoothing: float
 
     def __call__(self, images: np.ndarray, labels: np.ndarray,
                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         return mixup_cutmix(images, labels, self.num_classes, rng, self.mixup_alpha,
-                            self.cutmix_alpha, self.switch_prob, self.prob, self.label_smoothing)
+                            self.cutmix_alpha, self.switch_prob, self.prob, label_smoothing=0.0)
 
 
 def train_transform(
@@ -845,7 +849,7 @@ def eval_transform(
 
 
 def batch_transform(aug_config: Any, num_classes: int) -> BatchMix:
-    """Builds the per-batch mixup/cutmix + label smoothing from `config.aug`."""
+    """Builds the per-batch mixup/cutmix from `config.aug` (mixup, cutmix, mixup_switch_prob, mixup_prob)."""
     validate_aug_config(aug_config)
     if not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
         raise ValueError(f"num_classes={num_classes!r}; must be a positive int")
@@ -853,5 +857,4 @@ def batch_transform(aug_config: Any, num_classes: int) -> BatchMix:
     return BatchMix(
         num_classes=int(num_classes), mixup_alpha=float(_field(aug_config, "mixup")),
         cutmix_alpha=float(_field(aug_config, "cutmix")),
-        switch_prob=float(_field(aug_config, "mixup_switch_prob")), prob=float(mixup_prob),
-        label_smoothing=float(_field(aug_config, "label_smoothing")))
+        switch_prob=float(_field(aug_config, "mixup_switch_prob")), prob=float(mixup_prob))

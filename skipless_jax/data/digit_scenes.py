@@ -228,7 +228,7 @@ class DigitScenesSource:
         return {
             "image": a["image"][index].copy(),
             "label": int(a["label"][index]),
-            "mask": a["mask"][index].copy(),
+            "segmentation": a["mask"][index].copy(),  # per-pixel class ("mask" is the eval padding mask)
             "boxes": a["boxes_padded"][index, :k].copy(),
             "box_labels": a["box_labels_padded"][index, :k].copy(),
             "boxes_padded": a["boxes_padded"][index].copy(),

@@ -34,12 +34,10 @@ def _transforms(config: Any):
         train = augment.train_transform(aug, size, info.mean, info.std)
     batch = None
     if aug is not None and (aug.get("mixup", 0) or aug.get("cutmix", 0)):
+        mix = augment.batch_transform(aug, info.num_classes)  # mixup/cutmix with aug.mixup_prob
+
         def batch(b: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
-            images, labels = augment.mixup_cutmix(
-                b["image"], b["label"], info.num_classes, rng,
-                mixup_alpha=aug.mixup, cutmix_alpha=aug.cutmix,
-                switch_prob=aug.get("mixup_switch_prob", 0.5), label_smoothing=0.0,
-            )
+            images, labels = mix(b["image"], b["label"], rng)
             return {**b, "image": images, "label": labels}
     return train, evaluate, batch
 
@@ -69,6 +67,7 @@ def train_iterator(
         process_count=process_count,
         batch_transform=batch_transform,
         num_workers=config.input.get("num_workers", 0),
+        targets=info.targets if info.fixed_size else (),
     )
 
 
@@ -92,6 +91,7 @@ def eval_iterator(
         global_batch_size=batch_size or config.input.get("eval_batch_size") or config.input.batch_size,
         process_index=process_index,
         process_count=process_count,
+        targets=info.targets if info.fixed_size else (),
     )
     return batches, len(source)
 

@@ -59,13 +59,16 @@ def train_batches(
     process_count: int = 1,
     batch_transform: Optional[BatchTransform] = None,
     num_workers: int = 0,
+    targets: tuple[str, ...] = (),
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Process-local train batches {'image': (b, H, W, C) f32, 'label': (b, K) f32} from step
-    `start_step` on; b = global_batch_size / process_count."""
+    """Process-local train batches {'image': (b, H, W, C) f32, 'label': (b, K) f32, *targets} from
+    step `start_step` on; b = global_batch_size / process_count. `targets` are record fields
+    (e.g. 'segmentation') stacked as they are stored."""
     offset, local = _local_slice(global_batch_size, process_index, process_count)
 
     def example(record: dict[str, Any], rng: np.random.Generator) -> dict[str, np.ndarray]:
-        return {"image": transform(record["image"], rng), "label": np.int32(record["label"])}
+        return {"image": transform(record["image"], rng), "label": np.int32(record["label"]),
+                **{k: np.asarray(record[k]) for k in targets}}
 
     stream = (
         grain.MapDataset.source(source)
@@ -83,6 +86,7 @@ def train_batches(
         batch = {
             "image": np.stack([r["image"] for r in records]),
             "label": one_hot(np.array([r["label"] for r in records]), num_classes),
+            **{k: np.stack([r[k] for r in records]) for k in targets},
         }
         if batch_transform is not None:  # batch-level ops (mixup/cutmix): rng from (seed, step, p)
             batch = batch_transform(batch, np.random.default_rng([seed, step, process_index, 1]))
@@ -108,8 +112,10 @@ def eval_batches(
     global_batch_size: int,
     process_index: int = 0,
     process_count: int = 1,
+    targets: tuple[str, ...] = (),
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Process-local eval batches with `mask`; padding repeats example 0 with mask 0."""
+    """Process-local eval batches with `mask`; padding repeats example 0 with mask 0. `targets`
+    are record fields stacked as stored (images stored at the model's size keep them aligned)."""
     offset, local = _local_slice(global_batch_size, process_index, process_count)
     n = len(source)
     for b in range(num_eval_batches(n, global_batch_size)):
@@ -120,4 +126,5 @@ def eval_batches(
             "image": np.stack([transform(r["image"]) for r in records]),
             "label": one_hot(np.array([r["label"] for r in records]), num_classes),
             "mask": mask.astype(np.float32),
+            **{k: np.stack([np.asarray(r[k]) for r in records]) for k in targets},
         }

@@ -1,7 +1,11 @@
 """Random-access data sources: the embedded digits set and tensorflow-datasets sets.
 
-A source is anything with `__len__` and `__getitem__(i) -> {'image': uint8 HWC, 'label': int}`
-(the protocol of `tfds.data_source` and grain), so the pipeline treats every dataset alike.
+A source is anything with `__len__` and `__getitem__(i) -> {'image': uint8 HWC, 'label': int,
+...targets}` (the protocol of `tfds.data_source` and grain), so the pipeline treats every dataset
+alike. A record carries the image plus the task's targets: the class label, and for dense tasks
+the fields named in `DatasetInfo.targets` (e.g. a per-pixel `segmentation`, padded `boxes`),
+which the pipeline batches alongside. The embedded sets take split slices like tfds:
+'train[:10%]', 'train[10%:]', 'test[:100]' (a minival carved from train, next to the test split).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class DatasetInfo:
     std: tuple[float, ...]
     tfds_name: Optional[str] = None  # None: embedded, needs no files
     fixed_size: bool = True  # every stored image is image_shape (False: resize + crop always)
+    targets: tuple[str, ...] = ()  # record fields batched with the image besides the label
 
 
 DATASETS: dict[str, DatasetInfo] = {
@@ -52,6 +57,13 @@ DATASETS: dict[str, DatasetInfo] = {
     ),
     # The unpacked tiny-imagenet-200 folder (config.dataset.data_dir); a subset of ImageNet,
     # normalized with ImageNet's statistics.
+    # Digit scenes (data/digit_scenes.py): 32×32 canvases of 1-3 bundled digits on a textured
+    # background, with per-pixel classes (0 background, 1 + digit) and boxes; real-data miniature
+    # of the dense evaluations. Its 'train'/'test' use the digits of the digits split of that name.
+    "digit_scenes": DatasetInfo(
+        10, (32, 32, 1), {"train": 2874, "test": 720}, (0.5,), (0.5,),
+        targets=("segmentation", "boxes_padded", "box_labels_padded", "num_boxes"),
+    ),
     "tiny_imagenet": DatasetInfo(
         200, (64, 64, 3), {"train": 100_000, "val": 10_000},
         (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
@@ -119,10 +131,52 @@ def get_source(name: str, split: str, data_dir: Optional[str] = None) -> Source:
         from skipless_jax.data import tiny_imagenet
 
         return tiny_imagenet.TinyImageNetSource(data_dir, split)
-    splits = _digits_split()
-    if split not in splits:
-        raise ValueError(f"config.dataset split {split!r} of {name!r} is unknown; allowed: {sorted(splits)}")
-    return ArraySource(*splits[split])
+    base, rows = parse_split(split, name)
+    if name == "digit_scenes":
+        from skipless_jax.data import digit_scenes
+
+        source: Source = digit_scenes.DigitScenesSource(base)
+    else:
+        source = ArraySource(*_digits_split()[base])
+    return source if rows is None else SliceSource(source, *rows(len(source)))
+
+
+def parse_split(split: str, name: str) -> tuple[str, Any]:
+    """'train[10%:]' -> ('train', len -> (start, stop)); a plain name -> (name, None)."""
+    import re
+
+    match = re.fullmatch(r"(\w+)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?", split or "")
+    allowed = sorted(_digits_split())
+    if match is None or match.group(1) not in allowed:
+        raise ValueError(f"config.dataset split {split!r} of {name!r} is unknown; allowed: {allowed}, "
+                         "optionally sliced like 'train[:10%]' or 'train[100:]'")
+    if "[" not in split:
+        return match.group(1), None
+
+    def bound(text: Optional[str], n: int, default: int) -> int:
+        if text is None:
+            return default
+        value = round(n * int(text[:-1]) / 100) if text.endswith("%") else int(text)
+        return max(0, min(n, value + n if value < 0 else value))
+
+    return match.group(1), lambda n: (bound(match.group(2), n, 0), bound(match.group(3), n, n))
+
+
+class SliceSource:
+    """Examples [start, stop) of another source, renumbered from 0."""
+
+    def __init__(self, source: Source, start: int, stop: int):
+        if stop <= start:
+            raise ValueError(f"the split slice [{start}:{stop}] is empty")
+        self.source, self.start, self.stop = source, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self.source[self.start + index]
 
 
 def check_available(name: str, splits: list[str], data_dir: Optional[str] = None) -> None:

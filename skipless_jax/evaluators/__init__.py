@@ -1,0 +1,79 @@
+"""Evaluators by `config.evals.<name>.type`; the protocol is in `evaluators/common.py`.
+
+A new evaluator is one module with a dataclass that has `name`, `prefix`, `every_steps`,
+`run(params) -> iterator of (metric, value)`, `check(name, entry)` (one-line errors, before
+anything compiles) and `from_config(name, entry, ctx, **common)`, registered below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from skipless_jax.evaluators.classification import Classification
+from skipless_jax.evaluators.common import Context, Evaluator, due, run_all  # noqa: F401
+from skipless_jax.evaluators.knn import KNN
+from skipless_jax.evaluators.linear_probe import LinearProbe
+
+EVALUATORS = {
+    "classification": Classification,
+    "knn": KNN,
+    "linear_probe": LinearProbe,
+}
+COMMON_FIELDS = ("type", "split", "every_steps", "prefix")
+TYPE_FIELDS = {
+    "classification": (),
+    "knn": ("train_split", "k", "temperature"),
+    "linear_probe": ("train_split", "l2", "steps"),
+}
+
+
+def entries(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """`config.evals` (name -> entry); without it, classification on the eval split."""
+    evals = config.get("evals")
+    if evals is None:
+        return {"test": ml_collections.ConfigDict(dict(type="classification"))}
+    return dict(evals)
+
+
+def check_config(config: ml_collections.ConfigDict, allowed_types: tuple[str, ...] = tuple(EVALUATORS)) -> None:
+    """One-line ValueError for an unknown type or field, or a bad period, before anything compiles."""
+    for name, entry in entries(config).items():
+        kind = entry.get("type")
+        if kind not in allowed_types:
+            raise ValueError(f"config.evals.{name}.type={kind!r} is unknown for the {config.get('trainer', 'supervised')} trainer; allowed: {list(allowed_types)}")
+        unknown = sorted(set(entry.keys()) - set(COMMON_FIELDS) - set(TYPE_FIELDS[kind]))
+        if unknown:
+            raise ValueError(f"config.evals.{name}.{unknown[0]} is not a field of a {kind!r} evaluator; allowed: {sorted(COMMON_FIELDS + TYPE_FIELDS[kind])}")
+        period = entry.get("every_steps")
+        if period is not None and (not isinstance(period, int) or isinstance(period, bool) or period < 0):
+            raise ValueError(f"config.evals.{name}.every_steps={period!r} must be an integer >= 0 (0: only the last step)")
+        for f in ("split", "train_split", "prefix"):
+            value = entry.get(f)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"config.evals.{name}.{f}={value!r} must be a non-empty string")
+        EVALUATORS[kind].check(name, entry)
+
+
+def splits(config: ml_collections.ConfigDict) -> list[str]:
+    """Every split the evaluators read (for the missing-data check at start)."""
+    out = []
+    for entry in entries(config).values():
+        out.append(entry.get("split") or config.dataset.eval_split)
+        if entry.get("type") in ("knn", "linear_probe"):
+            out.append(entry.get("train_split") or config.dataset.train_split)
+    return out
+
+
+def build(config: ml_collections.ConfigDict, ctx: Context) -> list[Evaluator]:
+    """The evaluators of `config.evals`, in their order."""
+    out = []
+    for name, entry in entries(config).items():
+        common = dict(
+            prefix=entry.get("prefix") or name,
+            every_steps=entry.get("every_steps") if entry.get("every_steps") is not None else config.get("eval_every_steps"),
+            split=entry.get("split") or config.dataset.eval_split,
+        )
+        out.append(EVALUATORS[entry.type].from_config(name, entry, ctx, **common))
+    return out

@@ -7,26 +7,30 @@ their labels with weight exp(sim/T); the prediction is the class with the larges
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from skipless_jax.models.dino_head import l2_normalize
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def validate_knn(k: int, temperature: float, num_train: int | None = None) -> None:
-    """One-line ValueError for a bad k or temperature (before any compile)."""
+def validate_knn(k: int, temperature: float, num_train: int | None = None, where: str = "config.evals.knn") -> None:
+    """One-line ValueError for a bad k or temperature (before any compile); `where` names the entry."""
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"config.eval.knn_k={k!r} must be a positive integer")
+        raise ValueError(f"{where}.k={k!r} must be a positive integer")
     if num_train is not None and k > num_train:
-        raise ValueError(f"config.eval.knn_k={k} exceeds the {num_train} train examples of the kNN bank")
+        raise ValueError(f"{where}.k={k} exceeds the {num_train} train examples of the kNN bank")
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature > 0 or not math.isfinite(temperature):
-        raise ValueError(f"config.eval.knn_temperature={temperature!r} must be a finite number > 0")
+        raise ValueError(f"{where}.temperature={temperature!r} must be a finite number > 0")
 
 
 @functools.partial(jax.jit, static_argnames=("num_classes", "k"))
@@ -81,3 +85,37 @@ def knn_accuracy(
     """Top-1 accuracy of the weighted kNN classifier."""
     votes = knn_votes(train_features, train_labels, test_features, num_classes, k, temperature)
     return float(np.mean(votes.argmax(-1) == np.asarray(test_labels)))
+
+
+@dataclasses.dataclass
+class KNN:
+    """config.evals entry `type='knn'`: yields ('knn_accuracy', top-1) of the weighted kNN
+    classifier whose bank is the features of `train_split` (default the dataset's train split)."""
+
+    name: str
+    prefix: str
+    every_steps: int | None
+    split: str
+    ctx: Any
+    train_split: str
+    k: int = 20
+    temperature: float = 0.07
+
+    def run(self, params: Any) -> Iterator[tuple[str, float]]:
+        train_x, train_y = self.ctx.extract(params, self.train_split)
+        test_x, test_y = self.ctx.extract(params, self.split)
+        k = min(self.k, len(train_y))  # a bank smaller than k (a tiny split) votes with all of it
+        if k < self.k:
+            logging.warning("kNN: only %d train examples; using k=%d instead of %d.", len(train_y), k, self.k)
+        yield "knn_accuracy", knn_accuracy(train_x, train_y, test_x, test_y, self.ctx.num_classes, k, self.temperature)
+
+    @staticmethod
+    def check(name: str, entry: Any) -> None:
+        validate_knn(entry.get("k", 20), entry.get("temperature", 0.07), where=f"config.evals.{name}")
+
+    @classmethod
+    def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> "KNN":
+        cls.check(name, entry)
+        k, temperature = entry.get("k", 20), entry.get("temperature", 0.07)
+        train_split = entry.get("train_split") or ctx.config.dataset.train_split
+        return cls(name=name, ctx=ctx, train_split=train_split, k=k, temperature=temperature, **common)

@@ -11,8 +11,10 @@ SGD on augmented images; a convex fit is deterministic and cheap enough to run p
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -23,11 +25,12 @@ import optax
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def validate_linear_probe(l2: float, max_steps: int) -> None:
+def validate_linear_probe(l2: float, max_steps: int, where: str = "config.evals.linear") -> None:
+    """One-line ValueError for a bad l2 or step count; `where` names the config entry."""
     if not isinstance(l2, (int, float)) or isinstance(l2, bool) or not math.isfinite(l2) or l2 < 0:
-        raise ValueError(f"config.eval.linear_l2={l2!r} must be a finite number >= 0")
+        raise ValueError(f"{where}.l2={l2!r} must be a finite number >= 0")
     if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1:
-        raise ValueError(f"config.eval.linear_steps={max_steps!r} must be a positive integer")
+        raise ValueError(f"{where}.steps={max_steps!r} must be a positive integer")
 
 
 def objective(params: dict[str, jax.Array], x: jax.Array, y: jax.Array, l2: float) -> jax.Array:
@@ -88,3 +91,36 @@ def linear_probe_accuracy(
     """Top-1 test accuracy of the probe fitted on the train features."""
     probe = fit(train_x, train_y, num_classes, l2, max_steps)
     return float(np.mean(predict_logits(probe, test_x).argmax(-1) == np.asarray(test_y)))
+
+
+@dataclasses.dataclass
+class LinearProbe:
+    """config.evals entry `type='linear_probe'`: yields ('linear_accuracy', top-1) of the probe
+    fitted on the features of `train_split`."""
+
+    name: str
+    prefix: str
+    every_steps: int | None
+    split: str
+    ctx: Any
+    train_split: str
+    l2: float = 1e-4
+    max_steps: int = 500
+
+    def run(self, params: Any) -> Iterator[tuple[str, float]]:
+        train_x, train_y = self.ctx.extract(params, self.train_split)
+        test_x, test_y = self.ctx.extract(params, self.split)
+        yield "linear_accuracy", linear_probe_accuracy(
+            train_x, train_y, test_x, test_y, self.ctx.num_classes, self.l2, self.max_steps
+        )
+
+    @staticmethod
+    def check(name: str, entry: Any) -> None:
+        validate_linear_probe(entry.get("l2", 1e-4), entry.get("steps", 500), where=f"config.evals.{name}")
+
+    @classmethod
+    def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> "LinearProbe":
+        cls.check(name, entry)
+        l2, steps = entry.get("l2", 1e-4), entry.get("steps", 500)
+        train_split = entry.get("train_split") or ctx.config.dataset.train_split
+        return cls(name=name, ctx=ctx, train_split=train_split, l2=l2, max_steps=steps, **common)

@@ -1,4 +1,4 @@
-"""Initializations for skipless Transformers (METHOD.md §3, "Cutting the Skip").
+"""Initializations for skipless Transformers (docs/method.md §3, "Cutting the Skip").
 
 Dense kernels are (in, out): y = x W. Attention kernels are (d, d) with heads as column groups
 (query/key/value) or row groups (out). All functions are pure in `key`; validation happens on
@@ -25,7 +25,7 @@ from skipless_jax import linalg
 
 INIT_METHODS = ("default", "skipless", "mimetic")
 
-# Plain mimetic V/O constants of METHOD.md §3 (α₂ = β₂ = 0.4); Q/K take the configured α, β.
+# Plain mimetic V/O constants of docs/method.md §3 (α₂ = β₂ = 0.4); Q/K take the configured α, β.
 MIMETIC_VO_ALPHA = 0.4
 MIMETIC_VO_BETA = 0.4
 
@@ -83,7 +83,7 @@ def validate_init_config(model_config: Any) -> None:
 
 
 def scaled_orthogonal_vo(key: jax.Array, d: int, c: float) -> tuple[jax.Array, jax.Array]:
-    """Whole-layer value/output init (METHOD.md §3): G ~ N(0,1)^{d×d} = U S Vᵀ, W^V = cU, W^O = cVᵀ.
+    """Whole-layer value/output init (docs/method.md §3): G ~ N(0,1)^{d×d} = U S Vᵀ, W^V = cU, W^O = cVᵀ.
 
     Returns (w_v, w_o), both (d, d) float32; w_v's columns are grouped by head, w_o's rows.
     The full product W^V W^O = c² U Vᵀ has every singular value equal to c².
@@ -97,7 +97,7 @@ def scaled_orthogonal_vo(key: jax.Array, d: int, c: float) -> tuple[jax.Array, j
 def mimetic_qk_targets(
     key: jax.Array, d: int, num_heads: int, alpha: float, beta: float
 ) -> jax.Array:
-    """Per-head targets M_h = α Z_h + β I_d, Z_h ~ N(0, 1/d) (METHOD.md §3). Returns (h, d, d).
+    """Per-head targets M_h = α Z_h + β I_d, Z_h ~ N(0, 1/d) (docs/method.md §3). Returns (h, d, d).
 
     Head h draws Z_h from `jax.random.split(key, num_heads)[h]`.
     """
@@ -109,7 +109,7 @@ def mimetic_qk_targets(
 def mimetic_qk(
     key: jax.Array, d: int, num_heads: int, alpha: float, beta: float
 ) -> tuple[jax.Array, jax.Array]:
-    """Mimetic query/key init per head (METHOD.md §3).
+    """Mimetic query/key init per head (docs/method.md §3).
 
     M_h = U S Vᵀ; W^Q_h = U[:, :d_h] √S[:d_h], W^K_h = V[:, :d_h] √S[:d_h], so W^Q_h W^K_hᵀ is
     the rank-d_h truncation of M_h. Returns (w_q, w_k), both (d, d), head h in columns
@@ -157,7 +157,7 @@ def haar_orthogonal(key: jax.Array, shape: tuple[int, int]) -> jax.Array:
 def scaled_uniform_orthogonal(
     key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32
 ) -> jax.Array:
-    """DKS/TAT MLP kernel init (METHOD.md §3): Haar orthogonal (in, out) × max(√(out/in), 1).
+    """DKS/TAT MLP kernel init (docs/method.md §3): Haar orthogonal (in, out) × max(√(out/in), 1).
 
     Usable as a flax `kernel_init`. Leading axes of an N-D shape are flattened into `in`.
     For d→4d every singular value is 2; for 4d→d it is 1.
@@ -172,12 +172,12 @@ def scaled_uniform_orthogonal(
 def attention_kernels(
     key: jax.Array, method: str, d: int, num_heads: int, alpha: float, beta: float, c: float
 ) -> dict[str, jax.Array]:
-    """The four (d, d) attention kernels {query, key, value, out} for `method` (METHOD.md §3).
+    """The four (d, d) attention kernels {query, key, value, out} for `method` (docs/method.md §3).
 
     'skipless': mimetic Q/K with (alpha, beta) and scaled-orthogonal V/O with c.
     'mimetic':  mimetic Q/K with (alpha, beta) and mimetic V/O with the fixed
                 (MIMETIC_VO_ALPHA, MIMETIC_VO_BETA) = (0.4, 0.4); c is unused. The plain
-                mimetic baseline of METHOD.md §3 sets alpha = beta = 0.7 in the config.
+                mimetic baseline of docs/method.md §3 sets alpha = beta = 0.7 in the config.
     """
     if method not in ("skipless", "mimetic"):
         raise ValueError(f"attention_kernels method={method!r} is unknown; allowed: skipless, mimetic")

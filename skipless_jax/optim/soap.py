@@ -1,4 +1,4 @@
-"""SOAP: Adam in the eigenbasis of Shampoo's preconditioner, as optax transformations (METHOD.md §5).
+"""SOAP: Adam in the eigenbasis of Shampoo's preconditioner, as optax transformations (docs/method.md §5).
 
 Semantics are those of the reference implementation (Vyas et al., ICLR 2025, `main` branch):
 
@@ -341,7 +341,7 @@ def scale_by_soap(
     normalize_grads: bool = False,
     correct_bias: bool = True,
 ) -> optax.GradientTransformation:
-    """SOAP direction √(1-b2^t)/(1-b1^t)·project_back(m/(√v+eps)) (METHOD.md §5), no lr, no decay.
+    """SOAP direction √(1-b2^t)/(1-b1^t)·project_back(m/(√v+eps)) (docs/method.md §5), no lr, no decay.
 
     The first call returns zeros and only builds the preconditioner. Follow with
     `optax.scale_by_learning_rate` (see `soap`). shampoo_beta=None means shampoo_beta = b2.
@@ -504,7 +504,7 @@ def soap(
     correct_bias: bool = True,
     weight_decay_mask: Any = None,
 ) -> optax.GradientTransformation:
-    """SOAP with learning rate (float or schedule) and decoupled weight decay (METHOD.md §5).
+    """SOAP with learning rate (float or schedule) and decoupled weight decay (docs/method.md §5).
 
     Chain: scale_by_soap → scale by -lr_t → u ← u - lr_t·wd·(p + u), reproducing the reference's
     `p ← p - lr·bc·dir; p ← p - lr·wd·p` exactly. weight_decay_mask=None decays ≥2-D parameters.

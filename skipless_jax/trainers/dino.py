@@ -1,12 +1,12 @@
-"""DINO self-supervised training (METHOD.md §6), top to bottom: schedules → loss, centre and
+"""DINO self-supervised training (docs/method.md §6), top to bottom: schedules → loss, centre and
 EMA → optimizer → mesh → data → model/optimizer (abstract first) → shardings → update step →
 checkpoint load → kNN / linear evaluation of the teacher → loop.
 
     python -m skipless_jax.main --config=configs/dino_digits.py --workdir=/tmp/dino_digits
 
-A sibling of the supervised trainer (train.py): it shares the ViT, the input pipeline, the
-sharding rules, the checkpoint manager and the optimizer registry, and adds the student/teacher
-pair. Everything DINO keeps across steps is in the one checkpointed state: student params,
+A flat loop on trainers/common.py (no other trainer is imported): it shares the model registry,
+the input pipeline, the sharding rules, the checkpoint manager, the optimizer registry and the
+evaluators, and adds the student/teacher pair. Everything DINO keeps across steps is in the one checkpointed state: student params,
 optimizer state, EMA teacher, centre, step (every schedule is a closed form of the step; the
 values of the last step are stored too, for inspection).
 """
@@ -14,28 +14,24 @@ values of the last step are stored too, for inspection).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from absl import logging
-from clu import metric_writers, periodic_actions
-from etils import epath
 
-from skipless_jax import checkpoint, distributed, sharding, train, validate
+from skipless_jax import checkpoint, evaluators, models, sharding, validate
 from skipless_jax.data import inputs, multicrop, sources
-from skipless_jax.evaluators import knn, linear_probe
-from skipless_jax.models import dino_head, vit
-from skipless_jax.optim import OPTIMIZERS, decay_mask
+from skipless_jax.models import dino_head
+from skipless_jax.optim import OPTIMIZERS
+from skipless_jax.trainers import common
 
 _HIGHEST = jax.lax.Precision.HIGHEST
-EVALUATORS = ("knn", "linear")
+EVALUATOR_TYPES = ("knn", "linear_probe")
 
 # ----------------------------------------------------------------------------------------
 # Schedules: DINO's per-iteration arrays (utils.cosine_scheduler) as closed forms of the step.
@@ -110,9 +106,9 @@ def schedules_from_config(config: ml_collections.ConfigDict, num_train: int) -> 
     opt, d = config.optimizer, config.dino
     ref = opt.get("lr_reference_batch")
     return Schedules(
-        total_steps=train.steps_of(config, "total", spe),
+        total_steps=common.steps_of(config, "total", spe),
         steps_per_epoch=spe,
-        warmup_steps=train.steps_of(config, "warmup", spe),
+        warmup_steps=common.steps_of(config, "warmup", spe),
         peak_lr=opt.lr * (config.input.batch_size / ref if ref else 1.0),  # linear scaling rule
         min_lr=opt.get("min_lr", 1e-6),
         weight_decay=opt.get("weight_decay", 0.0),
@@ -132,7 +128,7 @@ def schedules_from_config(config: ml_collections.ConfigDict, num_train: int) -> 
 def dino_loss(
     student_out: jax.Array, teacher_out: jax.Array, center: jax.Array, student_temp: float, teacher_temp: jax.Array | float
 ) -> jax.Array:
-    """METHOD.md §6: mean over pairs (teacher global view t, student view v ≠ t) of
+    """docs/method.md §6: mean over pairs (teacher global view t, student view v ≠ t) of
     mean_b −Σ_k softmax((t_tb − c)/τ_t)_k · log_softmax(s_vb/τ_s)_k.
 
     student_out (V, B, K), views 0 and 1 the global ones; teacher_out (2, B, K); center (1, K).
@@ -166,8 +162,12 @@ def teacher_entropy(teacher_out: jax.Array, center: jax.Array, teacher_temp: jax
 
 
 # ----------------------------------------------------------------------------------------
-# Optimizer: clip per tensor → (registry optimizer, wd = 0) → scheduled decoupled decay,
-# the last layer frozen (zero gradient in, zero update out) for the first epoch.
+# Optimizer (docs/method.md §6): clip per tensor → the registry optimizer's direction (lr 1,
+# no decay), the last layer in its own partition → × lr_t → decoupled decay lr_t·wd_t·p on
+# ≥ 2-D tensors → the last layer's update zeroed while it is frozen. lr and wd follow the global
+# step; the last layer's optimizer state does not advance while frozen (torch: its grad is None,
+# so AdamW skips it: no moments, no step count, no decay), so its bias correction starts at
+# t = 1 when it unfreezes.
 
 
 def clip_per_tensor(max_norm: float) -> optax.GradientTransformation:
@@ -213,23 +213,32 @@ class FreezeState(NamedTuple):
     inner: Any
 
 
-def freeze_until(
-    inner: optax.GradientTransformation, frozen: Callable[[Any], Any], steps: int
-) -> optax.GradientTransformation:
-    """While count < steps, the leaves where `frozen(params)` is True get a zero gradient into
-    `inner` and a zero update out of it (torch: grad = None, so Adam moments stay zero too)."""
+def frozen_until(inner: optax.GradientTransformation, steps: int) -> optax.GradientTransformation:
+    """While count < steps: a zero update and `inner`'s state kept as it was (not advanced)."""
 
     def init(params):
         return FreezeState(jnp.zeros((), jnp.int32), inner.init(params))
 
     def update(updates, state, params=None):
         on = state.count < steps
-        mask = frozen(updates)
-        zero = lambda u, m: jnp.where(on, jnp.zeros_like(u), u) if m else u
-        out, inner_state = inner.update(jax.tree.map(zero, updates, mask), state.inner, params)
-        return jax.tree.map(zero, out, mask), FreezeState(optax.safe_increment(state.count), inner_state)
+        out, new_inner = inner.update(updates, state.inner, params)
+        out = jax.tree.map(lambda u: jnp.where(on, jnp.zeros_like(u), u), out)
+        kept = jax.tree.map(lambda new, old: jnp.where(on, old, new), new_inner, state.inner)
+        return out, FreezeState(optax.safe_increment(state.count), kept)
 
     return optax.GradientTransformation(init, update)
+
+
+def zero_while_frozen(frozen: Callable[[Any], Any], steps: int) -> optax.GradientTransformation:
+    """The leaves where `frozen(updates)` get a zero update while count < steps (decay included)."""
+
+    def update(updates, state, params=None):
+        del params
+        on = state.count < steps
+        out = jax.tree.map(lambda u, m: jnp.where(on, jnp.zeros_like(u), u) if m else u, updates, frozen(updates))
+        return out, CountState(optax.safe_increment(state.count))
+
+    return optax.GradientTransformation(lambda params: CountState(jnp.zeros((), jnp.int32)), update)
 
 
 def is_last_layer(tree: Any) -> Any:
@@ -239,16 +248,27 @@ def is_last_layer(tree: Any) -> Any:
     )
 
 
+def dino_decay_mask(params: Any) -> Any:
+    """DINO's regularized group: every tensor but biases and 1-D ones (pos_embedding and cls are decayed)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, p: p.ndim >= 2 and not sharding.path_str(path).endswith("bias"), params
+    )
+
+
 def build_dino_optimizer(config: ml_collections.ConfigDict, sched: Schedules) -> optax.GradientTransformation:
     """The registry's optimizer (`config.optimizer.name`: adamw, soap, ...) inside DINO's pieces."""
     opt = ml_collections.ConfigDict(config.optimizer.to_dict())
     opt.weight_decay = 0.0  # decay is scheduled below, the same for every optimizer
-    base = OPTIMIZERS[opt.name](opt, sched.lr)
-    parts = []
-    if config.dino.clip_grad:
-        parts.append(clip_per_tensor(config.dino.clip_grad))
-    inner = optax.chain(base, scheduled_weight_decay(sched.lr, sched.wd, decay_mask))
-    parts.append(freeze_until(inner, is_last_layer, sched.freeze_last_layer_steps))
+    direction = lambda: OPTIMIZERS[opt.name](opt, 1.0)  # noqa: E731 (−step direction, bias-corrected)
+    labels = lambda params: jax.tree.map(lambda last: "last_layer" if last else "rest", is_last_layer(params))  # noqa: E731
+    steps = sched.freeze_last_layer_steps
+    parts = [clip_per_tensor(config.dino.clip_grad)] if config.dino.clip_grad else []
+    parts += [
+        optax.multi_transform({"last_layer": frozen_until(direction(), steps), "rest": direction()}, labels),
+        optax.scale_by_schedule(sched.lr),
+        scheduled_weight_decay(sched.lr, sched.wd, dino_decay_mask),
+        zero_while_frozen(is_last_layer, steps),
+    ]
     return optax.chain(*parts)
 
 
@@ -257,9 +277,8 @@ def build_dino_optimizer(config: ml_collections.ConfigDict, sched: Schedules) ->
 
 
 def build_model(config: ml_collections.ConfigDict) -> dino_head.DINO:
-    """ViT backbone (its learned position table sized for the global crop) + DINO head."""
-    kwargs = vit.model_kwargs(config.model, num_classes=0)  # a backbone: no classifier
-    kwargs["image_size"] = inputs.image_size(config)
+    """The registry's backbone (its learned position table sized for the global crop) + DINO head."""
+    backbone = models.build(config.model, 0, image_size=inputs.image_size(config))  # no classifier
     d = config.dino
     head = dino_head.DINOHead(
         out_dim=d.out_dim,
@@ -267,9 +286,9 @@ def build_model(config: ml_collections.ConfigDict) -> dino_head.DINO:
         bottleneck_dim=d.bottleneck_dim,
         num_layers=d.get("num_layers", 3),
         norm_last_layer=d.norm_last_layer,
-        dtype=kwargs["dtype"],
+        dtype=backbone.dtype,
     )
-    return dino_head.DINO(backbone=vit.ViT(**kwargs), head=head)
+    return dino_head.DINO(backbone=backbone, head=head)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -284,7 +303,14 @@ def _finite(value: Any) -> bool:
 def check_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
     """Every bad field fails here in one line, before anything compiles."""
     validate.validate_config(config, num_devices)
-    patch = vit.model_kwargs(config.model, 0)["patch_size"]
+    accum = config.get("grad_accum_steps") or 1
+    _require(accum == 1, f"config.grad_accum_steps={accum!r}: the dino trainer does not accumulate gradients "
+             "(the centre and the teacher see the whole batch); allowed: 1 or None")
+    _require(not config.get("grad_clip_norm"), f"config.grad_clip_norm={config.get('grad_clip_norm')!r}: the dino "
+             "trainer clips per tensor (config.dino.clip_grad); allowed: None")
+    _require(not config.get("label_smoothing"), f"config.label_smoothing={config.get('label_smoothing')!r} has no "
+             "meaning for the dino trainer; allowed: 0 or None")
+    patch = models.family(config.model).resolve_sizes(config.model)["patch_size"]
     multicrop.validate_multicrop_config(config.input.multicrop, patch)
     d = config.dino
     for field in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
@@ -306,13 +332,10 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
         _require(_finite(v) and v >= 0, f"config.optimizer.{field}={v!r} must be a finite number >= 0")
     ref = config.optimizer.get("lr_reference_batch")
     _require(ref is None or (_finite(ref) and ref > 0), f"config.optimizer.lr_reference_batch={ref!r} must be > 0 or None")
-    ev = config.eval
-    unknown = [e for e in ev.evaluators if e not in EVALUATORS]
-    _require(not unknown, f"config.eval.evaluators={tuple(ev.evaluators)!r} has unknown {unknown}; allowed: {list(EVALUATORS)}")
-    knn.validate_knn(ev.knn_k, ev.knn_temperature)
-    linear_probe.validate_linear_probe(ev.linear_l2, ev.linear_steps)
-    splits = [config.dataset.train_split, config.dataset.eval_split, ev.get("train_split") or config.dataset.train_split]
-    sources.check_available(config.dataset.name, splits, config.dataset.get("data_dir"))
+    _require(config.get("evals") is not None, "config.evals must list the dino trainer's evaluators (knn, linear_probe); {} for none")
+    evaluators.check_config(config, EVALUATOR_TYPES)
+    splits = [config.dataset.train_split, config.dataset.eval_split, *evaluators.splits(config)]
+    sources.check_available(config.dataset.name, list(dict.fromkeys(splits)), config.dataset.get("data_dir"))
 
 
 # ----------------------------------------------------------------------------------------
@@ -345,6 +368,11 @@ def student_loss(
     return dino_loss(out.reshape(-1, b, out.shape[-1]), teacher_out, center, student_temp, teacher_temp)
 
 
+def guarded_parts(grads: Any, params: Any, opt_state: Any, teacher: Any) -> dict[str, Any]:
+    """The trees an update must leave finite, in the order the non-finite guard numbers them."""
+    return {"gradient": grads, "parameter": params, "optimizer state": opt_state, "teacher": teacher}
+
+
 def make_train_step(
     model: dino_head.DINO, tx: optax.GradientTransformation, sched: Schedules, dino_config: Any
 ) -> Callable[[dict[str, Any], dict[str, jax.Array]], tuple[dict[str, Any], dict[str, jax.Array]]]:
@@ -369,14 +397,14 @@ def make_train_step(
         new_teacher = ema(state["teacher"], new_params, values["momentum"])
         new_center = update_center(state["center"], teacher_out, center_momentum)  # after the loss
 
-        # A non-finite loss or gradient leaves the state untouched; the host stops the run.
-        ok, nonfinite = train.track_nonfinite(loss, grads, state["nonfinite"], step)
+        # A non-finite loss, gradient, parameter or optimizer state leaves the state untouched.
+        ok, nonfinite = common.track_nonfinite(loss, guarded_parts(grads, new_params, opt_state, new_teacher), state["nonfinite"], step)
         new_state = {
             "step": step + 1,
-            "params": train.keep_if(ok, new_params, params),
-            "teacher": train.keep_if(ok, new_teacher, state["teacher"]),
-            "center": train.keep_if(ok, new_center, state["center"]),
-            "opt_state": train.keep_if(ok, opt_state, state["opt_state"]),
+            "params": common.keep_if(ok, new_params, params),
+            "teacher": common.keep_if(ok, new_teacher, state["teacher"]),
+            "center": common.keep_if(ok, new_center, state["center"]),
+            "opt_state": common.keep_if(ok, opt_state, state["opt_state"]),
             "schedules": values,
             "rng": state["rng"],
             "nonfinite": nonfinite,
@@ -410,7 +438,7 @@ def init_state_fn(
             "opt_state": tx.init(params),
             "schedules": sched.values(0),
             "rng": train_rng,
-            "nonfinite": train.init_nonfinite(),
+            "nonfinite": common.init_nonfinite(),
         }
 
     return init_state
@@ -420,22 +448,39 @@ def init_state_fn(
 # Training and evaluation.
 
 
+def init_from_rename(available: Sequence[str]) -> Callable[[str], Optional[str]]:
+    """Target path -> source path: a DINO checkpoint has the same names; a classifier's
+    parameters fill the backbone (its head is not used); the DINO head stays fresh then."""
+    if any(name.startswith("backbone/") for name in available):
+        return lambda name: name
+    return lambda name: name[len("backbone/"):] if name.startswith("backbone/") else None
+
+
+def evaluation(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None) -> tuple[evaluators.Context, str]:
+    """(evaluator context of the teacher's backbone features, the state entry it evaluates: 'teacher')."""
+    model = model or build_model(config)
+    ctx = evaluators.Context(
+        config, mesh, sources.dataset_info(config.dataset.name).num_classes,
+        features=lambda params, images: model.apply({"params": params}, images, method=dino_head.DINO.embed),
+    )
+    return ctx, "teacher"
+
+
 def train_and_evaluate(
-    config: ml_collections.ConfigDict, workdir: str, devices: Sequence[jax.Device] | None = None
-) -> dict[str, float]:
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    devices: Sequence[jax.Device] | None = None,
+    allow_config_change: bool = False,
+) -> dict[str, Any]:
     """Trains DINO per `config` in `workdir` (resuming from it); returns the final metrics.
 
-    `devices` (default: all) is the set the mesh is laid over.
+    `devices` (default: all) is the set the mesh is laid over. Raises `common.Preempted` after
+    saving when stopped by SIGTERM or a preemption notice.
     """
     check_config(config, len(devices) if devices is not None else None)
-    mesh = sharding.make_mesh(config.mesh, devices)
-    distributed.log_topology(mesh)
-    is_chief = jax.process_index() == 0
-    if not is_chief:  # only process 0 logs beyond warnings and writes metrics
-        logging.set_verbosity(logging.WARNING)
+    mesh, _ = common.setup(config, devices)
     info = sources.dataset_info(config.dataset.name)
-    num_train = inputs.num_train_examples(config)
-    sched = schedules_from_config(config, num_train)
+    sched = schedules_from_config(config, inputs.num_train_examples(config))
     total_steps = sched.total_steps
     global_size = inputs.image_size(config)
 
@@ -446,142 +491,53 @@ def train_and_evaluate(
     init_state = init_state_fn(model, tx, sched, dummy, config.dino.out_dim)
     rng = jax.random.PRNGKey(config.seed)
     abstract_state = jax.eval_shape(init_state, rng)
-    state_shardings = sharding.tree_shardings(abstract_state, mesh, config.sharding_rules)
-    repl = sharding.replicated(mesh)
-    batch_sharding = sharding.batch_sharding(mesh)
-    leaf_names = [sharding.path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(abstract_state["params"])[0]]
-    num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_state["params"]))
-    logging.info("DINO: %s student parameters, %d steps (%d per epoch).", f"{num_params:,}", total_steps, sched.steps_per_epoch)
+    shardings = common.state_shardings(abstract_state, mesh, config)
+    logging.info("DINO: %s student parameters, %d steps (%d per epoch).",
+                 f"{common.num_parameters(abstract_state['params']):,}", total_steps, sched.steps_per_epoch)
 
-    # ---- Checkpoint load: workdir > config.resume > scratch.
+    # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
     mngr = checkpoint.manager(workdir, keep=config.get("keep_checkpoints", 3))
-    target = checkpoint.abstract(abstract_state, state_shardings)
-    restored = checkpoint.restore_latest(mngr, target)
-    if restored is not None:
-        _, state, _ = restored
-    elif config.get("resume"):
-        _, state, _ = checkpoint.restore_from_path(config.resume, target)
-    else:
-        state = jax.jit(init_state, out_shardings=state_shardings)(rng)
+    finished = common.finished_run(config, workdir, mngr, total_steps, allow_config_change)
+    if finished is not None:
+        logging.info("%s already finished at step %d; its final metrics are unchanged.", workdir, total_steps)
+        mngr.close()
+        return finished
+
+    def load_init_from(state: dict[str, Any]) -> dict[str, Any]:
+        key = config.get("init_from_key") or "params"
+        rename = init_from_rename(checkpoint.param_shapes(config.init_from, key))
+        state["params"] = common.init_from(config.init_from, state["params"], shardings["params"], key, rename)
+        state["teacher"] = jax.tree.map(jnp.copy, state["params"])  # teacher = student at the start
+        state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
+        return state
+
+    state = common.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
+                                   load_init_from=load_init_from)
     first_step = int(jax.device_get(state["step"]))
-    if first_step:
-        logging.info("Resumed at step %d.", first_step)
 
-    # ---- The update step (state donated) and the feature step.
-    p_train_step = jax.jit(make_train_step(model, tx, sched, config.dino), donate_argnums=0, out_shardings=(state_shardings, repl))
-
-    def embed_step(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        feats = model.apply({"params": params}, batch["image"], method=dino_head.DINO.embed)
-        return {"features": feats.astype(jnp.float32), "label": batch["label"].argmax(-1), "mask": batch["mask"]}
-
-    p_embed_step = jax.jit(embed_step, out_shardings=repl)  # replicated: every host reads all rows
-
-    def to_global(batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding, x), batch)
-
-    def features(params: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
-        batches, n = inputs.eval_iterator(config, jax.process_index(), jax.process_count(), split)
-        feats, labels = [], []
-        for batch in batches:
-            out = jax.device_get(p_embed_step(params, to_global(batch)))
-            keep = out["mask"] > 0  # padding rows of the last batch
-            feats.append(out["features"][keep])
-            labels.append(out["label"][keep])
-        feats, labels = np.concatenate(feats), np.concatenate(labels)
-        if len(labels) != n:  # every example exactly once
-            raise AssertionError(f"feature extraction counted {len(labels)} of {n} examples of {split!r}")
-        return feats, labels
-
-    def evaluate(teacher: Any) -> dict[str, float]:
-        ev = config.eval
-        if not ev.evaluators:
-            return {}
-        train_x, train_y = features(teacher, ev.get("train_split") or config.dataset.train_split)
-        test_x, test_y = features(teacher, config.dataset.eval_split)
-        out = {}
-        if "knn" in ev.evaluators:
-            k = min(ev.knn_k, len(train_y))  # a bank smaller than k (a tiny split) votes with all of it
-            if k < ev.knn_k:
-                logging.warning("kNN: only %d train examples; using k=%d instead of %d.", len(train_y), k, ev.knn_k)
-            out["test_knn_accuracy"] = knn.knn_accuracy(train_x, train_y, test_x, test_y, info.num_classes, k, ev.knn_temperature)
-        if "linear" in ev.evaluators:
-            out["test_linear_accuracy"] = linear_probe.linear_probe_accuracy(
-                train_x, train_y, test_x, test_y, info.num_classes, ev.linear_l2, ev.linear_steps
-            )
-        return out
+    # ---- The update step (state donated) and the evaluators of the teacher.
+    p_train_step = jax.jit(make_train_step(model, tx, sched, config.dino), donate_argnums=0,
+                           out_shardings=(shardings, sharding.replicated(mesh)))
+    ctx, _ = evaluation(config, mesh, model)
+    evals = evaluators.build(config, ctx)
 
     # ---- Loop.
-    writer = metric_writers.create_default_writer(workdir, asynchronous=True) if is_chief else metric_writers.MultiWriter([])
-    if first_step == 0:
-        writer.write_hparams({k: str(v) for k, v in train.flatten_dict(config.to_dict()).items()})
-    # Every logged value, one JSON line per record (teacher entropy over training, evaluations);
-    # a resumed run keeps the records up to its checkpoint and rewrites the file.
-    history_path = epath.Path(workdir, "history.jsonl")
-    history = []
-    if is_chief and history_path.exists():
-        history = [line for line in history_path.read_text().splitlines() if json.loads(line)["step"] <= first_step]
-
-    def record(step: int, values: dict[str, float]) -> None:
-        if is_chief:
-            history.append(json.dumps({"step": step, **values}))
-            history_path.write_text("\n".join(history) + "\n")
-
-    progress = periodic_actions.ReportProgress(num_train_steps=total_steps, writer=writer, every_steps=config.log_every_steps)
-    stop_signal = train.SignalFlag()
+    a = abstract_state
+    guarded = common.inexact_names(guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]))
+    run = common.Run(config, workdir, mngr, total_steps, first_step, guarded)
+    batch_sharding = sharding.batch_sharding(mesh)
     data = multicrop.train_iterator(config, first_step, jax.process_index(), jax.process_count())
-    pending: list[dict[str, jax.Array]] = []
-    last_saved = max(mngr.all_steps(), default=None)
-    final_metrics: dict[str, float] = {}
-
-    def meta(step: int) -> dict[str, Any]:
-        return {"step": step, "data_position": step * config.input.batch_size, "config": config.to_json()}
-
-    def check_finite(step: int) -> None:
-        error = train.nonfinite_error(jax.device_get(state["nonfinite"]), leaf_names, step, last_saved)
-        if error is not None:
-            raise error
-
-    def run_eval(step: int, prefix: str = "") -> None:
-        eval_metrics = evaluate(state["teacher"])
-        writer.write_scalars(step, {f"{prefix}test/{k[5:]}": v for k, v in eval_metrics.items()})
-        final_metrics.update({f"{prefix}{k}": v for k, v in eval_metrics.items()})
-        record(step, {f"{prefix}{k}": v for k, v in eval_metrics.items()})
-        logging.info("Step %d: %s", step, ", ".join(f"{prefix}{k}={v:.4f}" for k, v in eval_metrics.items()))
-
-    step = first_step
-    try:
+    try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):
             if first_step == 0 and config.get("eval_at_start", True):
-                run_eval(0, prefix="init_")  # the same network at initialization
+                run.evaluate(0, evaluators.run_all(evals, ctx, state["teacher"]), prefix="init_")  # the same network at init
             for step in range(first_step + 1, total_steps + 1):
                 with jax.profiler.StepTraceAnnotation("train", step_num=step):
-                    state, metrics = p_train_step(state, to_global(next(data)))
-                pending.append(metrics)
-                progress(step)
-                last = step == total_steps
-                if step % config.log_every_steps == 0 or last:
-                    check_finite(step)
-                    train_metrics = {k: float(np.mean(v)) for k, v in jax.device_get(train.stack_metrics(pending)).items()}
-                    train_metrics["nonfinite_steps"] = float(pending[-1]["nonfinite_steps"])
-                    pending = []
-                    writer.write_scalars(step, {f"train/{k}": v for k, v in train_metrics.items()})
-                    final_metrics.update({f"train_{k}": v for k, v in train_metrics.items()})
-                    record(step, {f"train_{k}": v for k, v in train_metrics.items()})
-                if (config.get("eval_every_steps") and step % config.eval_every_steps == 0) or last:
-                    run_eval(step)
-                preempted = mngr.reached_preemption(step) or stop_signal.raised
-                if (config.get("checkpoint_every_steps") and step % config.checkpoint_every_steps == 0) or last or preempted:
-                    check_finite(step)
-                    checkpoint.save(mngr, step, state, meta(step))
-                    last_saved = step
-                if preempted:
-                    logging.warning("Stopping at step %d on a preemption/termination signal; checkpoint saved.", step)
-                    break
-    finally:  # whatever stops the loop, saves already started are completed
-        mngr.wait_until_finished()
-        mngr.close()
-    writer.flush()
-    final_metrics["step"] = step
-    if is_chief:
-        epath.Path(workdir, "final_metrics.json").write_text(json.dumps(final_metrics, indent=2))
-    return final_metrics
+                    state, metrics = p_train_step(state, common.global_batch(next(data), batch_sharding))
+                run.train_step_done(step, metrics, state)
+                run.evaluate(step, evaluators.run_all(evals, ctx, state["teacher"], step, total_steps))
+                run.save(step, state)
+                run.stop_if_preempted(step, state)
+    finally:
+        run.close()
+    return run.finish()

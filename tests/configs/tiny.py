@@ -1,11 +1,11 @@
 r"""The quickstart shrunk to seconds, for tests that run the CLI in subprocesses.
 
-    python -m skipless_jax.main --config=tests/configs/tiny.py:fsdp=2 --workdir=DIR \
-        --config.total_steps=6 --config.checkpoint_every_steps=2
+    python -m skipless_jax.main --config=tests/configs/tiny.py --workdir=DIR \
+        --config.mesh.fsdp=2 --config.total_steps=6 --config.checkpoint_every_steps=2
 
 Width 32, depth 2, 2 heads, batch 32, and `total_steps` (not epochs) so that the command line
-can set it. Args: `fsdp` (the mesh is [('data', -1), ('fsdp', fsdp)], since lists cannot be
-set on the command line) and the quickstart's (seed, depth, skip_sab, ...).
+can set it. Args: `fsdp` (the same as `--config.mesh.fsdp=N`: the mesh is {data: -1, fsdp: N};
+kept for the commands that use it) and the quickstart's (seed, depth, skip_sab, ...).
 """
 
 import importlib.util
@@ -27,7 +27,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.width, c.model.mlp_dim, c.model.num_heads = 32, 64, 2
     if "depth=" not in rest:
         c.model.depth = 2
-    c.mesh = [("data", -1), ("fsdp", fsdp[-1] if fsdp else 1)]
+    c.mesh.fsdp = fsdp[-1] if fsdp else 1
     c.total_epochs = None
     c.total_steps = 12
     c.schedule.warmup_epochs = None

@@ -1,0 +1,111 @@
+"""The evaluator protocol: built from `config.evals.<name>`, run on the trainer's state,
+yielding `(metric, value)` pairs.
+
+    config.evals.val = dict(type='classification', split='test', every_steps=500, prefix='test')
+    config.evals.knn = dict(type='knn', split='test', train_split='train', k=20, temperature=0.07)
+
+Fields every entry has: `type` (a key of `evaluators.EVALUATORS`), `split` (default
+`config.dataset.eval_split`), `every_steps` (default `config.eval_every_steps`; 0: only the
+last step), `prefix` (default the entry's name; metrics are recorded as `prefix/metric` in
+TensorBoard and `prefix_metric` in the final metrics). The rest are the type's own.
+
+The trainer supplies a `Context`: how to turn the parameters it evaluates into logits or
+features for a batch of images. Evaluation reads its split through the eval pipeline, whose
+last batch is padded and masked, so every example counts exactly once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any, Optional, Protocol
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from skipless_jax import sharding
+from skipless_jax.data import inputs
+
+
+class Evaluator(Protocol):
+    name: str
+    prefix: str
+    every_steps: Optional[int]
+
+    def run(self, params: Any) -> Iterator[tuple[str, float]]: ...
+
+
+@dataclasses.dataclass
+class Context:
+    """What evaluators may ask of the trainer.
+
+    logits(params, images) -> (B, K) and features(params, images) -> (B, d) are pure functions
+    (jitted here); either may be None when the trainer has no such output.
+    """
+
+    config: ml_collections.ConfigDict
+    mesh: jax.sharding.Mesh
+    num_classes: int
+    logits: Optional[Callable[[Any, jax.Array], jax.Array]] = None
+    features: Optional[Callable[[Any, jax.Array], jax.Array]] = None
+    _cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
+    _jitted: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def batches(self, split: str, batch_size: Optional[int] = None) -> tuple[Iterator[dict[str, jax.Array]], int]:
+        """(global masked eval batches of `split`, number of real examples)."""
+        local, n = inputs.eval_iterator(self.config, jax.process_index(), jax.process_count(), split, batch_size)
+        batch_sharding = sharding.batch_sharding(self.mesh)
+        to_global = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding, x), b)  # noqa: E731
+        return (to_global(b) for b in local), n
+
+    def extract(self, params: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """(features (n, d) float32, int labels (n,)) of every example of `split`, cached for
+        one evaluation round (kNN and the linear probe share them)."""
+        key = (id(params), split)
+        if key in self._cache:
+            return self._cache[key]
+        if self.features is None:
+            raise ValueError("this trainer's model has no features to evaluate")
+        if "features" not in self._jitted:
+            fn = lambda p, b: {  # noqa: E731
+                "features": self.features(p, b["image"]).astype(jnp.float32), "label": b["label"].argmax(-1), "mask": b["mask"],
+            }
+            self._jitted["features"] = jax.jit(fn, out_shardings=sharding.replicated(self.mesh))  # every host reads all rows
+        batches, n = self.batches(split)
+        feats, labels = [], []
+        for batch in batches:
+            out = jax.device_get(self._jitted["features"](params, batch))
+            keep = out["mask"] > 0  # padding rows of the last batch
+            feats.append(out["features"][keep])
+            labels.append(out["label"][keep])
+        result = np.concatenate(feats), np.concatenate(labels)
+        if len(result[1]) != n:  # every example exactly once
+            raise AssertionError(f"feature extraction counted {len(result[1])} of {n} examples of {split!r}")
+        self._cache[key] = result
+        return result
+
+    def new_round(self) -> None:
+        self._cache.clear()
+
+
+def field(entry: ml_collections.ConfigDict, name: str, default: Any) -> Any:
+    value = entry.get(name)
+    return default if value is None else value
+
+
+def due(evaluator: Evaluator, step: int, total_steps: int) -> bool:
+    """On multiples of the evaluator's period and at the last step."""
+    return step == total_steps or bool(evaluator.every_steps and step % evaluator.every_steps == 0)
+
+
+def run_all(evaluators: list[Evaluator], ctx: Context, params: Any, step: Optional[int] = None,
+            total_steps: Optional[int] = None) -> Iterator[tuple[str, str, float]]:
+    """(prefix, metric, value) of every evaluator due at `step` (None: all of them)."""
+    ctx.new_round()
+    for ev in evaluators:
+        if step is None or due(ev, step, total_steps):
+            for metric, value in ev.run(params):
+                yield ev.prefix, metric, float(value)
+    ctx.new_round()

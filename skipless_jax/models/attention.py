@@ -1,0 +1,75 @@
+"""Multi-head self-attention with (d, d) kernels (docs/method.md §1, §3).
+
+SA(X) = softmax(Q Kᵀ/√d_h) V Wᴼ, Q = X Wᵠ, K = X Wᴷ, V = X Wⱽ (heads = column groups). The
+four kernels are (d, d) params `query`, `key`, `value`, `out`, so that the skipless
+initialization (models/init.py) can set the full WⱽWᴼ product of the layer at once. The
+module also returns the keys (TokenCut's features, docs/method.md §7) and, with
+`capture_attention`, the attention maps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from skipless_jax.models import init as init_lib
+
+ATTENTION_KERNELS = ("query", "key", "value", "out")
+
+
+class MultiHeadAttention(nn.Module):
+    """(B, n, d) -> ((B, n, d), {'keys': (B, n, d) with bias, heads concatenated[, 'attention': (B, h, n, n)]})."""
+
+    num_heads: int
+    init_scheme: str = "default"
+    init_alpha: float = 1.0
+    init_beta: float = 1.0
+    init_c: float = 1.0
+    dtype: Any = jnp.float32
+    capture_attention: bool = False
+
+    def _kernels(self, d: int) -> dict[str, jax.Array]:
+        if self.init_scheme == "default":
+            xavier = nn.initializers.xavier_uniform()
+            return {n: self.param(n, xavier, (d, d), jnp.float32) for n in ATTENTION_KERNELS}
+        # The skipless and mimetic inits draw the four kernels jointly from one key.
+        joint = None
+        if self.is_initializing():
+            joint = init_lib.attention_kernels(
+                self.make_rng("params"), self.init_scheme, d, self.num_heads,
+                self.init_alpha, self.init_beta, self.init_c,
+            )
+        # Flax evaluates an initializer's shape on apply too; outside init it is a placeholder.
+        return {
+            n: self.param(
+                n,
+                lambda _, n=n: jnp.zeros((d, d), jnp.float32) if joint is None else jnp.asarray(joint[n], jnp.float32),
+            )
+            for n in ATTENTION_KERNELS
+        }
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        b, n, d = x.shape
+        h = self.num_heads
+        kernels = self._kernels(d)
+        biases = {
+            name: self.param(f"{name}_bias", nn.initializers.zeros, (d,), jnp.float32)
+            for name in ATTENTION_KERNELS
+        }
+
+        def project(inputs: jax.Array, name: str) -> jax.Array:
+            k = kernels[name].astype(self.dtype)
+            return inputs.astype(self.dtype) @ k + biases[name].astype(self.dtype)
+
+        keys = project(x, "key")
+        q, k, v = (t.reshape(b, n, h, d // h) for t in (project(x, "query"), keys, project(x, "value")))
+        heads = jax.nn.dot_product_attention(q, k, v)  # scale 1/√d_h, as in the standard block
+        details = {"keys": keys}
+        if self.capture_attention:
+            logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(d // h, q.dtype))
+            details["attention"] = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        return project(heads.reshape(b, n, d), "out"), details

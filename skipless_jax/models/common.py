@@ -1,0 +1,102 @@
+"""Parts every model family shares: patchify, position-embedding utilities, DropPath, MLP.
+
+Math lives in small functions (patchify, posemb_sincos_2d, resize_posemb); the modules only
+wire them. Dense kernels are (in, out): y = x W (docs/method.md §3).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from skipless_jax.models import init as init_lib
+
+
+def patchify(images: jax.Array, patch_size: int) -> jax.Array:
+    """(B, H, W, C) -> (B, n, p·p·C) raw patch matrix, row-major over the patch grid.
+
+    The feature order (row, col, channel) matches a (p, p, C, d) conv kernel flattened, so
+    `patchify(x, p) @ w.reshape(-1, d)` equals the stride-p convolution with kernel w.
+    """
+    b, h, w, c = images.shape
+    p = patch_size
+    x = images.reshape(b, h // p, p, w // p, p, c)
+    x = x.transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, (h // p) * (w // p), p * p * c)
+
+
+def unpatchify(patches: jax.Array, grid_hw: tuple[int, int], patch_size: int, channels: int) -> jax.Array:
+    """Inverse of `patchify`: (B, n, p·p·C) -> (B, H, W, C) for a (grid_h, grid_w) patch grid."""
+    b = patches.shape[0]
+    gh, gw = grid_hw
+    p = patch_size
+    x = patches.reshape(b, gh, gw, p, p, channels).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, gh * p, gw * p, channels)
+
+
+def posemb_sincos_2d(grid_h: int, grid_w: int, width: int, temperature: float = 10_000.0) -> jax.Array:
+    """Fixed 2-D sine-cosine position embedding, (1, grid_h·grid_w, width)."""
+    if width % 4:
+        raise ValueError(f"config.model.width={width} must be divisible by 4 for sincos2d")
+    y, x = jnp.mgrid[:grid_h, :grid_w]
+    omega = 1.0 / temperature ** (jnp.arange(width // 4) / (width // 4 - 1 or 1))
+    y = y.reshape(-1)[:, None] * omega[None, :]
+    x = x.reshape(-1)[:, None] * omega[None, :]
+    pe = jnp.concatenate([jnp.sin(x), jnp.cos(x), jnp.sin(y), jnp.cos(y)], axis=1)
+    return pe[None].astype(jnp.float32)
+
+
+def resize_posemb(posemb: jax.Array, grid_h: int, grid_w: int, antialias: bool = True) -> jax.Array:
+    """Bicubic resize of a square (1, g·g, d) grid embedding to (1, grid_h·grid_w, d).
+
+    `antialias=False` is DINO's `interpolate_pos_encoding` (torch bicubic without antialiasing,
+    docs/method.md §6); with it, downsampling low-pass filters first (jax.image's default).
+    """
+    n, d = posemb.shape[1:]
+    g = int(round(n**0.5))
+    if (g, g) == (grid_h, grid_w):
+        return posemb
+    grid = posemb.reshape(1, g, g, d)
+    grid = jax.image.resize(grid, (1, grid_h, grid_w, d), method="bicubic", antialias=antialias)
+    return grid.reshape(1, grid_h * grid_w, d)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drops the residual branch per example with probability `rate`."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        if not train or self.rate == 0.0:
+            return x
+        keep = 1.0 - self.rate
+        mask = jax.random.bernoulli(self.make_rng("dropout"), keep, (x.shape[0],) + (1,) * (x.ndim - 1))
+        return jnp.where(mask, x / keep, 0.0).astype(x.dtype)
+
+
+class MlpBlock(nn.Module):
+    """Dense(d→mlp_dim) – GELU – Dense(mlp_dim→d); `gelu_approximate`: tanh form or exact erf."""
+
+    mlp_dim: int
+    init_scheme: str = "default"
+    dropout: float = 0.0
+    gelu_approximate: bool = True
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        if self.init_scheme == "skipless":  # scaled uniform orthogonal, zero biases (docs/method.md §3)
+            kernel_init, bias_init = init_lib.scaled_uniform_orthogonal, nn.initializers.zeros
+        else:
+            kernel_init = nn.initializers.xavier_uniform()
+            bias_init = nn.initializers.normal(stddev=1e-6)
+        d = x.shape[-1]
+        dense = dict(kernel_init=kernel_init, bias_init=bias_init, dtype=self.dtype)
+        x = nn.Dense(self.mlp_dim, **dense)(x)
+        x = nn.gelu(x, approximate=self.gelu_approximate)
+        x = nn.Dropout(self.dropout)(x, deterministic=not train)
+        return nn.Dense(d, **dense)(x)

@@ -1,0 +1,225 @@
+"""Supervised training, top to bottom: mesh → data → model/optimizer (abstract first) →
+shardings → update step → checkpoint load → evaluators → loop.
+
+    python -m skipless_jax.main --config=configs/quickstart.py --workdir=/tmp/quickstart
+
+`config.init_from` loads the parameters of another run (a supervised run, a DINO teacher with
+`config.init_from_key='teacher'`) whose names match after `init_from_rename`; the classifier
+head keeps its initialization when the source has none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from absl import logging
+
+from skipless_jax import checkpoint, evaluators, models, sharding, validate
+from skipless_jax.data import inputs, sources
+from skipless_jax.evaluators.classification import cross_entropy
+from skipless_jax.optim import build_optimizer
+from skipless_jax.trainers import common
+
+EVALUATOR_TYPES = ("classification", "knn", "linear_probe")
+
+
+def check_config(config: ml_collections.ConfigDict, num_devices: Optional[int] = None) -> None:
+    """Everything that can be wrong with a config or its data fails here, before compiling."""
+    validate.validate_config(config, num_devices)
+    evaluators.check_config(config, EVALUATOR_TYPES)
+    splits = [config.dataset.train_split, config.dataset.eval_split, *evaluators.splits(config)]
+    sources.check_available(config.dataset.name, list(dict.fromkeys(splits)), config.dataset.get("data_dir"))
+
+
+def init_from_rename(key: str) -> Any:
+    """Target parameter path -> path in the source checkpoint's `state[key]`.
+
+    'params' (a classifier run): the same names. 'teacher' (a DINO run): the backbone's
+    parameters under 'backbone/'; the classifier head is new.
+    """
+    if key == "teacher":
+        return lambda name: None if name.startswith("head/") else f"backbone/{name}"
+    return lambda name: name
+
+
+def make_train_step(model: Any, tx: optax.GradientTransformation, schedule: optax.Schedule, config: ml_collections.ConfigDict):
+    """(state, {'image', 'label'}) -> (state, metrics); gradient accumulation over
+    `config.grad_accum_steps` equal micro-batches; a non-finite update is rejected."""
+    smoothing = config.get("label_smoothing", 0.0)
+    microbatches = config.get("grad_accum_steps") or 1
+
+    def loss_fn(params, images, labels, rng):
+        logits, _ = model.apply({"params": params}, images, train=True, rngs={"dropout": rng})
+        loss = cross_entropy(logits, labels, smoothing).mean()
+        return loss, (logits.argmax(-1) == labels.argmax(-1)).mean()
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+        step, params = state["step"], state["params"]
+        dropout_rng = jax.random.fold_in(state["rng"], step)
+        if microbatches == 1:
+            (loss, accuracy), grads = grad_fn(params, batch["image"], batch["label"], dropout_rng)
+        else:  # gradient accumulation: the mean over equal micro-batches of the global batch
+            split = lambda x: x.reshape(microbatches, -1, *x.shape[1:])  # noqa: E731
+
+            def accumulate(carry, micro):
+                index, images, labels = micro
+                (l, a), g = grad_fn(params, images, labels, jax.random.fold_in(dropout_rng, index))
+                return jax.tree.map(jnp.add, carry, (l, a, g)), None
+
+            zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+            micro = (jnp.arange(microbatches), split(batch["image"]), split(batch["label"]))
+            sums, _ = jax.lax.scan(accumulate, zeros, micro)
+            loss, accuracy, grads = jax.tree.map(lambda x: x / microbatches, sums)
+        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        new_params = optax.apply_updates(params, updates)
+
+        # A non-finite loss, gradient, new parameter or optimizer state leaves the state as it
+        # was; the host then stops the run (default) or counts the skipped step.
+        ok, nonfinite = common.track_nonfinite(
+            loss, {"gradient": grads, "parameter": new_params, "optimizer state": opt_state}, state["nonfinite"], step
+        )
+        new_state = {
+            "step": step + 1,
+            "params": common.keep_if(ok, new_params, params),
+            "opt_state": common.keep_if(ok, opt_state, state["opt_state"]),
+            "rng": state["rng"],
+            "nonfinite": nonfinite,
+        }
+        metrics = {
+            "loss": loss,
+            "accuracy": accuracy,
+            "grad_norm": optax.tree.norm(grads),
+            "param_norm": optax.tree.norm(params),
+            "lr": schedule(step),
+            "nonfinite_steps": nonfinite["count"],
+        }
+        return new_state, metrics
+
+    return train_step
+
+
+def evaluation(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None) -> tuple[evaluators.Context, str]:
+    """(evaluator context of the classifier, the state entry it evaluates: 'params')."""
+    info = sources.dataset_info(config.dataset.name)
+    model = model or models.build(config.model, info.num_classes)
+    ctx = evaluators.Context(
+        config, mesh, info.num_classes,
+        logits=lambda params, images: model.apply({"params": params}, images, train=False)[0],
+        features=lambda params, images: model.apply({"params": params}, images, train=False)[1]["pre_logits"],
+    )
+    return ctx, "params"
+
+
+def train_and_evaluate(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    devices: Optional[Sequence[jax.Device]] = None,
+    allow_config_change: bool = False,
+) -> dict[str, Any]:
+    """Trains `config` in `workdir` (resuming from it) and returns the final metrics.
+
+    `devices` (default: all) is the set the mesh is laid over, e.g. one device for a reference.
+    Raises `common.Preempted` after saving when stopped by SIGTERM or a preemption notice.
+    """
+    check_config(config, len(devices) if devices is not None else None)
+    mesh, _ = common.setup(config, devices)
+    info = sources.dataset_info(config.dataset.name)
+    image_size = inputs.image_size(config)
+    steps_per_epoch = inputs.num_train_examples(config) / config.input.batch_size
+    total_steps = common.steps_of(config, "total", steps_per_epoch)
+    config.schedule.warmup_steps = common.steps_of(config, "warmup", steps_per_epoch)
+
+    # ---- Model and optimizer, abstract first.
+    model = models.build(config.model, info.num_classes)
+    tx, schedule = build_optimizer(config, total_steps)
+    dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
+
+    def init_state(rng: jax.Array) -> dict[str, Any]:
+        init_rng, train_rng = jax.random.split(rng)
+        params = model.init({"params": init_rng}, dummy, train=False)["params"]
+        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+                "rng": train_rng, "nonfinite": common.init_nonfinite()}
+
+    rng = jax.random.PRNGKey(config.seed)
+    abstract_state = jax.eval_shape(init_state, rng)
+    shardings = common.state_shardings(abstract_state, mesh, config)
+    logging.info("Model: %s parameters, %d train steps (%.1f per epoch).",
+                 f"{common.num_parameters(abstract_state['params']):,}", total_steps, steps_per_epoch)
+
+    # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
+    mngr = checkpoint.manager(workdir, keep=config.get("keep_checkpoints", 3))
+    finished = common.finished_run(config, workdir, mngr, total_steps, allow_config_change)
+    if finished is not None:
+        logging.info("%s already finished at step %d; its final metrics are unchanged.", workdir, total_steps)
+        mngr.close()
+        return finished
+
+    def load_init_from(state: dict[str, Any]) -> dict[str, Any]:
+        key = config.get("init_from_key") or "params"
+        state["params"] = common.init_from(config.init_from, state["params"], shardings["params"], key, init_from_rename(key))
+        state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
+        return state
+
+    state = common.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
+                                   load_init_from=load_init_from)
+    first_step = int(jax.device_get(state["step"]))
+
+    # ---- The update step (state donated) and the evaluators.
+    p_train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
+                           out_shardings=(shardings, sharding.replicated(mesh)))
+    ctx, _ = evaluation(config, mesh, model)
+    evals = evaluators.build(config, ctx)
+    probe = _kappa_probe(config, model, ctx)
+
+    # ---- Loop.
+    guarded = common.inexact_names({"gradient": abstract_state["params"], "parameter": abstract_state["params"],
+                                    "optimizer state": abstract_state["opt_state"]})
+    run = common.Run(config, workdir, mngr, total_steps, first_step, guarded)
+    batch_sharding = sharding.batch_sharding(mesh)
+    data = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count())
+    try:  # whatever stops the loop, saves already started are completed
+        with jax.set_mesh(mesh):
+            if first_step == 0 and config.get("eval_at_start", False):
+                run.evaluate(0, evaluators.run_all(evals, ctx, state["params"]), prefix="init_")
+            for step in range(first_step + 1, total_steps + 1):
+                with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                    state, metrics = p_train_step(state, common.global_batch(next(data), batch_sharding))
+                run.train_step_done(step, metrics, state)
+                if probe is not None and common.every(step, config.analysis.every_steps, total_steps):
+                    run.writer.write_scalars(step, probe(state["params"]))
+                run.evaluate(step, evaluators.run_all(evals, ctx, state["params"], step, total_steps))
+                run.save(step, state)
+                run.stop_if_preempted(step, state)
+    finally:
+        run.close()
+    return run.finish()
+
+
+def _kappa_probe(config: ml_collections.ConfigDict, model: Any, ctx: evaluators.Context) -> Any:
+    """Live log-κ monitoring (config.analysis.every_steps): params -> {'log_kappa/<point>/layer_l': value}
+    on the first `probe_size` examples of the eval split, whatever the number of processes."""
+    if not (config.get("analysis") and config.analysis.get("every_steps")):
+        return None
+    from skipless_jax import conditioning
+
+    def kappa(params: Any, images: jax.Array) -> dict[str, jax.Array]:
+        _, out = model.apply({"params": params}, images, train=False)
+        return conditioning.embedding_log_kappa(out)
+
+    batches, _ = ctx.batches(config.dataset.eval_split, batch_size=config.analysis.get("probe_size", 32))
+    images = next(batches)["image"]
+    fn = jax.jit(kappa)
+
+    def probe(params: Any) -> dict[str, float]:
+        kappas = jax.device_get(fn(params, images))
+        return {f"log_kappa/{name}/layer_{layer}": float(v)
+                for name, vals in kappas.items() if name in ("sab", "ffn") for layer, v in enumerate(vals)}
+
+    return probe
