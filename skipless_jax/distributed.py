@@ -3,14 +3,28 @@
 Sources, in order: explicit coordinator flags (or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
 JAX_PROCESS_ID), then the cluster environment that JAX detects itself (SLURM with more than one
 task, Cloud TPU VM pod slices). A single machine with no such environment runs one process.
+
+CPU runs (tests, laptops) exchange data between processes through gloo. XLA creates a gloo
+communicator lazily, the first time each device's thread reaches a collective of a new device
+group, and gloo's rendezvous then waits for every peer device with gloo's built-in 30 s context
+timeout (XLA never sets it; no JAX option, XLA flag or environment variable reaches it): a device
+whose thread is more than 30 s behind its peers at that moment, e.g. busy with queued work on a
+loaded machine, fails the run with "Gloo context initialization failed: DEADLINE_EXCEEDED:
+GetKeyValue() timed out ... 30s". Processes that arrive late as a whole are not affected (an
+earlier rendezvous waits for them), and collectives on communicators that exist wait
+`--xla_cpu_collective_timeout_seconds` (30 min). So `warm_up_collectives(mesh)` (called by
+`log_topology`) creates the communicators of every device group of the mesh at start-up, when
+no device has work queued. A dead peer is still noticed by the heartbeat (`heartbeat_timeout`).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Optional
 
 import jax
+import numpy as np
 from absl import logging
 
 
@@ -73,7 +87,8 @@ def initialize(
 
 
 def log_topology(mesh: jax.sharding.Mesh) -> None:
-    """Every process logs who it is, its local devices and the mesh."""
+    """Every process logs who it is, its local devices and the mesh; then, in a multi-process
+    CPU run, `warm_up_collectives(mesh)` (every process calls this at the same point)."""
     logging.info(
         "Process %d/%d, local devices %s, global devices %d, mesh %s",
         jax.process_index(),
@@ -82,3 +97,31 @@ def log_topology(mesh: jax.sharding.Mesh) -> None:
         jax.device_count(),
         dict(mesh.shape),
     )
+    warm_up_collectives(mesh)
+
+
+def warm_up_collectives(mesh: jax.sharding.Mesh) -> None:
+    """Creates the gloo communicators of every device group of `mesh` now (see the module
+    docstring): one all-reduce over each non-empty set of mesh axes, so that later collectives
+    of any of these groups, whenever their devices reach them, find their communicator made.
+
+    Multi-process CPU runs only (elsewhere a no-op); every process calls it at the same point.
+    Cost: 2^(mesh axes) - 1 tiny programs, once.
+    """
+    if jax.process_count() == 1 or mesh.devices.flat[0].platform != "cpu":
+        return
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    names = [n for n in mesh.axis_names if mesh.shape[n] > 1]
+    every = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    ones = jax.make_array_from_callback((mesh.devices.size,), every, lambda index: np.ones(len(range(mesh.devices.size)[index[0]]), np.int32))
+    for k in range(1, len(names) + 1):
+        for axes in itertools.combinations(names, k):
+            summed = jax.shard_map(
+                lambda x, axes=axes: jax.lax.psum(x, axes), mesh=mesh, in_specs=P(tuple(mesh.axis_names)), out_specs=P(tuple(mesh.axis_names))
+            )(ones)
+            expected = int(np.prod([mesh.shape[a] for a in axes]))
+            got = {int(np.asarray(shard.data)[0]) for shard in summed.addressable_shards}
+            if got != {expected}:
+                raise RuntimeError(f"collective warm-up over mesh axes {axes} summed {got}, expected {expected}")
+    logging.info("Cross-process collectives ready on every device group of mesh %s.", dict(mesh.shape))

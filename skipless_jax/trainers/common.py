@@ -94,6 +94,13 @@ def state_shardings(abstract_state: Any, mesh: jax.sharding.Mesh, config: ml_col
     return sharding.tree_shardings(abstract_state, mesh, config.sharding_rules)
 
 
+def abstract_state(init_state: Callable[[jax.Array], Any], config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> tuple[jax.Array, Any, Any]:
+    """(rng of `config.seed`, the state's abstract shapes, its shardings): nothing is allocated yet."""
+    rng = jax.random.PRNGKey(config.seed)
+    abstract = jax.eval_shape(init_state, rng)
+    return rng, abstract, state_shardings(abstract, mesh, config)
+
+
 def leaf_names(tree: Any) -> list[str]:
     return [sharding.path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
@@ -321,6 +328,21 @@ def read_final_metrics(workdir: str) -> Optional[dict[str, Any]]:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def open_workdir(
+    config: ml_collections.ConfigDict, workdir: str, total_steps: int, allow_config_change: bool
+) -> tuple[Any, Optional[dict[str, Any]]]:
+    """(checkpoint manager of `workdir`, the final metrics if the run already finished there, else None).
+
+    The saved config is compared first (`check_saved_config`); a finished run's manager is closed.
+    """
+    mngr = checkpoint.manager(workdir, keep=config.get("keep_checkpoints", 3))
+    finished = finished_run(config, workdir, mngr, total_steps, allow_config_change)
+    if finished is not None:
+        logging.info("%s already finished at step %d; its final metrics are unchanged.", workdir, total_steps)
+        mngr.close()
+    return mngr, finished
+
+
 def finished_run(
     config: ml_collections.ConfigDict, workdir: str, mngr: Any, total_steps: int, allow_config_change: bool
 ) -> Optional[dict[str, Any]]:
@@ -405,11 +427,12 @@ class Run:
         mngr: Any,
         total_steps: int,
         first_step: int,
-        guarded: Sequence[str],
+        guarded: Mapping[str, Any],
     ):
+        """`guarded`: the abstract trees the step's non-finite guard checks, in its order."""
         self.config, self.workdir, self.mngr = config, workdir, mngr
         self.total_steps, self.step = total_steps, first_step
-        self.guarded = list(guarded)
+        self.guarded = inexact_names(guarded)
         self.is_chief = jax.process_index() == 0
         self.skip_nonfinite = bool(config.get("skip_nonfinite_steps", False))
         self.writer = (
@@ -476,6 +499,12 @@ class Run:
         meta = {"step": step, "data_position": step * self.config.input.batch_size, "config": self.config.to_json()}
         checkpoint.save(self.mngr, step, state, meta)
         self.last_saved = step
+
+    def end_of_step(self, step: int, state: Any, results: Iterable[tuple[str, str, float]]) -> None:
+        """After the step's own logging: the evaluators due (`results`), the checkpoint, the preemption rule."""
+        self.evaluate(step, results)
+        self.save(step, state)
+        self.stop_if_preempted(step, state)
 
     def stop_if_preempted(self, step: int, state: Any) -> None:
         """The preemption rule: on a signal, save this step and raise Preempted."""

@@ -489,18 +489,13 @@ def train_and_evaluate(
     tx = build_dino_optimizer(config, sched)
     dummy = jnp.zeros((1, global_size, global_size, info.image_shape[-1]), jnp.float32)
     init_state = init_state_fn(model, tx, sched, dummy, config.dino.out_dim)
-    rng = jax.random.PRNGKey(config.seed)
-    abstract_state = jax.eval_shape(init_state, rng)
-    shardings = common.state_shardings(abstract_state, mesh, config)
+    rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("DINO: %s student parameters, %d steps (%d per epoch).",
                  f"{common.num_parameters(abstract_state['params']):,}", total_steps, sched.steps_per_epoch)
 
     # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
-    mngr = checkpoint.manager(workdir, keep=config.get("keep_checkpoints", 3))
-    finished = common.finished_run(config, workdir, mngr, total_steps, allow_config_change)
+    mngr, finished = common.open_workdir(config, workdir, total_steps, allow_config_change)
     if finished is not None:
-        logging.info("%s already finished at step %d; its final metrics are unchanged.", workdir, total_steps)
-        mngr.close()
         return finished
 
     def load_init_from(state: dict[str, Any]) -> dict[str, Any]:
@@ -523,8 +518,8 @@ def train_and_evaluate(
 
     # ---- Loop.
     a = abstract_state
-    guarded = common.inexact_names(guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]))
-    run = common.Run(config, workdir, mngr, total_steps, first_step, guarded)
+    run = common.Run(config, workdir, mngr, total_steps, first_step,
+                     guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]))
     batch_sharding = sharding.batch_sharding(mesh)
     data = multicrop.train_iterator(config, first_step, jax.process_index(), jax.process_count())
     try:  # whatever stops the loop, saves already started are completed
@@ -535,9 +530,7 @@ def train_and_evaluate(
                 with jax.profiler.StepTraceAnnotation("train", step_num=step):
                     state, metrics = p_train_step(state, common.global_batch(next(data), batch_sharding))
                 run.train_step_done(step, metrics, state)
-                run.evaluate(step, evaluators.run_all(evals, ctx, state["teacher"], step, total_steps))
-                run.save(step, state)
-                run.stop_if_preempted(step, state)
+                run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["teacher"], step, total_steps))
     finally:
         run.close()
     return run.finish()

@@ -147,18 +147,13 @@ def train_and_evaluate(
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
                 "rng": train_rng, "nonfinite": common.init_nonfinite()}
 
-    rng = jax.random.PRNGKey(config.seed)
-    abstract_state = jax.eval_shape(init_state, rng)
-    shardings = common.state_shardings(abstract_state, mesh, config)
+    rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("Model: %s parameters, %d train steps (%.1f per epoch).",
                  f"{common.num_parameters(abstract_state['params']):,}", total_steps, steps_per_epoch)
 
     # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
-    mngr = checkpoint.manager(workdir, keep=config.get("keep_checkpoints", 3))
-    finished = common.finished_run(config, workdir, mngr, total_steps, allow_config_change)
+    mngr, finished = common.open_workdir(config, workdir, total_steps, allow_config_change)
     if finished is not None:
-        logging.info("%s already finished at step %d; its final metrics are unchanged.", workdir, total_steps)
-        mngr.close()
         return finished
 
     def load_init_from(state: dict[str, Any]) -> dict[str, Any]:
@@ -179,9 +174,9 @@ def train_and_evaluate(
     probe = _kappa_probe(config, model, ctx)
 
     # ---- Loop.
-    guarded = common.inexact_names({"gradient": abstract_state["params"], "parameter": abstract_state["params"],
-                                    "optimizer state": abstract_state["opt_state"]})
-    run = common.Run(config, workdir, mngr, total_steps, first_step, guarded)
+    a = abstract_state
+    run = common.Run(config, workdir, mngr, total_steps, first_step,
+                     {"gradient": a["params"], "parameter": a["params"], "optimizer state": a["opt_state"]})
     batch_sharding = sharding.batch_sharding(mesh)
     data = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count())
     try:  # whatever stops the loop, saves already started are completed
@@ -194,9 +189,7 @@ def train_and_evaluate(
                 run.train_step_done(step, metrics, state)
                 if probe is not None and common.every(step, config.analysis.every_steps, total_steps):
                     run.writer.write_scalars(step, probe(state["params"]))
-                run.evaluate(step, evaluators.run_all(evals, ctx, state["params"], step, total_steps))
-                run.save(step, state)
-                run.stop_if_preempted(step, state)
+                run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["params"], step, total_steps))
     finally:
         run.close()
     return run.finish()
