@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,7 @@ from skipless_jax.data import inputs
 class Evaluator(Protocol):
     name: str
     prefix: str
-    every_steps: Optional[int]
+    every_steps: int | None
 
     def run(self, params: Any) -> Iterator[tuple[str, float]]: ...
 
@@ -41,23 +41,26 @@ class Evaluator(Protocol):
 class Context:
     """What evaluators may ask of the trainer.
 
-    logits(params, images) -> (B, K) and features(params, images) -> (B, d) are pure functions
-    (jitted here); either may be None when the trainer has no such output.
+    logits(params, images) -> (B, K), features(params, images) -> (B, d) and
+    outputs(params, images) -> the backbone's `out` dict (patch tokens `encoded`, per-block
+    `keys` and ①..④; dense evaluators read it) are pure functions (jitted by the evaluators);
+    any may be None when the trainer has no such output.
     """
 
     config: ml_collections.ConfigDict
     mesh: jax.sharding.Mesh
     num_classes: int
-    logits: Optional[Callable[[Any, jax.Array], jax.Array]] = None
-    features: Optional[Callable[[Any, jax.Array], jax.Array]] = None
+    logits: Callable[[Any, jax.Array], jax.Array] | None = None
+    features: Callable[[Any, jax.Array], jax.Array] | None = None
+    outputs: Callable[[Any, jax.Array], dict[str, Any]] | None = None
     _cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
     _jitted: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def batches(self, split: str, batch_size: Optional[int] = None) -> tuple[Iterator[dict[str, jax.Array]], int]:
+    def batches(self, split: str, batch_size: int | None = None) -> tuple[Iterator[dict[str, jax.Array]], int]:
         """(global masked eval batches of `split`, number of real examples)."""
         local, n = inputs.eval_iterator(self.config, jax.process_index(), jax.process_count(), split, batch_size)
         batch_sharding = sharding.batch_sharding(self.mesh)
-        to_global = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding, x), b)  # noqa: E731
+        to_global = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding, x), b)
         return (to_global(b) for b in local), n
 
     def extract(self, params: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -69,10 +72,13 @@ class Context:
         if self.features is None:
             raise ValueError("this trainer's model has no features to evaluate")
         if "features" not in self._jitted:
-            fn = lambda p, b: {  # noqa: E731
-                "features": self.features(p, b["image"]).astype(jnp.float32), "label": b["label"].argmax(-1), "mask": b["mask"],
+            fn = lambda p, b: {
+                "features": self.features(p, b["image"]).astype(jnp.float32),
+                "label": b["label"].argmax(-1),
+                "mask": b["mask"],
             }
-            self._jitted["features"] = jax.jit(fn, out_shardings=sharding.replicated(self.mesh))  # every host reads all rows
+            # Replicated: every host reads all rows.
+            self._jitted["features"] = jax.jit(fn, out_shardings=sharding.replicated(self.mesh))
         batches, n = self.batches(split)
         feats, labels = [], []
         for batch in batches:
@@ -100,8 +106,8 @@ def due(evaluator: Evaluator, step: int, total_steps: int) -> bool:
     return step == total_steps or bool(evaluator.every_steps and step % evaluator.every_steps == 0)
 
 
-def run_all(evaluators: list[Evaluator], ctx: Context, params: Any, step: Optional[int] = None,
-            total_steps: Optional[int] = None) -> Iterator[tuple[str, str, float]]:
+def run_all(evaluators: list[Evaluator], ctx: Context, params: Any, step: int | None = None,
+            total_steps: int | None = None) -> Iterator[tuple[str, str, float]]:
     """(prefix, metric, value) of every evaluator due at `step` (None: all of them)."""
     ctx.new_round()
     for ev in evaluators:

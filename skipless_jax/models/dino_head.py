@@ -82,6 +82,10 @@ class DINO(nn.Module):
         _, out = self.backbone(images, train=False)
         return out["pre_logits"]
 
+    def backbone_outputs(self, images: jax.Array) -> dict:
+        """The backbone's intermediates dict (patch tokens, keys, ①..④) at eval, for dense evaluators."""
+        return self.backbone(images, train=False)[1]
+
     def __call__(self, views: Sequence[jax.Array], train: bool = False) -> tuple[jax.Array, jax.Array]:
         feats = jnp.concatenate([self.backbone(v, train=train)[1]["pre_logits"] for v in views], axis=0)
         return self.head(feats), feats

@@ -6,9 +6,9 @@ checkpoint load → kNN / linear evaluation of the teacher → loop.
 
 A flat loop on trainers/common.py (no other trainer is imported): it shares the model registry,
 the input pipeline, the sharding rules, the checkpoint manager, the optimizer registry and the
-evaluators, and adds the student/teacher pair. Everything DINO keeps across steps is in the one checkpointed state: student params,
-optimizer state, EMA teacher, centre, step (every schedule is a closed form of the step; the
-values of the last step are stored too, for inspection).
+evaluators, and adds the student/teacher pair. Everything DINO keeps across steps is in the one
+checkpointed state: student params, optimizer state, EMA teacher, centre, step (every schedule
+is a closed form of the step; the values of the last step are stored too, for inspection).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -93,7 +93,9 @@ class Schedules:
         )
 
     def values(self, step: Any) -> dict[str, jax.Array]:
-        return {"lr": self.lr(step), "wd": self.wd(step), "momentum": self.momentum(step), "teacher_temp": self.temp(step)}
+        return {
+            "lr": self.lr(step), "wd": self.wd(step), "momentum": self.momentum(step), "teacher_temp": self.temp(step)
+        }
 
 
 def steps_per_epoch(config: ml_collections.ConfigDict, num_train: int) -> int:
@@ -126,7 +128,11 @@ def schedules_from_config(config: ml_collections.ConfigDict, num_train: int) -> 
 
 
 def dino_loss(
-    student_out: jax.Array, teacher_out: jax.Array, center: jax.Array, student_temp: float, teacher_temp: jax.Array | float
+    student_out: jax.Array,
+    teacher_out: jax.Array,
+    center: jax.Array,
+    student_temp: float,
+    teacher_temp: jax.Array | float,
 ) -> jax.Array:
     """docs/method.md §6: mean over pairs (teacher global view t, student view v ≠ t) of
     mean_b −Σ_k softmax((t_tb − c)/τ_t)_k · log_softmax(s_vb/τ_s)_k.
@@ -259,8 +265,8 @@ def build_dino_optimizer(config: ml_collections.ConfigDict, sched: Schedules) ->
     """The registry's optimizer (`config.optimizer.name`: adamw, soap, ...) inside DINO's pieces."""
     opt = ml_collections.ConfigDict(config.optimizer.to_dict())
     opt.weight_decay = 0.0  # decay is scheduled below, the same for every optimizer
-    direction = lambda: OPTIMIZERS[opt.name](opt, 1.0)  # noqa: E731 (−step direction, bias-corrected)
-    labels = lambda params: jax.tree.map(lambda last: "last_layer" if last else "rest", is_last_layer(params))  # noqa: E731
+    direction = lambda: OPTIMIZERS[opt.name](opt, 1.0)
+    labels = lambda params: jax.tree.map(lambda last: "last_layer" if last else "rest", is_last_layer(params))
     steps = sched.freeze_last_layer_steps
     parts = [clip_per_tensor(config.dino.clip_grad)] if config.dino.clip_grad else []
     parts += [
@@ -321,7 +327,8 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
         _require(_finite(v) and 0 <= v <= 1, f"config.dino.{field}={v!r} must be in [0, 1]")
     for field in ("out_dim", "hidden_dim", "bottleneck_dim"):
         v = d.get(field)
-        _require(isinstance(v, int) and not isinstance(v, bool) and v > 0, f"config.dino.{field}={v!r} must be a positive integer")
+        _require(isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                 f"config.dino.{field}={v!r} must be a positive integer")
     for field in ("warmup_teacher_temp_epochs", "freeze_last_layer_epochs"):
         v = d.get(field)
         _require(_finite(v) and v >= 0, f"config.dino.{field}={v!r} must be a number >= 0")
@@ -331,8 +338,10 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
         v = config.optimizer.get(field, 0.0)
         _require(_finite(v) and v >= 0, f"config.optimizer.{field}={v!r} must be a finite number >= 0")
     ref = config.optimizer.get("lr_reference_batch")
-    _require(ref is None or (_finite(ref) and ref > 0), f"config.optimizer.lr_reference_batch={ref!r} must be > 0 or None")
-    _require(config.get("evals") is not None, "config.evals must list the dino trainer's evaluators (knn, linear_probe); {} for none")
+    _require(ref is None or (_finite(ref) and ref > 0),
+             f"config.optimizer.lr_reference_batch={ref!r} must be > 0 or None")
+    _require(config.get("evals") is not None,
+             "config.evals must list the dino trainer's evaluators (knn, linear_probe); {} for none")
     evaluators.check_config(config, EVALUATOR_TYPES)
     splits = [config.dataset.train_split, config.dataset.eval_split, *evaluators.splits(config)]
     sources.check_available(config.dataset.name, list(dict.fromkeys(splits)), config.dataset.get("data_dir"))
@@ -390,7 +399,9 @@ def make_train_step(
         teacher_out = teacher_outputs(model, state["teacher"], batch)
         rng = jax.random.fold_in(state["rng"], step)
         loss, grads = jax.value_and_grad(
-            lambda p: student_loss(model, p, batch, teacher_out, state["center"], student_temp, values["teacher_temp"], rng)
+            lambda p: student_loss(
+                model, p, batch, teacher_out, state["center"], student_temp, values["teacher_temp"], rng
+            )
         )(params)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         new_params = optax.apply_updates(params, updates)
@@ -398,7 +409,9 @@ def make_train_step(
         new_center = update_center(state["center"], teacher_out, center_momentum)  # after the loss
 
         # A non-finite loss, gradient, parameter or optimizer state leaves the state untouched.
-        ok, nonfinite = common.track_nonfinite(loss, guarded_parts(grads, new_params, opt_state, new_teacher), state["nonfinite"], step)
+        ok, nonfinite = common.track_nonfinite(
+            loss, guarded_parts(grads, new_params, opt_state, new_teacher), state["nonfinite"], step
+        )
         new_state = {
             "step": step + 1,
             "params": common.keep_if(ok, new_params, params),
@@ -448,7 +461,7 @@ def init_state_fn(
 # Training and evaluation.
 
 
-def init_from_rename(available: Sequence[str]) -> Callable[[str], Optional[str]]:
+def init_from_rename(available: Sequence[str]) -> Callable[[str], str | None]:
     """Target path -> source path: a DINO checkpoint has the same names; a classifier's
     parameters fill the backbone (its head is not used); the DINO head stays fresh then."""
     if any(name.startswith("backbone/") for name in available):
@@ -456,12 +469,15 @@ def init_from_rename(available: Sequence[str]) -> Callable[[str], Optional[str]]
     return lambda name: name[len("backbone/"):] if name.startswith("backbone/") else None
 
 
-def evaluation(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None) -> tuple[evaluators.Context, str]:
+def evaluation(
+    config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None
+) -> tuple[evaluators.Context, str]:
     """(evaluator context of the teacher's backbone features, the state entry it evaluates: 'teacher')."""
     model = model or build_model(config)
     ctx = evaluators.Context(
         config, mesh, sources.dataset_info(config.dataset.name).num_classes,
         features=lambda params, images: model.apply({"params": params}, images, method=dino_head.DINO.embed),
+        outputs=lambda params, images: model.apply({"params": params}, images, method=dino_head.DINO.backbone_outputs),
     )
     return ctx, "teacher"
 
@@ -525,7 +541,8 @@ def train_and_evaluate(
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):
             if first_step == 0 and config.get("eval_at_start", True):
-                run.evaluate(0, evaluators.run_all(evals, ctx, state["teacher"]), prefix="init_")  # the same network at init
+                # The same network at init.
+                run.evaluate(0, evaluators.run_all(evals, ctx, state["teacher"]), prefix="init_")
             for step in range(first_step + 1, total_steps + 1):
                 with jax.profiler.StepTraceAnnotation("train", step_num=step):
                     state, metrics = p_train_step(state, common.global_batch(next(data), batch_sharding))

@@ -11,7 +11,7 @@ head keeps its initialization when the source has none.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +19,7 @@ import ml_collections
 import optax
 from absl import logging
 
-from skipless_jax import checkpoint, evaluators, models, sharding, validate
+from skipless_jax import evaluators, models, sharding, validate
 from skipless_jax.data import inputs, sources
 from skipless_jax.evaluators.classification import cross_entropy
 from skipless_jax.optim import build_optimizer
@@ -28,7 +28,7 @@ from skipless_jax.trainers import common
 EVALUATOR_TYPES = ("classification", "knn", "linear_probe")
 
 
-def check_config(config: ml_collections.ConfigDict, num_devices: Optional[int] = None) -> None:
+def check_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
     """Everything that can be wrong with a config or its data fails here, before compiling."""
     validate.validate_config(config, num_devices)
     evaluators.check_config(config, EVALUATOR_TYPES)
@@ -47,7 +47,9 @@ def init_from_rename(key: str) -> Any:
     return lambda name: name
 
 
-def make_train_step(model: Any, tx: optax.GradientTransformation, schedule: optax.Schedule, config: ml_collections.ConfigDict):
+def make_train_step(
+    model: Any, tx: optax.GradientTransformation, schedule: optax.Schedule, config: ml_collections.ConfigDict
+):
     """(state, {'image', 'label'}) -> (state, metrics); gradient accumulation over
     `config.grad_accum_steps` equal micro-batches; a non-finite update is rejected."""
     smoothing = config.get("label_smoothing", 0.0)
@@ -66,12 +68,12 @@ def make_train_step(model: Any, tx: optax.GradientTransformation, schedule: opta
         if microbatches == 1:
             (loss, accuracy), grads = grad_fn(params, batch["image"], batch["label"], dropout_rng)
         else:  # gradient accumulation: the mean over equal micro-batches of the global batch
-            split = lambda x: x.reshape(microbatches, -1, *x.shape[1:])  # noqa: E731
+            split = lambda x: x.reshape(microbatches, -1, *x.shape[1:])
 
             def accumulate(carry, micro):
                 index, images, labels = micro
-                (l, a), g = grad_fn(params, images, labels, jax.random.fold_in(dropout_rng, index))
-                return jax.tree.map(jnp.add, carry, (l, a, g)), None
+                (micro_loss, micro_acc), g = grad_fn(params, images, labels, jax.random.fold_in(dropout_rng, index))
+                return jax.tree.map(jnp.add, carry, (micro_loss, micro_acc, g)), None
 
             zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
             micro = (jnp.arange(microbatches), split(batch["image"]), split(batch["label"]))
@@ -105,7 +107,9 @@ def make_train_step(model: Any, tx: optax.GradientTransformation, schedule: opta
     return train_step
 
 
-def evaluation(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None) -> tuple[evaluators.Context, str]:
+def evaluation(
+    config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None
+) -> tuple[evaluators.Context, str]:
     """(evaluator context of the classifier, the state entry it evaluates: 'params')."""
     info = sources.dataset_info(config.dataset.name)
     model = model or models.build(config.model, info.num_classes)
@@ -113,6 +117,7 @@ def evaluation(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model
         config, mesh, info.num_classes,
         logits=lambda params, images: model.apply({"params": params}, images, train=False)[0],
         features=lambda params, images: model.apply({"params": params}, images, train=False)[1]["pre_logits"],
+        outputs=lambda params, images: model.apply({"params": params}, images, train=False)[1],
     )
     return ctx, "params"
 
@@ -120,7 +125,7 @@ def evaluation(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model
 def train_and_evaluate(
     config: ml_collections.ConfigDict,
     workdir: str,
-    devices: Optional[Sequence[jax.Device]] = None,
+    devices: Sequence[jax.Device] | None = None,
     allow_config_change: bool = False,
 ) -> dict[str, Any]:
     """Trains `config` in `workdir` (resuming from it) and returns the final metrics.
@@ -158,7 +163,9 @@ def train_and_evaluate(
 
     def load_init_from(state: dict[str, Any]) -> dict[str, Any]:
         key = config.get("init_from_key") or "params"
-        state["params"] = common.init_from(config.init_from, state["params"], shardings["params"], key, init_from_rename(key))
+        state["params"] = common.init_from(
+            config.init_from, state["params"], shardings["params"], key, init_from_rename(key)
+        )
         state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
         return state
 
