@@ -1,12 +1,14 @@
 """skipless_jax: Vision Transformers with and without residual connections, in JAX/Flax."""
 
+import pathlib
+
 from setuptools import find_packages, setup
 
 setup(
     name="skipless_jax",
     version="0.1.0",
     description="Train and analyse skipless Vision Transformers (Always Skip Attention; Cutting the Skip).",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=pathlib.Path("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["skipless_jax", "skipless_jax.*"]),
     python_requires=">=3.11",

@@ -40,9 +40,9 @@ import numpy as np
 import optax
 
 from skipless_jax import checkpoint, sharding
-from skipless_jax.trainers import common
 from skipless_jax.models import vit
 from skipless_jax.optim import OPTIMIZERS, build_optimizer
+from skipless_jax.trainers import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_CLASSES = 1000
@@ -225,7 +225,10 @@ def main() -> None:
     cost = bench_async_cost(args.small_variant, args.small_image_size, args.small_batch, args.steps, args.saves, root)
 
     print(f"devices: {jax.device_count()} × {jax.devices()[0].device_kind}; checkpoints in {root}")
-    print(f"{'state':14} {'params':>11} {'state MB':>9} {'disk MB':>8} {'save blocks s':>13} {'save total s':>12} {'restore s':>9} {'save MB/s':>9} {'restore MB/s':>12}")
+    print(
+        f"{'state':14} {'params':>11} {'state MB':>9} {'disk MB':>8} {'save blocks s':>13} {'save total s':>12} "
+        f"{'restore s':>9} {'save MB/s':>9} {'restore MB/s':>12}"
+    )
     for r in rows:
         print(
             f"{r['model'] + ' ' + r['optimizer']:14} {r['num_params']:>11,} {r['state_mb']:>9.0f} {r['disk_mb']:>8.0f} "

@@ -39,7 +39,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from skipless_jax.data import augment  # noqa: E402
+from skipless_jax.data import augment
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 IMAGE_SIZE = 224

@@ -25,7 +25,8 @@ import json
 import os
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -168,7 +169,7 @@ def bench_train_step(variant: str, image_size: int, batch: int, repeats: int,
     # Interleaved: each round times one ordinary and one refresh step of each optimizer.
     for r in range(repeats + 1):
         for kind, count in (("ordinary", 1), ("refresh", frequency)):
-            for name, run in runs.items():
+            for run in runs.values():
                 run["opt_state"] = set_count(run["opt_state"], count)
                 t0 = time.perf_counter()
                 run["params"], run["opt_state"], loss = run["compiled"](
@@ -229,7 +230,7 @@ def main() -> None:
     print(f"{'variant':8} {'opt':6} {'params':>10} {'state':>10} {'state/params':>12} {'compile s':>9} "
           f"{'ordinary':>9} {'refresh':>9} {'amortized':>9} {'call 0':>9}")
     for r in rows:
-        ms = lambda k: f"{1e3 * r[k]:9.1f}" if k in r else f"{'-':>9}"
+        ms = lambda k, r=r: f"{1e3 * r[k]:9.1f}" if k in r else f"{'-':>9}"
         print(f"{r['variant']:8} {r['optimizer']:6} {fmt_bytes(r['param_bytes']):>10} "
               f"{fmt_bytes(r['state_bytes']):>10} {r['state_bytes'] / r['param_bytes']:12.2f} "
               f"{r['compile_s']:9.1f} {ms('ordinary_s')} {ms('refresh_s')} {ms('amortized_s')} {ms('first_call_s')}")

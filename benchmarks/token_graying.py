@@ -49,7 +49,12 @@ def photo_batch(image_size: int, batch: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     photos = [im.astype(np.float32) / 127.5 - 1.0 for im in load_sample_images().images]
     if image_size < 64:
-        photos = [im[: im.shape[0] // 4 * 4, : im.shape[1] // 4 * 4].reshape(im.shape[0] // 4, 4, im.shape[1] // 4, 4, 3).mean((1, 3)) for im in photos]
+        photos = [
+            im[: im.shape[0] // 4 * 4, : im.shape[1] // 4 * 4]
+            .reshape(im.shape[0] // 4, 4, im.shape[1] // 4, 4, 3)
+            .mean((1, 3))
+            for im in photos
+        ]
     out = []
     for i in range(batch):
         im = photos[i % len(photos)]
@@ -60,7 +65,9 @@ def photo_batch(image_size: int, batch: int, seed: int = 0) -> np.ndarray:
 
 
 def make_step(variant: str, tg: str | None, eps: float, dtype: str):
-    model = vit.ViT(num_classes=1000, **vit.decode_variant(variant), dtype=jnp.dtype(dtype), token_graying=tg, tg_eps=eps)
+    model = vit.ViT(
+        num_classes=1000, **vit.decode_variant(variant), dtype=jnp.dtype(dtype), token_graying=tg, tg_eps=eps
+    )
     tx = optax.adamw(1e-3, weight_decay=0.05)
 
     step = common.classifier_step(model, tx)
@@ -119,7 +126,8 @@ def bench_case(name: str, batch: int | None, eps: float, rounds: int, dtype: str
                 step_ratio_min=min(ratios), step_ratio_max=max(ratios), ratio_of_minima=min(step_times[tg]) / min(base),
                 tg_alone_ms=1e3 * statistics.median(tg_times[tg]) if tg else 0.0,
                 tg_alone_over_step=statistics.median(tg_alone),
-                target_ratio=TARGETS.get(tg), meets_target=(1 + statistics.median(tg_alone) <= TARGETS[tg]) if tg in TARGETS else None,
+                target_ratio=TARGETS.get(tg),
+                meets_target=(1 + statistics.median(tg_alone) <= TARGETS[tg]) if tg in TARGETS else None,
             )
         )
     return rows
@@ -131,7 +139,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None, help="override every case's batch")
     parser.add_argument("--eps", type=float, default=0.95)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="model dtype (TG is float32)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="model dtype (TG is float32)"
+    )
     parser.add_argument("--output", default="benchmarks/results/token_graying.json")
     args = parser.parse_args()
     token_graying.validate_token_graying("svd", args.eps)
@@ -144,10 +154,16 @@ def main() -> None:
 
     device = f"{jax.device_count()} × {jax.devices()[0].device_kind}"
     print(f"devices: {device}; model dtype {args.dtype}; ε = {args.eps}; {args.rounds} interleaved rounds")
-    print(f"{'case':9} {'batch':>5} {'TG':9} {'step ms':>9} {'step ratio':>10} {'[min, max]':>14} {'min/min':>8} {'TG alone ms':>11} {'TG/step':>8} {'target':>7}")
+    print(
+        f"{'case':9} {'batch':>5} {'TG':9} {'step ms':>9} {'step ratio':>10} {'[min, max]':>14} {'min/min':>8} "
+        f"{'TG alone ms':>11} {'TG/step':>8} {'target':>7}"
+    )
     for r in rows:
         spread = f"[{r['step_ratio_min']:.3f}, {r['step_ratio_max']:.3f}]"
-        target = "-" if r["target_ratio"] is None else (f"≤{r['target_ratio']:.2f}" + (" ok" if r["meets_target"] else " MISS"))
+        if r["target_ratio"] is None:
+            target = "-"
+        else:
+            target = f"≤{r['target_ratio']:.2f}" + (" ok" if r["meets_target"] else " MISS")
         print(
             f"{r['case']:9} {r['batch']:>5} {r['token_graying']:9} {r['step_ms']:>9.1f} {r['step_ratio']:>10.3f} "
             f"{spread:>14} {r['ratio_of_minima']:>8.3f} {r['tg_alone_ms']:>11.1f} "

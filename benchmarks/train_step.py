@@ -93,15 +93,19 @@ def main() -> None:
         row["mfu"] = row["achieved_tflops"] / (args.peak_tflops * devices) if args.peak_tflops else None
 
     base = rows[0]["step_s"] / rows[0]["flops_per_step"]
-    header = f"{'variant':8} {'batch':>5} {'compile s':>9} {'step ms':>9} {'img/s':>8} {'GFLOP/step':>11} {'TFLOP/s':>8} {'s/FLOP vs ' + rows[0]['variant']:>16} {'MFU':>6}"
+    header = (
+        f"{'variant':8} {'batch':>5} {'compile s':>9} {'step ms':>9} {'img/s':>8} {'GFLOP/step':>11} {'TFLOP/s':>8} "
+        f"{'s/FLOP vs ' + rows[0]['variant']:>16} {'MFU':>6}"
+    )
     print(f"devices: {devices} × {rows[0]['device_kind']}, dtype {args.dtype}, image {args.image_size}")
     print(header)
     for r in rows:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
         ratio = (r["step_s"] / r["flops_per_step"]) / base
         print(
-            f"{r['variant']:8} {r['batch']:>5} {r['compile_s']:>9.1f} {1e3 * r['step_s']:>9.1f} {r['images_per_s']:>8.1f} "
-            f"{r['flops_per_step'] / 1e9:>11.1f} {r['achieved_tflops']:>8.3f} {ratio:>16.2f} {mfu:>6}"
+            f"{r['variant']:8} {r['batch']:>5} {r['compile_s']:>9.1f} {1e3 * r['step_s']:>9.1f} "
+            f"{r['images_per_s']:>8.1f} {r['flops_per_step'] / 1e9:>11.1f} {r['achieved_tflops']:>8.3f} "
+            f"{ratio:>16.2f} {mfu:>6}"
         )
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as f:

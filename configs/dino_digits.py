@@ -38,7 +38,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.trainer = "dino"
     c.seed = a["seed"]
 
-    c.dataset = ml_collections.ConfigDict(dict(name="digits", train_split="train", eval_split="test", data_dir=placeholder(str)))
+    c.dataset = ml_collections.ConfigDict(
+        dict(name="digits", train_split="train", eval_split="test", data_dir=placeholder(str))
+    )
     c.input = ml_collections.ConfigDict(
         dict(
             batch_size=32,

@@ -44,8 +44,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.trainer = "supervised"
     c.seed = a["seed"]
 
-    c.dataset = ml_collections.ConfigDict(dict(name="digits", train_split="train", eval_split="test", data_dir=placeholder(str)))
-    c.input = ml_collections.ConfigDict(dict(batch_size=64, eval_batch_size=128, image_size=placeholder(int), aug=None, num_workers=0))
+    c.dataset = ml_collections.ConfigDict(
+        dict(name="digits", train_split="train", eval_split="test", data_dir=placeholder(str))
+    )
+    c.input = ml_collections.ConfigDict(
+        dict(batch_size=64, eval_batch_size=128, image_size=placeholder(int), aug=None, num_workers=0)
+    )
 
     # Skips, init (the ViT-B/16 constants of Cutting the Skip) and Token Graying from the args.
     c.model = config_blocks.vit_model(

@@ -57,6 +57,7 @@ def jacobian_at_init(setting: str, init_name: str, seed: int) -> list[dict[str, 
 
     from skipless_jax import analyze
     from skipless_jax.models import vit
+
     from util import load_config
 
     scheme, alpha, beta, c = INITS[init_name]
@@ -210,6 +211,7 @@ def summarize_width(results: dict[str, Any]) -> str:
 def run_embeddings(results: dict[str, Any], seeds: list[int], num_images: int = 64) -> None:
     from skipless_jax import analyze
     from skipless_jax.trainers import supervised
+
     from util import load_config
 
     table = results.setdefault("embedding", {})
@@ -323,7 +325,7 @@ def summarize_prop41(results: dict[str, Any]) -> str:
     import matplotlib.pyplot as plt
 
     rows = results["prop41"]
-    get = lambda f, kind=None: np.array([r[f] for r in rows if kind in (None, r["weights"])])  # noqa: E731
+    get = lambda f, kind=None: np.array([r[f] for r in rows if kind in (None, r["weights"])])
     held = bool(np.all(get("attn") <= get("attn_bound") + 1e-9) and np.all(get("ffn") <= get("ffn_bound") + 1e-9))
     fig, ax = plt.subplots(figsize=(7, 4.8))
     text = [f"Prop. 4.1 over {len(rows)} (X, W) draws (n=32, d=16): the bounds hold in every draw: {held}."]
@@ -370,7 +372,10 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="ignore cached results")
     args = parser.parse_args()
     os.makedirs(FIGURES, exist_ok=True)
-    results = {} if args.fresh or not os.path.exists(RESULTS) else json.load(open(RESULTS))
+    results = {}
+    if not args.fresh and os.path.exists(RESULTS):
+        with open(RESULTS) as f:
+            results = json.load(f)
     parts = args.parts.split(",")
     unknown = set(parts) - {"jacobian", "width", "embedding", "prop41"}
     if unknown:

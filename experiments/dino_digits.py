@@ -40,7 +40,11 @@ def run_all(out: str, seeds: list[int], worker: int = 0, workers: int = 1) -> di
             "log_k": math.log(config.dino.out_dim),
         }
 
-    runs = [grid.Run(f"{name}|seed={seed}", "dino_digits", f"{arg},seed={seed}") for name, arg in VARIANTS.items() for seed in seeds]
+    runs = [
+        grid.Run(f"{name}|seed={seed}", "dino_digits", f"{arg},seed={seed}")
+        for name, arg in VARIANTS.items()
+        for seed in seeds
+    ]
     return grid.run_grid(f"{out}.json", runs, configure=configure, record=record, worker=worker, workers=workers)
 
 
@@ -61,7 +65,8 @@ def summarize(results: dict[str, dict], out: str) -> str:
 
     lines = [
         "| variant | kNN at init (%) | kNN after DINO (%) | linear at init (%) | linear after DINO (%) "
-        "| teacher entropy: peak / final (nats) | entropy of the batch mean: final (nats) | per-seed kNN init → final |",
+        "| teacher entropy: peak / final (nats) | entropy of the batch mean: final (nats) "
+        "| per-seed kNN init → final |",
         "|---|---|---|---|---|---|---|---|",
     ]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -85,21 +90,31 @@ def summarize(results: dict[str, dict], out: str) -> str:
         for i, r in enumerate(runs):
             label = name if i == 0 else None
             axes[0].plot(*_series(r["history"], "train_teacher_entropy"), color=colors[name], label=label)
-            axes[0].plot(*_series(r["history"], "train_teacher_marginal_entropy"), color=colors[name], ls=":", alpha=0.7)
+            axes[0].plot(
+                *_series(r["history"], "train_teacher_marginal_entropy"), color=colors[name], ls=":", alpha=0.7
+            )
             steps, knn = _series(r["history"], "test_knn_accuracy")
             init = r["final"]["init_test_knn_accuracy"]
-            axes[1].plot([0, *steps], [100 * init] + [100 * v for v in knn], "o-", color=colors[name], label=label, ms=3)
+            axes[1].plot(
+                [0, *steps], [100 * init] + [100 * v for v in knn], "o-", color=colors[name], label=label, ms=3
+            )
     if log_k is not None:
         axes[0].axhline(log_k, color="gray", lw=0.8, ls="--", label=f"log K = {log_k:.2f} (uniform)")
-    axes[0].set(xlabel="step", ylabel="teacher entropy (nats)", title="per-example (solid) and of the batch mean (dotted)")
-    axes[1].set(xlabel="step", ylabel="teacher kNN accuracy (%)", title="weighted kNN (k = 20, T = 0.07) on digits test")
+    axes[0].set(
+        xlabel="step", ylabel="teacher entropy (nats)", title="per-example (solid) and of the batch mean (dotted)"
+    )
+    axes[1].set(
+        xlabel="step", ylabel="teacher kNN accuracy (%)", title="weighted kNN (k = 20, T = 0.07) on digits test"
+    )
     for ax in axes:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(f"{out}.png", dpi=120)
     cpu = sum(r["cpu_s"] for r in results.values())
-    lines.append(f"\nlog K = {log_k:.2f} nats (uniform). {len(results)} runs, {cpu / 60:.1f} min of process CPU time in all.")
+    lines.append(
+        f"\nlog K = {log_k:.2f} nats (uniform). {len(results)} runs, {cpu / 60:.1f} min of process CPU time in all."
+    )
     table = "\n".join(lines)
     with open(f"{out}.md", "w") as fh:
         fh.write(table + "\n")

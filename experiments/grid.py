@@ -62,6 +62,7 @@ def run_grid(
     record(final metrics, workdir, config) gives what is kept of a run (read the workdir there).
     """
     from skipless_jax import trainers
+
     from util import load_config
 
     if not 0 <= worker < workers:

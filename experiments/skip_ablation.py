@@ -27,7 +27,9 @@ VARIANTS = {
 def run_all(out: str, depths: list[int], seeds: list[int], worker: int = 0, workers: int = 1) -> dict[str, dict]:
     """Every run not yet in `<out>.json` (this worker's share); returns all results."""
     runs = [
-        grid.Run(f"depth={depth}|{name}|seed={seed}", "quickstart", f"init=default,opt=adamw,{arg},depth={depth},seed={seed}")
+        grid.Run(
+            f"depth={depth}|{name}|seed={seed}", "quickstart", f"init=default,opt=adamw,{arg},depth={depth},seed={seed}"
+        )
         for depth in depths
         for name, arg in VARIANTS.items()
         for seed in seeds
@@ -43,7 +45,10 @@ def summarize(results: dict[str, dict], out: str) -> str:
     import numpy as np
 
     depths = sorted({int(k.split("|")[0].split("=")[1]) for k in results})
-    lines = ["| depth | variant | test accuracy (%) mean ± std | per seed | test loss | final train loss |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| depth | variant | test accuracy (%) mean ± std | per seed | test loss | final train loss |",
+        "|---|---|---|---|---|---|",
+    ]
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.8 / len(VARIANTS)
     for vi, name in enumerate(VARIANTS):
@@ -66,7 +71,8 @@ def summarize(results: dict[str, dict], out: str) -> str:
     fig.tight_layout()
     fig.savefig(f"{out}.png", dpi=120)
     table = "\n".join(lines)
-    open(f"{out}.md", "w").write(table + "\n")
+    with open(f"{out}.md", "w") as f:
+        f.write(table + "\n")
     return table
 
 

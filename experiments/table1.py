@@ -72,7 +72,8 @@ def summarize(results: dict[str, dict], out: str) -> str:
         return [v for k, v in results.items() if k.startswith(f"{name}|{opt}|")]
 
     lines = [
-        "| model | optimizer | digits test accuracy (%) mean ± std | per seed | test loss | final train loss | paper, ImageNet ViT-B/16 (%) |",
+        "| model | optimizer | digits test accuracy (%) mean ± std | per seed | test loss | final train loss "
+        "| paper, ImageNet ViT-B/16 (%) |",
         "|---|---|---|---|---|---|---|",
     ]
     for name in VARIANTS:
@@ -87,7 +88,8 @@ def summarize(results: dict[str, dict], out: str) -> str:
                 f"{np.mean([r['train_loss'] for r in rs]):.4f} | {PAPER[(name, opt)]} |"
             )
     table = "\n".join(lines)
-    open(f"{out}.md", "w").write(table + "\n")
+    with open(f"{out}.md", "w") as f:
+        f.write(table + "\n")
 
     colors = dict(zip(VARIANTS, ("tab:blue", "tab:red", "tab:green")))
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -97,7 +99,8 @@ def summarize(results: dict[str, dict], out: str) -> str:
             acc = np.array([r["test_accuracy"] for r in runs(name, opt)]) * 100
             if acc.size:
                 ax.bar(vi + oi * width, acc.mean(), width, yerr=acc.std(), capsize=3, color=colors[name],
-                       alpha=0.55 if opt == "adamw" else 1.0, label=f"{'SOAP' if opt == 'soap' else 'AdamW'}" if vi == 0 else None)
+                       alpha=0.55 if opt == "adamw" else 1.0,
+                       label=f"{'SOAP' if opt == 'soap' else 'AdamW'}" if vi == 0 else None)
                 ax.scatter(np.full(acc.size, vi + oi * width), acc, color="k", s=8, zorder=3)
     ax.set_xticks(np.arange(len(VARIANTS)) + width / 2, list(VARIANTS))
     ax.set_ylabel("test accuracy (%)")

@@ -66,7 +66,12 @@ def photo_sets() -> dict[str, np.ndarray]:
     from skipless_jax.models import vit
 
     photos = [im.astype(np.float32) / 127.5 - 1.0 for im in load_sample_images().images]
-    small = [im[: im.shape[0] // 4 * 4, : im.shape[1] // 4 * 4].reshape(im.shape[0] // 4, 4, im.shape[1] // 4, 4, 3).mean((1, 3)) for im in photos]
+    small = [
+        im[: im.shape[0] // 4 * 4, : im.shape[1] // 4 * 4]
+        .reshape(im.shape[0] // 4, 4, im.shape[1] // 4, 4, 3)
+        .mean((1, 3))
+        for im in photos
+    ]
     sets = {}
     for name, images, size, p, stride in [("p=16, 224²", photos, 224, 16, 100), ("p=4, 32²", small, 32, 4, 16)]:
         crops = [
@@ -92,7 +97,10 @@ def run_photos() -> dict:
         rows = []
         for eps in EPS_GRID:
             out = {name: np.asarray(fn(x, eps), np.float64) for name, fn in fns.items()}
-            bf16 = {name: np.asarray(fn(x.astype(jnp.bfloat16), eps).astype(jnp.float32), np.float64) for name, fn in fns.items()}
+            bf16 = {
+                name: np.asarray(fn(x.astype(jnp.bfloat16), eps).astype(jnp.float32), np.float64)
+                for name, fn in fns.items()
+            }
             rows.append(
                 dict(
                     eps=eps,
@@ -104,11 +112,16 @@ def run_photos() -> dict:
                     dist_dct_svd=float(rel(out["dct"], out["svd"]).mean()),
                     # How much of SVD-TG's change to X the DCT-TG change reproduces.
                     dist_dct_svd_over_change=float(
-                        (np.linalg.norm(out["dct"] - out["svd"], axis=(-2, -1)) / np.linalg.norm(out["svd"] - x, axis=(-2, -1))).mean()
+                        (
+                            np.linalg.norm(out["dct"] - out["svd"], axis=(-2, -1))
+                            / np.linalg.norm(out["svd"] - x, axis=(-2, -1))
+                        ).mean()
                     ),
                     # Shape of the spectrum: mean over i of |log(σ_i/σ_1) of DCT-TG − that of SVD-TG|,
                     # and the scale: σ_1(DCT-TG)/σ_1(SVD-TG) (= σ_1(DCT-TG)/σ_1(X)).
-                    spectrum_shape_dist=float(np.abs(_log_normalized_sv(out["dct"]) - _log_normalized_sv(out["svd"])).mean()),
+                    spectrum_shape_dist=float(
+                        np.abs(_log_normalized_sv(out["dct"]) - _log_normalized_sv(out["svd"])).mean()
+                    ),
                     sigma_max_ratio=float((_sv(out["dct"])[:, 0] / _sv(out["svd"])[:, 0]).mean()),
                     change_svd=float(rel(out["svd"], x).mean()),
                     change_dct=float(rel(out["dct"], x).mean()),
@@ -116,7 +129,10 @@ def run_photos() -> dict:
                     bf16_input_rounding=float(rel(x.astype(jnp.bfloat16).astype(np.float32), x).mean()),
                     **{f"bf16_err_{n}": float(rel(bf16[n], out[n]).mean()) for n in fns},
                     **{f"bf16_err_{n}_max": float(rel(bf16[n], out[n]).max()) for n in fns},
-                    **{f"bf16_log_kappa_shift_{n}": float(np.abs(log_kappa(bf16[n]) - log_kappa(out[n])).mean()) for n in fns},
+                    **{
+                        f"bf16_log_kappa_shift_{n}": float(np.abs(log_kappa(bf16[n]) - log_kappa(out[n])).mean())
+                        for n in fns
+                    },
                 )
             )
         results[set_name] = dict(count=len(x), shape=list(x.shape[1:]), log_kappa=[float(v) for v in lk], rows=rows)
@@ -124,7 +140,10 @@ def run_photos() -> dict:
         i = int(np.argsort(lk)[len(lk) // 2])
         results[set_name]["spectrum"] = {
             "input": np.linalg.svd(x[i].astype(np.float64), compute_uv=False).tolist(),
-            **{f"{n} ε=0.6": np.linalg.svd(np.asarray(fns[n](x[i], 0.6), np.float64), compute_uv=False).tolist() for n in ("svd", "dct")},
+            **{
+                f"{n} ε=0.6": np.linalg.svd(np.asarray(fns[n](x[i], 0.6), np.float64), compute_uv=False).tolist()
+                for n in ("svd", "dct")
+            },
         }
     return results
 
@@ -135,21 +154,32 @@ def photo_tables(results: dict) -> str:
         lines += [
             (
                 f"\n**{set_name}** patches ({res['count']} crops of {res['shape'][0]}×{res['shape'][1]}; "
-                f"log κ(X) mean {np.mean(res['log_kappa']):.2f}, range {min(res['log_kappa']):.2f}–{max(res['log_kappa']):.2f})\n"
+                f"log κ(X) mean {np.mean(res['log_kappa']):.2f}, "
+                f"range {min(res['log_kappa']):.2f}–{max(res['log_kappa']):.2f})\n"
             ),
-            "| ε | log κ reduction, SVD-TG | log κ reduction, DCT-TG (min–max) | ‖DCT−SVD‖/‖SVD‖ | ‖DCT−SVD‖/‖SVD−X‖ | mean abs Δ log(σ_i/σ_1), DCT vs SVD | σ_1(DCT)/σ_1(X) | ‖SVD−X‖/‖X‖ | ‖DCT−X‖/‖X‖ | fast vs SVD (max) |",
+            "| ε | log κ reduction, SVD-TG | log κ reduction, DCT-TG (min–max) | ‖DCT−SVD‖/‖SVD‖ | ‖DCT−SVD‖/‖SVD−X‖ "
+            "| mean abs Δ log(σ_i/σ_1), DCT vs SVD | σ_1(DCT)/σ_1(X) | ‖SVD−X‖/‖X‖ | ‖DCT−X‖/‖X‖ | fast vs SVD (max) |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in res["rows"]:
             lines.append(
-                f"| {r['eps']} | {r['reduction_svd']:.3f} | {r['reduction_dct']:.3f} ({r['reduction_dct_min']:.3f}–{r['reduction_dct_max']:.3f}) | "
-                f"{r['dist_dct_svd']:.4f} | {r['dist_dct_svd_over_change']:.2f} | {r['spectrum_shape_dist']:.3f} | {r['sigma_max_ratio']:.2f} | {r['change_svd']:.4f} | {r['change_dct']:.4f} | {r['fast_vs_svd_max']:.1e} |"
+                f"| {r['eps']} | {r['reduction_svd']:.3f} | {r['reduction_dct']:.3f} "
+                f"({r['reduction_dct_min']:.3f}–{r['reduction_dct_max']:.3f}) | "
+                f"{r['dist_dct_svd']:.4f} | {r['dist_dct_svd_over_change']:.2f} | {r['spectrum_shape_dist']:.3f} | "
+                f"{r['sigma_max_ratio']:.2f} | {r['change_svd']:.4f} | {r['change_dct']:.4f} | "
+                f"{r['fast_vs_svd_max']:.1e} |"
             )
-    lines += ["\n**bf16 input, float32 compute, bf16 output** vs the float32 path (mean relative error; max in brackets; mean |Δ log κ| of the output)\n"]
+    lines += [
+        "\n**bf16 input, float32 compute, bf16 output** vs the float32 path "
+        "(mean relative error; max in brackets; mean |Δ log κ| of the output)\n"
+    ]
     lines += ["| patches | ε | bf16 rounding of X alone | SVD-TG | fast SVD-TG | DCT-TG |", "|---|---|---|---|---|---|"]
     for set_name, res in results.items():
         for r in res["rows"]:
-            cells = [f"{r[f'bf16_err_{n}']:.2e} [{r[f'bf16_err_{n}_max']:.1e}]; Δlogκ {r[f'bf16_log_kappa_shift_{n}']:.3f}" for n in ("svd", "svd_fast", "dct")]
+            cells = [
+                f"{r[f'bf16_err_{n}']:.2e} [{r[f'bf16_err_{n}_max']:.1e}]; Δlogκ {r[f'bf16_log_kappa_shift_{n}']:.3f}"
+                for n in ("svd", "svd_fast", "dct")
+            ]
             lines.append(f"| {set_name} | {r['eps']} | {r['bf16_input_rounding']:.2e} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -166,7 +196,10 @@ def photo_figures(results: dict) -> None:
         ax.plot(eps, [r["reduction_svd"] for r in res["rows"]], "o-", label="SVD-TG: (1−ε)·log κ")
         ax.errorbar(
             eps, [r["reduction_dct"] for r in res["rows"]],
-            yerr=[[r["reduction_dct"] - r["reduction_dct_min"] for r in res["rows"]], [r["reduction_dct_max"] - r["reduction_dct"] for r in res["rows"]]],
+            yerr=[
+                [r["reduction_dct"] - r["reduction_dct_min"] for r in res["rows"]],
+                [r["reduction_dct_max"] - r["reduction_dct"] for r in res["rows"]],
+            ],
             fmt="s-", capsize=3, label="DCT-TG (min–max over crops)",
         )
         ax.set_xlabel("ε")
@@ -208,8 +241,9 @@ def run_digits(path: str, seeds: list[int]) -> dict:
     import jax
     import jax.numpy as jnp
 
-    import grid
     from skipless_jax import analyze
+
+    import grid
 
     def record(metrics, workdir, config):
         model, shape = analyze.build(config)
@@ -230,7 +264,11 @@ def run_digits(path: str, seeds: list[int]) -> dict:
 
     runs = [
         # The standard ViT these figures were made with (the quickstart's default is now skipless + SOAP).
-        grid.Run(f"eps={eps}|seed={seed}", "quickstart", f"{STANDARD},seed={seed}" + ("" if eps == 1.0 else f",tg=svd,eps={eps}"))
+        grid.Run(
+            f"eps={eps}|seed={seed}",
+            "quickstart",
+            f"{STANDARD},seed={seed}" + ("" if eps == 1.0 else f",tg=svd,eps={eps}"),
+        )
         for eps in ABLATION_EPS
         for seed in seeds
     ]
@@ -247,7 +285,8 @@ def _raw_patches(images: np.ndarray, config) -> np.ndarray:
 
 def digits_table(results: dict) -> str:
     lines = [
-        "| ε | test accuracy (%) mean ± std (3 seeds) | per seed | log κ_in (after TG) | log κ of the embedding output | paper ViT-B top-1 | paper log κ_in |",
+        "| ε | test accuracy (%) mean ± std (3 seeds) | per seed | log κ_in (after TG) | log κ of the embedding output "
+        "| paper ViT-B top-1 | paper log κ_in |",
         "|---|---|---|---|---|---|---|",
     ]
     for eps in ABLATION_EPS:
@@ -258,7 +297,8 @@ def digits_table(results: dict) -> str:
         label = "1 (no TG)" if eps == 1.0 else f"{eps}"
         lines.append(
             f"| {label} | {acc.mean():.1f} ± {acc.std():.1f} | {', '.join(f'{a:.1f}' for a in acc)} | "
-            f"{np.mean([r['log_kappa_in'] for r in runs]):.2f} | {np.mean([r['log_kappa_embedding'] for r in runs]):.2f} | "
+            f"{np.mean([r['log_kappa_in'] for r in runs]):.2f} | "
+            f"{np.mean([r['log_kappa_embedding'] for r in runs]):.2f} | "
             f"{PAPER_TOP1[eps]} | {PAPER_LOG_KAPPA_IN[eps]} |"
         )
     return "\n".join(lines)
@@ -279,7 +319,8 @@ def digits_figure(results: dict) -> None:
     axes[0].set_title("digits, SVD-TG ε ablation (3 seeds)")
     axes[0].invert_xaxis()
     for field, label in (("log_kappa_in", "log κ_in (after TG)"), ("log_kappa_embedding", "log κ(embedding output)")):
-        axes[1].plot(eps, [np.mean([r[field] for r in results.values() if r["eps"] == e]) for e in eps], "o-", label=label)
+        means = [np.mean([r[field] for r in results.values() if r["eps"] == e]) for e in eps]
+        axes[1].plot(eps, means, "o-", label=label)
     axes[1].plot(eps, [PAPER_LOG_KAPPA_IN[e] for e in eps], "k--", label="paper ViT-B log κ_in (ImageNet)")
     axes[1].set_xlabel("ε")
     axes[1].set_ylabel("mean log κ")
@@ -302,7 +343,8 @@ def main() -> None:
         photo_figures(results)
         print(photo_tables(results))
     if args.part in ("digits", "all"):
-        results = run_digits(os.path.join(FIGURES, "token_graying_digits.json"), [int(s) for s in args.seeds.split(",")])
+        seeds = [int(s) for s in args.seeds.split(",")]
+        results = run_digits(os.path.join(FIGURES, "token_graying_digits.json"), seeds)
         digits_figure(results)
         print(digits_table(results))
 

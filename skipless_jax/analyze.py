@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +53,7 @@ def build(config: ml_collections.ConfigDict) -> tuple[Any, tuple[int, int, int]]
     return models.build(config.model, info.num_classes), shape
 
 
-def config_of_workdir(config: Optional[ml_collections.ConfigDict], workdir: Optional[str]) -> ml_collections.ConfigDict:
+def config_of_workdir(config: ml_collections.ConfigDict | None, workdir: str | None) -> ml_collections.ConfigDict:
     """The config the workdir's checkpoint was written with (what its parameters are), else `config`.
 
     A `--config` that trains something else than the saved one is reported on one line and the
@@ -61,7 +62,8 @@ def config_of_workdir(config: Optional[ml_collections.ConfigDict], workdir: Opti
     from skipless_jax import checkpoint
     from skipless_jax.trainers import common
 
-    saved = checkpoint.saved_config(workdir) if workdir and os.path.isdir(os.path.join(workdir, "checkpoints")) else None
+    has_checkpoints = workdir and os.path.isdir(os.path.join(workdir, "checkpoints"))
+    saved = checkpoint.saved_config(workdir) if has_checkpoints else None
     if saved is None:
         if config is None:
             raise ValueError(f"--workdir={workdir!r} has no checkpoint with a saved config; pass --config")
@@ -89,7 +91,7 @@ def init_params(model: Any, config: ml_collections.ConfigDict, image_shape: Sequ
 
 
 def load_params(
-    model: Any, config: ml_collections.ConfigDict, image_shape: Sequence[int], workdir: Optional[str]
+    model: Any, config: ml_collections.ConfigDict, image_shape: Sequence[int], workdir: str | None
 ) -> tuple[Any, int, str]:
     """(params, step, source): the latest checkpoint in `workdir`, else the initialization."""
     from skipless_jax import checkpoint
@@ -182,7 +184,7 @@ def plot_log_kappa(
     curves: dict[str, Sequence[float]],
     path: str,
     title: str,
-    references: Optional[dict[str, float]] = None,
+    references: dict[str, float] | None = None,
     unused: Sequence[str] = (),
 ) -> None:
     """PNG of log κ per layer, one line per point (①, ①+②, ③, ③+④); dashed paper references.
@@ -233,9 +235,9 @@ def unused_points(model_config: Any) -> tuple[str, ...]:
 
 def analyze(
     config: ml_collections.ConfigDict,
-    workdir: Optional[str] = None,
-    output_dir: Optional[str] = None,
-    num_images: Optional[int] = None,
+    workdir: str | None = None,
+    output_dir: str | None = None,
+    num_images: int | None = None,
     jacobian: bool = False,
     config_name: str = "config",
 ) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -93,18 +93,14 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any
     meta = dict(meta, **{CHECKSUMS: {"algorithm": _ALGORITHM, "leaves": checksums(state)}})
     mngr.save(
         step,
-        args=ocp.args.Composite(
-            **{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}
-        ),
+        args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}),
         force=True,
     )
 
 
 def abstract(tree: Any, shardings: Any) -> Any:
     """ShapeDtypeStructs carrying the target shardings, for `restore`."""
-    return jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
-    )
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 # ---- Checksums (see the module docstring).
@@ -164,7 +160,8 @@ def _leaf_path(path: tuple[Any, ...]) -> str:
 
 
 def _describe(x: Any) -> str:
-    return f"{np.dtype(x.dtype).name if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x.dtype}{list(x.shape)}"
+    is_key = jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    return f"{x.dtype if is_key else np.dtype(x.dtype).name}{list(x.shape)}"
 
 
 def checksums(tree: Any, prefix: str = "") -> dict[str, str]:
@@ -198,17 +195,23 @@ def checksums(tree: Any, prefix: str = "") -> dict[str, str]:
     return {name: f"{_describe(x)}:{s}" for (name, x), s in zip(leaves, sums)}
 
 
-def _verify(step: int, tree: Any, saved: Optional[dict[str, Any]], prefix: str = "") -> Optional[str]:
+def _verify(step: int, tree: Any, saved: dict[str, Any] | None, prefix: str = "") -> str | None:
     """None when the restored `tree` has the saved checksums, else why not (one line).
 
     `saved`: meta[CHECKSUMS] of the checkpoint (None: written before checksums, not verified).
     `prefix`: the path of `tree` in the saved state (a partial restore).
     """
     if not saved or "leaves" not in saved:
-        logging.warning("Checkpoint at step %d has no checksums (written before they were recorded); restored unverified.", step)
+        logging.warning(
+            "Checkpoint at step %d has no checksums (written before they were recorded); restored unverified.", step
+        )
         return None
     if saved.get("algorithm") != _ALGORITHM:
-        logging.warning("Checkpoint at step %d has checksums of another kind (%s); restored unverified.", step, saved.get("algorithm"))
+        logging.warning(
+            "Checkpoint at step %d has checksums of another kind (%s); restored unverified.",
+            step,
+            saved.get("algorithm"),
+        )
         return None
     expected = saved["leaves"]
     got = checksums(tree, prefix)
@@ -221,14 +224,19 @@ def _verify(step: int, tree: Any, saved: Optional[dict[str, Any]], prefix: str =
         elif expected[name] != value:
             bad.append(name)
     if unverified:
-        logging.warning("Checkpoint at step %d: %d restored arrays not verified (no saved checksum of that dtype and shape).", step, unverified)
+        logging.warning(
+            "Checkpoint at step %d: %d restored arrays not verified (no saved checksum of that dtype and shape).",
+            step,
+            unverified,
+        )
     if not bad:
         return None
     more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
-    return f"corrupt: the values of {bad[0]}{more} differ from the saved ones (checksum {got[bad[0]]}, saved {expected[bad[0]]})"
+    return (f"corrupt: the values of {bad[0]}{more} differ from the saved ones "
+            f"(checksum {got[bad[0]]}, saved {expected[bad[0]]})")
 
 
-def _split_meta(meta: Any) -> tuple[dict[str, Any], Optional[dict[str, Any]]]:
+def _split_meta(meta: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(meta as the caller saved it, the checksums)."""
     meta = dict(meta or {})
     return meta, meta.pop(CHECKSUMS, None)
@@ -249,7 +257,7 @@ def _check_compatible(mngr: ocp.CheckpointManager, step: int, abstract_state: An
         reader = _metadata_reader(str(mngr.directory))
         saved_shapes = _param_shapes(reader.item_metadata(step)[STATE].tree["params"])
         reader.close()
-    except Exception:  # noqa: BLE001 - no usable metadata: let the restore decide
+    except Exception:
         return
     wanted = _param_shapes(abstract_state["params"])
     if saved_shapes == wanted:
@@ -259,8 +267,12 @@ def _check_compatible(mngr: ocp.CheckpointManager, step: int, abstract_state: An
     shape = sorted(k for k in set(wanted) & set(saved_shapes) if wanted[k] != saved_shapes[k])
     what = "; ".join(
         f"{label} {names[0]}{f' (+{len(names) - 1} more)' if len(names) > 1 else ''}"
-        for label, names in (("not in the checkpoint:", missing), ("only in the checkpoint:", extra),
-                             ("other shape:", shape)) if names
+        for label, names in (
+            ("not in the checkpoint:", missing),
+            ("only in the checkpoint:", extra),
+            ("other shape:", shape),
+        )
+        if names
     )
     raise IncompatibleCheckpointError(
         f"the checkpoint of step {step} in {mngr.directory} was written for other parameters ({what}); "
@@ -268,7 +280,9 @@ def _check_compatible(mngr: ocp.CheckpointManager, step: int, abstract_state: An
     )
 
 
-def _restore_verified(mngr: ocp.CheckpointManager, step: int, args: dict[str, Any], verify: Any) -> tuple[Optional[str], Any]:
+def _restore_verified(
+    mngr: ocp.CheckpointManager, step: int, args: dict[str, Any], verify: Any
+) -> tuple[str | None, Any]:
     """(None, restored) or (why the checkpoint is unusable, None), the same in every process.
 
     `verify(step, restored)` -> None or the reason it is corrupt; it runs in every process once
@@ -277,7 +291,7 @@ def _restore_verified(mngr: ocp.CheckpointManager, step: int, args: dict[str, An
     error, restored = None, None
     try:
         restored = mngr.restore(step, args=ocp.args.Composite(**args))
-    except Exception as err:  # noqa: BLE001 - any read failure means: unusable
+    except Exception as err:
         error = _one_line(err)
     if not _everywhere(error is None):
         return error or "unreadable in another process", None
@@ -291,13 +305,13 @@ def _full_args(abstract_state: Any) -> dict[str, Any]:
     return {STATE: ocp.args.StandardRestore(abstract_state), META: ocp.args.JsonRestore()}
 
 
-def _verify_full(step: int, restored: Any) -> Optional[str]:
+def _verify_full(step: int, restored: Any) -> str | None:
     return _verify(step, restored[STATE], _split_meta(restored[META])[1])
 
 
 def restore_latest(
     mngr: ocp.CheckpointManager, abstract_state: Any, set_aside: bool = True
-) -> Optional[tuple[int, Any, dict[str, Any]]]:
+) -> tuple[int, Any, dict[str, Any]] | None:
     """(step, state, meta) of the newest readable checkpoint, or None if there is none.
 
     A checkpoint that fails to read (truncated, corrupted) or whose values differ from the
@@ -314,7 +328,9 @@ def restore_latest(
         error, restored = _restore_verified(mngr, step, _full_args(abstract_state), _verify_full)
         if error is None:
             if skipped:
-                logging.warning("Using the checkpoint of step %d (unreadable: step %s).", step, ", ".join(map(str, skipped)))
+                logging.warning(
+                    "Using the checkpoint of step %d (unreadable: step %s).", step, ", ".join(map(str, skipped))
+                )
             return step, restored[STATE], _split_meta(restored[META])[0]
         logging.error("Checkpoint at step %d is unreadable (%s); trying the previous one.", step, error)
         skipped.append(step)
@@ -414,7 +430,7 @@ def restore_params(path: str, abstract_params: Any, key: str = "params") -> tupl
         META: ocp.args.JsonRestore(),
     }
 
-    def verify(step: int, restored: Any) -> Optional[str]:
+    def verify(step: int, restored: Any) -> str | None:
         return _verify(step, restored[STATE], _split_meta(restored[META])[1])
 
     skipped = []
@@ -426,34 +442,12 @@ def restore_params(path: str, abstract_params: Any, key: str = "params") -> tupl
             continue
         mngr.close()
         if skipped:
-            logging.warning("Using the parameters of step %d (unreadable: step %s).", step, ", ".join(map(str, skipped)))
+            logging.warning(
+                "Using the parameters of step %d (unreadable: step %s).", step, ", ".join(map(str, skipped))
+            )
         return step, restored[STATE][key]
     mngr.close()
     raise FileNotFoundError(f"no readable checkpoint with parameters at {path!r}")
-
-
-def param_shapes(path: str, key: str = "params") -> dict[str, tuple[int, ...]]:
-    """{'block_0/.../kernel': shape} of `state[key]` in the newest checkpoint of `path` (a workdir
-    or a checkpoint folder) whose metadata reads; only metadata is read. FileNotFoundError when
-    there is none, KeyError when its state has no `key`."""
-    path = _abs(path)
-    directory = os.path.join(path, "checkpoints") if _is_dir(os.path.join(path, "checkpoints")) else path
-    if not _is_dir(directory):
-        raise FileNotFoundError(f"no checkpoint at {path!r}")
-    reader = _metadata_reader(directory)
-    try:
-        for step in sorted(reader.all_steps(), reverse=True):
-            try:
-                tree = reader.item_metadata(step)[STATE].tree
-            except Exception as err:  # noqa: BLE001 - unreadable metadata: the one before
-                logging.error("Checkpoint at step %d has unreadable metadata (%s); trying the previous one.", step, _one_line(err))
-                continue
-            if key not in tree:
-                raise KeyError(f"the checkpoint of step {step} at {path!r} has no state entry {key!r}; it has {sorted(tree)}")
-            return {_leaf_path(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree[key])[0]}
-    finally:
-        reader.close()
-    raise FileNotFoundError(f"no readable checkpoint at {path!r}")
 
 
 def _metadata_reader(directory: str) -> ocp.CheckpointManager:
@@ -465,7 +459,7 @@ def _metadata_reader(directory: str) -> ocp.CheckpointManager:
     )
 
 
-def load_raw(workdir: str, step: Optional[int] = None, verify: bool = True) -> tuple[int, Any]:
+def load_raw(workdir: str, step: int | None = None, verify: bool = True) -> tuple[int, Any]:
     """(step, state) of a checkpoint as saved, on this process's first device (inspection, tests).
 
     Shapes and dtypes come from the checkpoint's metadata, so a checkpoint written by any mesh
@@ -490,7 +484,7 @@ def load_raw(workdir: str, step: Optional[int] = None, verify: bool = True) -> t
     return step, restored[STATE]
 
 
-def saved_config(workdir_or_checkpoint_dir: str, step: Optional[int] = None) -> Optional[dict[str, Any]]:
+def saved_config(workdir_or_checkpoint_dir: str, step: int | None = None) -> dict[str, Any] | None:
     """The config (`config.to_json()` parsed) saved with the newest (or the given) checkpoint.
 
     Accepts a workdir, its `checkpoints/` folder or one step folder. None when there is no
@@ -515,7 +509,7 @@ def saved_config(workdir_or_checkpoint_dir: str, step: Optional[int] = None) -> 
         for s in steps:
             try:
                 meta = mngr.restore(s, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))[META]
-            except Exception as err:  # noqa: BLE001 - an unreadable meta: the one before (newest only)
+            except Exception as err:
                 logging.warning("The meta of the checkpoint at step %d is unreadable (%s).", s, _one_line(err))
                 continue
             config = (meta or {}).get("config")
@@ -544,5 +538,7 @@ def param_shapes(path: str, key: str = "params") -> dict[str, tuple[int, ...]]:
         mngr.close()
     if key not in tree:
         raise ValueError(f"the checkpoint at {path!r} has no {key!r} (it has {sorted(tree)})")
-    return {"/".join(str(getattr(k, "key", k)) for k in p): tuple(x.shape)
-            for p, x in jax.tree_util.tree_flatten_with_path(tree[key])[0]}
+    return {
+        "/".join(str(getattr(k, "key", k)) for k in p): tuple(x.shape)
+        for p, x in jax.tree_util.tree_flatten_with_path(tree[key])[0]
+    }

@@ -22,7 +22,8 @@ depend on this choice.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -198,7 +199,10 @@ def layer_norm(params: Params, x: jax.Array, eps: float = 1e-6) -> jax.Array:
 
 
 def mlp(params: Params, x: jax.Array, gelu_approximate: bool = True) -> jax.Array:
-    """Dense_0 – GELU (tanh form, flax's default; exact erf with gelu_approximate=False) – Dense_1 of an `MlpBlock` param dict."""
+    """Dense_0 – GELU – Dense_1 of an `MlpBlock` param dict.
+
+    GELU in tanh form (flax's default), or exact erf with gelu_approximate=False.
+    """
     h = jax.nn.gelu(x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"], approximate=gelu_approximate)
     return h @ params["Dense_1"]["kernel"] + params["Dense_1"]["bias"]
 
@@ -234,7 +238,8 @@ def block_jacobian(
     """
     with jax.enable_x64(True):
         p, x64 = to_float64(dict(block_params)), to_float64(x)
-        return np.asarray(jacobian_matrix(lambda y: encoder_block(p, y, num_heads, skip_sab, skip_ffn, gelu_approximate), x64))
+        block = lambda y: encoder_block(p, y, num_heads, skip_sab, skip_ffn, gelu_approximate)
+        return np.asarray(jacobian_matrix(block, x64))
 
 
 def block_inputs(out: Mapping[str, Any]) -> list[jax.Array]:
@@ -244,7 +249,7 @@ def block_inputs(out: Mapping[str, Any]) -> list[jax.Array]:
 
 def jacobian_report(
     params: Params, out: Mapping[str, Any], *, num_heads: int, image: int = 0,
-    layers: Optional[Sequence[int]] = None, skip_sab: bool = False, skip_ffn: bool = False,
+    layers: Sequence[int] | None = None, skip_sab: bool = False, skip_ffn: bool = False,
     gelu_approximate: bool = True,
 ) -> list[dict[str, float]]:
     """Per layer at one image: log κ(K_ℓ), log κ(B_ℓ), ‖K−B‖/‖K‖, log κ(WⱽWᴼ), log κ(block).

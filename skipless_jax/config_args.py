@@ -6,7 +6,7 @@ seed, init, opt, tg, eps, variant.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 
 def _convert(key: str, text: str, default: Any) -> Any:
@@ -24,7 +24,7 @@ def _convert(key: str, text: str, default: Any) -> Any:
         raise ValueError(f"config arg {key}={text!r} must be of type {type(default).__name__}") from None
 
 
-def parse(arg: Optional[str], **defaults: Any) -> dict[str, Any]:
+def parse(arg: str | None, **defaults: Any) -> dict[str, Any]:
     """'a=1,b=x' -> {'a': 1, 'b': 'x'} over `defaults`; unknown names are one-line errors."""
     values = dict(defaults)
     for item in filter(None, (arg or "").split(",")):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Optional
 
 import jax
 import numpy as np
@@ -34,18 +33,24 @@ def _cluster_detected() -> bool:
     return slurm or tpu_pod
 
 
-def check_processes(coordinator_address: Optional[str], num_processes: Optional[int], process_id: Optional[int]) -> None:
+def check_processes(coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> None:
     """One-line ValueError for a process count or id that cannot be what the user meant: more than
     one process with no coordinator to join (and no cluster that names one), or an id outside
     [0, num_processes). The values are the flags', else the JAX_* environment's."""
     if num_processes is not None and num_processes < 1:
         raise ValueError(f"--num_processes={num_processes} (or JAX_NUM_PROCESSES) must be a positive integer")
     if process_id is not None and (process_id < 0 or (num_processes is not None and process_id >= num_processes)):
-        allowed = f"[0, {num_processes}) for --num_processes={num_processes}" if num_processes is not None else "a non-negative integer"
+        allowed = (
+            f"[0, {num_processes}) for --num_processes={num_processes}"
+            if num_processes is not None
+            else "a non-negative integer"
+        )
         raise ValueError(f"--process_id={process_id} (or JAX_PROCESS_ID) is out of range; allowed: {allowed}")
     if coordinator_address is not None:
         if not coordinator_address.strip() or ":" not in coordinator_address:
-            raise ValueError(f"--coordinator_address={coordinator_address!r} (or JAX_COORDINATOR_ADDRESS) must be HOST:PORT")
+            raise ValueError(
+                f"--coordinator_address={coordinator_address!r} (or JAX_COORDINATOR_ADDRESS) must be HOST:PORT"
+            )
         return
     if _cluster_detected():
         return
@@ -58,11 +63,11 @@ def check_processes(coordinator_address: Optional[str], num_processes: Optional[
 
 
 def initialize(
-    coordinator_address: Optional[str] = None,
-    num_processes: Optional[int] = None,
-    process_id: Optional[int] = None,
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
     initialization_timeout: int = 300,
-    heartbeat_timeout: Optional[int] = None,
+    heartbeat_timeout: int | None = None,
 ) -> None:
     """Joins the multi-process job if there is one; call before any other JAX use."""
     coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
@@ -110,15 +115,21 @@ def warm_up_collectives(mesh: jax.sharding.Mesh) -> None:
     """
     if jax.process_count() == 1 or mesh.devices.flat[0].platform != "cpu":
         return
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     names = [n for n in mesh.axis_names if mesh.shape[n] > 1]
     every = NamedSharding(mesh, P(tuple(mesh.axis_names)))
-    ones = jax.make_array_from_callback((mesh.devices.size,), every, lambda index: np.ones(len(range(mesh.devices.size)[index[0]]), np.int32))
+    ones = jax.make_array_from_callback(
+        (mesh.devices.size,), every, lambda index: np.ones(len(range(mesh.devices.size)[index[0]]), np.int32)
+    )
     for k in range(1, len(names) + 1):
         for axes in itertools.combinations(names, k):
             summed = jax.shard_map(
-                lambda x, axes=axes: jax.lax.psum(x, axes), mesh=mesh, in_specs=P(tuple(mesh.axis_names)), out_specs=P(tuple(mesh.axis_names))
+                lambda x, axes=axes: jax.lax.psum(x, axes),
+                mesh=mesh,
+                in_specs=P(tuple(mesh.axis_names)),
+                out_specs=P(tuple(mesh.axis_names)),
             )(ones)
             expected = int(np.prod([mesh.shape[a] for a in axes]))
             got = {int(np.asarray(shard.data)[0]) for shard in summed.addressable_shards}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import ml_collections
@@ -23,7 +23,7 @@ from skipless_jax import checkpoint, evaluators, sharding, trainers
 from skipless_jax.trainers import common
 
 
-def resolve_config(workdir: str, config: Optional[ml_collections.ConfigDict]) -> ml_collections.ConfigDict:
+def resolve_config(workdir: str, config: ml_collections.ConfigDict | None) -> ml_collections.ConfigDict:
     """The workdir's saved config, with `config`'s evaluators and data fields where given."""
     saved = checkpoint.saved_config(workdir)
     if saved is None:
@@ -35,8 +35,10 @@ def resolve_config(workdir: str, config: Optional[ml_collections.ConfigDict]) ->
         diffs = common.config_differences(saved, config.to_dict())
         trained = [d for d in diffs if not d.startswith(("dataset.", "input.eval_batch_size"))]
         if trained:
-            raise ValueError(f"--config trains another model than the checkpoint in {workdir} ({', '.join(trained[:4])}); "
-                             "leave --config out to evaluate with the saved config")
+            raise ValueError(
+                f"--config trains another model than the checkpoint in {workdir} ({', '.join(trained[:4])}); "
+                "leave --config out to evaluate with the saved config"
+            )
         for field in ("evals", "dataset"):
             if field in config:
                 resolved[field] = config[field]
@@ -45,8 +47,8 @@ def resolve_config(workdir: str, config: Optional[ml_collections.ConfigDict]) ->
 
 
 def evaluate(
-    workdir: str, config: Optional[ml_collections.ConfigDict] = None, step: Optional[int] = None,
-    devices: Optional[Sequence[jax.Device]] = None,
+    workdir: str, config: ml_collections.ConfigDict | None = None, step: int | None = None,
+    devices: Sequence[jax.Device] | None = None,
 ) -> dict[str, Any]:
     """Runs every evaluator of the (saved) config on the checkpoint; returns {prefix_metric: value, 'step'}."""
     config = resolve_config(workdir, config)
@@ -85,7 +87,9 @@ if __name__ == "__main__":
     from absl import app, flags
     from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", None, "Config file (default: the workdir's saved config).", lock_config=False)
+    config_flags.DEFINE_config_file(
+        "config", None, "Config file (default: the workdir's saved config).", lock_config=False
+    )
     flags.DEFINE_string("workdir", None, "The run's workdir.")
     flags.DEFINE_integer("step", None, "The checkpoint step (default: the newest).")
     flags.mark_flags_as_required(["workdir"])

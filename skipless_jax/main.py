@@ -150,7 +150,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         if exit_.code == 1 and any(a in _HELP_FLAGS or a.startswith(("--help=", "--helpfull=")) for a in argv[1:cut]):
             sys.exit(0)
         raise
-    except Exception as err:  # noqa: BLE001 - any parse failure is a usage error
+    except Exception as err:
         usage_error(flag_error_line(err, argv))
 
 
@@ -197,7 +197,7 @@ def main(argv: list[str]) -> None:
         metrics = module.train_and_evaluate(
             config, flags.FLAGS.workdir, allow_config_change=flags.FLAGS.allow_config_change
         )
-    except (checkpoint.IncompatibleCheckpointError, NonFiniteError) as err:  # changed config; diverged run
+    except (checkpoint.IncompatibleCheckpointError, checkpoint.CorruptCheckpointError, NonFiniteError) as err:
         sys.exit(f"error: {err}")
     except Preempted as err:  # saved and stopped: not finished, so no final metrics
         print(

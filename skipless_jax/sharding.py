@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 DATA_AXES = ("data", "fsdp")  # the batch is split over both; fsdp also splits parameters
 MESH_AXES = DATA_AXES
@@ -29,10 +31,11 @@ MESH_AXES = DATA_AXES
 def _mesh_axes(mesh: Any) -> list[tuple[str, Any]]:
     """(axis, size) pairs in mesh order (data, then fsdp) from a ConfigDict/dict or the old list."""
     if hasattr(mesh, "items"):  # ConfigDict or dict: {'data': -1, 'fsdp': 1}
-        unknown = [name for name in mesh.keys() if name not in MESH_AXES]
+        unknown = [name for name in mesh if name not in MESH_AXES]
         if unknown:
             raise ValueError(
-                f"config.mesh.{unknown[0]}={mesh[unknown[0]]!r} is an unknown mesh axis; allowed: {', '.join(MESH_AXES)}"
+                f"config.mesh.{unknown[0]}={mesh[unknown[0]]!r} is an unknown mesh axis; "
+                f"allowed: {', '.join(MESH_AXES)}"
             )
         return [(name, mesh[name]) for name in MESH_AXES if name in mesh]
     try:  # the old form: [('data', -1), ('fsdp', 1)]
@@ -45,7 +48,9 @@ def _mesh_axes(mesh: Any) -> list[tuple[str, Any]]:
     for name in names:
         if name not in MESH_AXES or names.count(name) > 1:
             what = "an unknown mesh axis" if name not in MESH_AXES else "repeated"
-            raise ValueError(f"config.mesh.{name} (in config.mesh={list(mesh)}) is {what}; allowed: {', '.join(MESH_AXES)}")
+            raise ValueError(
+                f"config.mesh.{name} (in config.mesh={list(mesh)}) is {what}; allowed: {', '.join(MESH_AXES)}"
+            )
     return axes
 
 
@@ -61,7 +66,9 @@ def mesh_shape(mesh: Any, num_devices: int) -> tuple[tuple[str, ...], tuple[int,
     names = tuple(name for name, _ in axes)
     for name, size in axes:
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not (size > 0 or size == -1):
-            raise ValueError(f"config.mesh.{name}={size!r} must be a positive integer, or -1 for all the remaining devices")
+            raise ValueError(
+                f"config.mesh.{name}={size!r} must be a positive integer, or -1 for all the remaining devices"
+            )
     sizes = [int(size) for _, size in axes]
     if sizes.count(-1) > 1:
         both = " and ".join(f"config.mesh.{n}=-1" for n, s in axes if s == -1)
@@ -165,5 +172,6 @@ def validate_rules(rules: Sequence[Any]) -> None:
             ok = ok and (rule in ("fsdp", "replicate") or isinstance(rule, (tuple, list)))
         if not ok:
             raise ValueError(
-                f"config.sharding_rules entry {item!r} is malformed; allowed: (regex, 'fsdp' | 'replicate' | partition tuple)"
+                f"config.sharding_rules entry {item!r} is malformed; "
+                "allowed: (regex, 'fsdp' | 'replicate' | partition tuple)"
             )

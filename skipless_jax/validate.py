@@ -6,7 +6,7 @@ Every error is one line that names the field, the bad value and what is allowed.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import jax
 
@@ -58,7 +58,8 @@ def _finite(config: Any, field: str, minimum: str = "> 0", allow_none: bool = Fa
     if value is None and allow_none:
         return
     ok = _is_finite(value) and (value > 0 if minimum == "> 0" else value >= 0)
-    _require(ok, f"config.{field}={value!r} must be a finite number {minimum}" + (f" ({none_means})" if none_means else ""))
+    _require(ok,
+             f"config.{field}={value!r} must be a finite number {minimum}" + (f" ({none_means})" if none_means else ""))
 
 
 def _count(config: Any, field: str, allow_zero: bool = False, allow_none: bool = False, zero_means: str = "") -> None:
@@ -109,7 +110,7 @@ def _check_warmup(config: Any) -> None:
 
         try:  # the split size; reading the data is checked (one line) after the config
             num_train = inputs.num_train_examples(config)
-        except Exception:  # noqa: BLE001 - missing or unreadable data is reported by check_available
+        except Exception:
             return
         spe = steps_per_epoch(config, num_train)
     from skipless_jax.trainers.common import steps_of  # the trainers' own count
@@ -129,7 +130,7 @@ def model_image_checks(model: Any, image_size: int) -> None:
     models.check_config(model, image_size)
 
 
-def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
+def validate_config(config: Any, num_devices: int | None = None) -> None:
     """Raises ValueError (one line) for the first bad field of a training config."""
     num_devices = num_devices or jax.device_count()
     trainer = config.get("trainer", "supervised")
@@ -140,7 +141,8 @@ def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
     name = config.dataset.get("name")
     info = sources.dataset_info(name)
     for field in ("train_split", "eval_split"):
-        _require(isinstance(config.dataset.get(field), str) and config.dataset.get(field), f"config.dataset.{field}={config.dataset.get(field)!r} must name a split")
+        split = config.dataset.get(field)
+        _require(isinstance(split, str) and split, f"config.dataset.{field}={split!r} must name a split")
     size = config.input.get("image_size")
     _require(
         size is None or (_is_int(size) and size > 0),
@@ -158,21 +160,26 @@ def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
     for field in ("batch_size", "eval_batch_size"):
         batch = config.input.get(field)
         if batch:
-            _require(batch % shards == 0, f"config.input.{field}={batch} is not divisible by the {shards} data-parallel devices of the mesh {dict(zip(names, sizes))}")
-            _require(batch % jax.process_count() == 0, f"config.input.{field}={batch} is not divisible by the {jax.process_count()} processes")
+            _require(batch % shards == 0,
+                     f"config.input.{field}={batch} is not divisible by the {shards} data-parallel devices "
+                     f"of the mesh {dict(zip(names, sizes))}")
+            _require(batch % jax.process_count() == 0,
+                     f"config.input.{field}={batch} is not divisible by the {jax.process_count()} processes")
     sharding.validate_rules(config.get("sharding_rules", []))
     if config.get("analysis") is not None:  # live log-κ monitoring on a probe batch
         _positive(config, "analysis.every_steps", allow_zero=True, allow_none=True)
         every = config.analysis.get("every_steps")
-        _require(every is None or (isinstance(every, int) and not isinstance(every, bool)), f"config.analysis.every_steps={every!r} must be an integer (0: off)")
+        _require(every is None or (isinstance(every, int) and not isinstance(every, bool)),
+                 f"config.analysis.every_steps={every!r} must be an integer (0: off)")
         if every:
             probe = config.analysis.get("probe_size", 32)
             split_size = info.splits.get(config.dataset.eval_split)  # None: not known before reading
             _require(
                 isinstance(probe, int) and not isinstance(probe, bool) and probe > 0
-                and probe % shards == 0 and probe % jax.process_count() == 0 and (split_size is None or probe <= split_size),
-                f"config.analysis.probe_size={probe!r} must be a positive integer divisible by the {shards} data-parallel "
-                f"devices and by the {jax.process_count()} processes"
+                and probe % shards == 0 and probe % jax.process_count() == 0
+                and (split_size is None or probe <= split_size),
+                f"config.analysis.probe_size={probe!r} must be a positive integer divisible by the {shards} "
+                f"data-parallel devices and by the {jax.process_count()} processes"
                 + (f", at most the {split_size} examples of the eval split" if split_size else ""),
             )
     accum = config.get("grad_accum_steps") or 1
@@ -189,12 +196,14 @@ def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
     from skipless_jax.optim import OPTIMIZERS
 
     opt = config.optimizer
-    _require(opt.get("name") in OPTIMIZERS, f"config.optimizer.name={opt.get('name')!r} is unknown; allowed: {sorted(OPTIMIZERS)}")
+    _require(opt.get("name") in OPTIMIZERS,
+             f"config.optimizer.name={opt.get('name')!r} is unknown; allowed: {sorted(OPTIMIZERS)}")
     _finite(config, "optimizer.lr")
     _finite(config, "optimizer.weight_decay", ">= 0", allow_none=True)
     for field in ("b1", "b2"):
         value = opt.get(field)
-        _require(value is None or (_is_finite(value) and 0.0 <= value < 1.0), f"config.optimizer.{field}={value!r} must be in [0, 1)")
+        _require(value is None or (_is_finite(value) and 0.0 <= value < 1.0),
+                 f"config.optimizer.{field}={value!r} must be in [0, 1)")
     _require(config.get("schedule") is not None, "config.schedule must be set (warmup_steps or warmup_epochs, end_lr)")
     _finite(config, "schedule.end_lr", ">= 0", allow_none=True)
     _nonfinite_numbers(opt, "config.optimizer")
@@ -220,14 +229,16 @@ def validate_config(config: Any, num_devices: Optional[int] = None) -> None:
     _check_warmup(config)
     _finite(config, "grad_clip_norm", allow_none=True, none_means="None: no clipping")
     smoothing = config.get("label_smoothing", 0.0)
-    _require(_is_finite(smoothing) and 0.0 <= smoothing < 1.0, f"config.label_smoothing={smoothing!r} must be in [0, 1)")
+    _require(_is_finite(smoothing) and 0.0 <= smoothing < 1.0,
+             f"config.label_smoothing={smoothing!r} must be in [0, 1)")
     _count(config, "log_every_steps")
     for field in ("eval_every_steps", "checkpoint_every_steps"):
         _count(config, field, allow_zero=True, allow_none=True, zero_means="0 or None: only at the end")
     keep = config.get("keep_checkpoints", 3)
     _require(
         _is_int(keep) and keep > 0,
-        f"config.keep_checkpoints={keep!r} must be a positive integer (the newest checkpoints kept; 0 would end a run with none)",
+        f"config.keep_checkpoints={keep!r} must be a positive integer "
+        "(the newest checkpoints kept; 0 would end a run with none)",
     )
     aug = config.input.get("aug")
     if aug is not None:

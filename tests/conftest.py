@@ -11,7 +11,7 @@ os.environ["XLA_FLAGS"] = (
     " --xla_cpu_enable_concurrency_optimized_scheduler=false"
 ).strip()
 
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Callable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "configs", "tiny.py")
@@ -45,7 +45,7 @@ def file_lock(path: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def env(num_devices: int, cache_dir: Optional[str] = None, **extra: str) -> dict[str, str]:
+def env(num_devices: int, cache_dir: str | None = None, **extra: str) -> dict[str, str]:
     """A CPU-only environment with `num_devices` fake devices and one BLAS thread.
 
     `cache_dir`: JAX's persistent compilation cache, shared by the runs of a test session (a
@@ -70,7 +70,7 @@ def env(num_devices: int, cache_dir: Optional[str] = None, **extra: str) -> dict
     return out
 
 
-def command(workdir: str, overrides: Sequence[str] = (), process: Optional[tuple[str, int, int]] = None) -> list[str]:
+def command(workdir: str, overrides: Sequence[str] = (), process: tuple[str, int, int] | None = None) -> list[str]:
     """The CLI on the tiny config; `process` = (coordinator address, process count, index)."""
     cmd = [sys.executable, os.path.abspath(__file__), f"--config={TINY}", f"--workdir={workdir}", *overrides]
     if process is not None:
@@ -112,7 +112,9 @@ def wait_until(condition: Callable[[], bool], procs: Sequence[subprocess.Popen],
     deadline = time.monotonic() + timeout
     while not condition():
         if any(p.poll() is not None for p in procs):
-            raise AssertionError(f"a run exited ({[p.returncode for p in procs]}) before the condition held:\n{tail(log)}")
+            raise AssertionError(
+                f"a run exited ({[p.returncode for p in procs]}) before the condition held:\n{tail(log)}"
+            )
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not reached within {timeout} s; log tail:\n{tail(log)}")
         time.sleep(0.02)
@@ -142,8 +144,10 @@ def _install_hooks() -> None:
     progress = os.environ.get("SKIPLESS_PROGRESS")
     train_iterator = inputs.train_iterator
 
-    def slowed(config, start_step, process_index, process_count):
-        for step, batch in enumerate(train_iterator(config, start_step, process_index, process_count), start_step + 1):
+    def slowed(config, start_step, process_index, process_count, **kwargs):  # kwargs: e.g. DINO's transforms
+        for step, batch in enumerate(
+            train_iterator(config, start_step, process_index, process_count, **kwargs), start_step + 1
+        ):
             if progress:
                 with open(progress + ".tmp", "w") as f:
                     f.write(str(step))

@@ -6,12 +6,13 @@ import subprocess
 import sys
 
 import jax
-import ml_collections
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 from skipless_jax import analyze, checkpoint, conditioning
+
 from util import ROOT, tiny_config
 
 NUM_IMAGES = 8
@@ -58,7 +59,7 @@ def test_analyze_reads_the_latest_checkpoint(tmp_path):
     later = None
     for step in (3, 7):  # different weights per step; the newest must be read
         key = jax.random.key(step)
-        later = jax.tree.map(lambda p: p + 0.3 * jax.random.normal(key, p.shape), params)
+        later = jax.tree.map(lambda p, key=key: p + 0.3 * jax.random.normal(key, p.shape), params)
         checkpoint.save(mngr, step, {"step": jnp.int32(step), "params": later}, {"step": step})
     mngr.wait_until_finished()
     mngr.close()
@@ -135,6 +136,7 @@ def test_cli_error_is_one_line(tmp_path):
 def test_analyze_a_dino_run_reads_the_teacher_backbone(tmp_path):
     """A DINO workdir: the EMA teacher's ViT backbone from the checkpoint (what DINO evaluates)."""
     from skipless_jax.trainers import dino
+
     from util import load_config
 
     config = load_config("dino_digits", "skip_sab=False,skip_ffn=False,init=skipless")

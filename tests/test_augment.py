@@ -139,7 +139,7 @@ def test_random_resized_crop_box_within_scale_and_ratio():
     fractions, aspects = [], []
     for seed in range(400):
         top, left, h, w = augment.random_resized_crop_box(height, width, _rng(seed))
-        assert 0 <= top and top + h <= height and 0 <= left and left + w <= width
+        assert top >= 0 and top + h <= height and left >= 0 and left + w <= width
         # rounding h and w to integers moves the area by at most (h + w)/2 + 1/4 pixels
         slack = (0.5 * (h + w) + 0.25) / (height * width)
         fractions.append(h * w / (height * width))
@@ -327,7 +327,7 @@ def test_random_erasing_box_area_and_aspect_within_bounds():
         box = augment.random_erasing_box(height, width, _rng(seed))
         assert box is not None
         top, left, h, w = box
-        assert 0 <= top and top + h <= height and 0 <= left and left + w <= width
+        assert top >= 0 and top + h <= height and left >= 0 and left + w <= width
         slack = (0.5 * (h + w) + 0.25) / (height * width)
         fractions.append(h * w / (height * width))
         assert 0.02 - slack <= fractions[-1] <= 1 / 3 + slack
@@ -514,7 +514,8 @@ def test_batch_transform_from_config():
     images, labels = _batch()
     mix = augment.batch_transform(_deit_aug(), num_classes=10)
     out, soft = mix(images, labels, _rng(2))
-    ref_out, ref_soft = augment.mixup_cutmix(images, labels, 10, _rng(2), 0.8, 1.0, 0.5, 1.0, 0.0)  # smoothing: the loss's
+    # Smoothing (the last argument) 0.0: the loss applies it.
+    ref_out, ref_soft = augment.mixup_cutmix(images, labels, 10, _rng(2), 0.8, 1.0, 0.5, 1.0, 0.0)
     np.testing.assert_array_equal(out, ref_out)
     np.testing.assert_array_equal(soft, ref_soft)
     with pytest.raises(ValueError, match="num_classes=0"):

@@ -56,7 +56,10 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *words
         ([f"--config={QUICKSTART}", "--config.modle.depth=3"], ["--config.modle.depth=3", "'modle'", '"model"']),
         ([f"--config={QUICKSTART}", "--config.model.nosuch=3"], ["--config.model.nosuch=3", "no such field 'nosuch'"]),
         ([f"--config={QUICKSTART}", "--config.model.depth=abc"], ["--config.model.depth=abc", "'abc'"]),
-        ([f"--config={QUICKSTART}:foo=1"], [f"--config={QUICKSTART}:foo=1", "config arg 'foo=1' is unknown", "allowed:"]),
+        (
+            [f"--config={QUICKSTART}:foo=1"],
+            [f"--config={QUICKSTART}:foo=1", "config arg 'foo=1' is unknown", "allowed:"],
+        ),
         ([f"--config={QUICKSTART}:depth=x"], ["depth='x' must be of type int"]),
         ([f"--config={QUICKSTART}", "--no_such_flag=1"], ["no_such_flag"]),
         ([f"--config={QUICKSTART}", "--num_processes=two"], ["--num_processes=two"]),
@@ -196,9 +199,7 @@ class _Trainer(types.SimpleNamespace):
 
 @pytest.fixture
 def trainer(monkeypatch):
-    from skipless_jax import trainers
-
-    from skipless_jax import distributed
+    from skipless_jax import distributed, trainers
 
     fake = _Trainer(calls=[], outcome={"step": 12, "test_accuracy": 0.5})
     monkeypatch.setattr(trainers, "get", lambda name: fake)
@@ -312,7 +313,8 @@ def test_gpu_node_sigterm_to_the_launcher_is_a_preemption(tmp_path, fake_trainer
     proc = subprocess.Popen(
         ["bash", str(LAUNCH / "gpu_node.sh"), "--config", TINY, "--workdir", str(tmp_path), "--platform", "cpu",
          "--num-processes", "2", "--python", str(fake_trainer)],
-        env=_launcher_env(FAKE_SLEEP_0="60", FAKE_SLEEP_1="60"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_launcher_env(FAKE_SLEEP_0="60", FAKE_SLEEP_1="60"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     logs = [tmp_path / "launch_logs" / f"process-{i}.log" for i in range(2)]
     deadline = time.monotonic() + 60

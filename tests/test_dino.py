@@ -4,19 +4,20 @@ import dataclasses
 import math
 
 import jax
-import ml_collections
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from util import load_config
 
 from skipless_jax import checkpoint, sharding
-from skipless_jax.trainers import dino
 from skipless_jax.data import multicrop
 from skipless_jax.models import dino_head
+from skipless_jax.trainers import dino
+
+from util import load_config
 
 
 def tiny_dino_config(**overrides):
@@ -175,7 +176,7 @@ def test_frozen_last_layer_starts_adam_at_t1_and_follows_the_global_lr_and_wd():
     state = tx.init(params)
     grads = {"head": {"last_layer_v": jnp.full((4, 6), 1e-3)}, "w": jnp.full((4, 4), 1e-3)}
     for step in range(3):
-        g = jax.tree.map(lambda x: x * (step + 1), grads)  # gradients that differ per step
+        g = jax.tree.map(lambda x, step=step: x * (step + 1), grads)  # gradients that differ per step
         updates, state = jax.jit(tx.update)(g, state, params)
     lr, wd = float(sched.lr(2)), float(sched.wd(2))
     g2 = 3e-3
@@ -184,7 +185,8 @@ def test_frozen_last_layer_starts_adam_at_t1_and_follows_the_global_lr_and_wd():
     m = (1 - 0.9) * (0.9**2 * 1e-3 + 0.9 * 2e-3 + 3e-3)  # the rest: Adam at t = 3
     v = (1 - 0.999) * (0.999**2 * 1e-6 + 0.999 * 4e-6 + 9e-6)
     m_hat, v_hat = m / (1 - 0.9**3), v / (1 - 0.999**3)
-    np.testing.assert_allclose(np.asarray(updates["w"]), -lr * m_hat / (math.sqrt(v_hat) + 1e-8) - lr * wd * 0.5, rtol=1e-4)
+    expected_w = -lr * m_hat / (math.sqrt(v_hat) + 1e-8) - lr * wd * 0.5
+    np.testing.assert_allclose(np.asarray(updates["w"]), expected_w, rtol=1e-4)
 
 
 def test_dino_decays_position_table_and_class_token_but_not_biases():
@@ -303,7 +305,9 @@ def test_loss_and_centre_on_four_devices_equal_single_device():
     np.testing.assert_allclose(loss4, loss1, rtol=1e-5)
     np.testing.assert_allclose(center4, center1, rtol=1e-5, atol=1e-8)
     # The centre is the mean over the global batch; one device's quarter would give another.
-    np.testing.assert_allclose(center4, 0.009 + 0.1 * teacher_out.reshape(32, -1).mean(0, keepdims=True), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        center4, 0.009 + 0.1 * teacher_out.reshape(32, -1).mean(0, keepdims=True), rtol=1e-5, atol=1e-7
+    )
     quarter = 0.009 + 0.1 * teacher_out[:, :4].reshape(8, -1).mean(0, keepdims=True)
     assert np.abs(center4 - quarter).max() > 1e-4
 
@@ -332,7 +336,10 @@ def test_checkpoint_resume_continues_teacher_centre_and_schedules_exactly(tmp_pa
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        ({"input.multicrop.local_size": 3}, r"config\.input\.multicrop\.local_size=3 is not divisible by the patch size 2"),
+        (
+            {"input.multicrop.local_size": 3},
+            r"config\.input\.multicrop\.local_size=3 is not divisible by the patch size 2",
+        ),
         ({"dino.teacher_temp": 0.0}, r"config\.dino\.teacher_temp=0\.0 must be a finite number > 0"),
         ({"dino.warmup_teacher_temp": -0.04}, r"config\.dino\.warmup_teacher_temp=-0\.04 must be"),
         ({"dino.student_temp": 0}, r"config\.dino\.student_temp=0\.0 must be a finite number > 0"),

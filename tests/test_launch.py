@@ -404,8 +404,8 @@ def test_tpu_lifecycle_dry_run():
 
 
 def test_tpu_workers_run_the_same_job_with_one_coordinator(tmp_path: Path):
-    result = launch("tpu_vm.sh", "run", *TPU, "--bucket", "gs://b", "--config", CONFIG, "--env", "LIBTPU_INIT_ARGS=--a=1 --b=2",
-                    "--dry-run", "--", *OVERRIDES)
+    result = launch("tpu_vm.sh", "run", *TPU, "--bucket", "gs://b", "--config", CONFIG,
+                    "--env", "LIBTPU_INIT_ARGS=--a=1 --b=2", "--dry-run", "--", *OVERRIDES)
     [run] = commands(result.stdout)
     remote = shlex.split(option(run, "command"))
     env, worker = split_env(remote[3:])
@@ -493,7 +493,8 @@ def test_tpu_install_ships_this_checkout(tmp_path: Path):
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     result = launch("tpu_vm.sh", "install", *TPU, env=env)
     assert result.returncode == 0, result.stderr
-    names = tarfile.open(tmp_path / "shipped.tgz").getnames()
+    with tarfile.open(tmp_path / "shipped.tgz") as tar:
+        names = tar.getnames()
     assert {"launch/tpu_worker.sh", "launch/tpu_vm.sh", "tests/test_launch.py"} <= set(names)
     assert not [n for n in names if n.startswith((".venv/", ".git/")) or "__pycache__" in n]
     assert not (tmp_path / "skipless_jax-exp-1.tgz").exists()  # the local copy is removed
@@ -570,14 +571,16 @@ def test_two_process_cpu_run_of_the_quickstart(tmp_path: Path):
     result = launch(
         "gpu_node.sh", "--platform", "cpu", "--num-processes", "2", "--port", str(free_port()), "--grace", "10",
         "--python", sys.executable, "--config", "configs/quickstart.py:depth=1,epochs=1", "--workdir", str(workdir),
-        "--", "--config.schedule.warmup_epochs=0", "--config.model.width=32", "--config.model.mlp_dim=64", "--config.input.batch_size=256",
+        "--", "--config.schedule.warmup_epochs=0", "--config.model.width=32", "--config.model.mlp_dim=64",
+        "--config.input.batch_size=256",
         "--config.log_every_steps=2",
         env=clean_env(OPENBLAS_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3"), timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     logs = [(workdir / "launch_logs" / f"process-{i}.log").read_text() for i in range(2)]
     for i, log in enumerate(logs):
-        assert re.search(rf"Process {i}/2, local devices \[\d+\], global devices 2, mesh {{'data': 2, 'fsdp': 1}}", log), log[-2000:]
+        pattern = rf"Process {i}/2, local devices \[\d+\], global devices 2, mesh {{'data': 2, 'fsdp': 1}}"
+        assert re.search(pattern, log), log[-2000:]
     # Process 0 logs the global metrics (ceil(1437 / 256) = 6 steps); process 1 only warnings.
     steps = re.findall(r"\[(\d+)\] train/.*train/loss=([0-9.]+)", logs[0])
     assert [step for step, _ in steps] == ["2", "4", "6"]

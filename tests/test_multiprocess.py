@@ -12,10 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-import subprocess_runs as sr
 from skipless_jax import checkpoint
 from skipless_jax.trainers import common, supervised
 
+import subprocess_runs as sr
 from util import tiny_config
 
 MESH = {"data": 2, "fsdp": 2}  # parameters sharded across the two processes
@@ -64,7 +64,9 @@ def _resume_in_one_process(workdir, caplog):
     config = tiny_config(total_steps=7, log_every_steps=1)
     config.mesh = {"data": 1}
     with caplog.at_level(logging.INFO):
-        metrics = supervised.train_and_evaluate(config, workdir, devices=jax.devices()[:1], allow_config_change=True)  # a longer schedule
+        metrics = supervised.train_and_evaluate(
+            config, workdir, devices=jax.devices()[:1], allow_config_change=True
+        )  # a longer schedule
     assert metrics["step"] == 7
     assert any(re.search(r"Resumed from .* at step 5\.", r.getMessage()) for r in caplog.records)
     caplog.clear()
@@ -75,12 +77,16 @@ def test_two_processes_equal_one_process_and_checkpoint_restores_in_one(tmp_path
     # Two processes × 2 devices, 5 steps, data 2 × fsdp 2.
     multi = str(tmp_path / "two_processes")
     # tests/configs/tiny.py:fsdp=2 is MESH over the 4 global devices.
-    procs, logs, _ = _launch(multi, ["--config.total_steps=5", "--config.log_every_steps=5"],
-                             _environ(tmp_path_factory), tmp_path, ":fsdp=2")
+    procs, logs, _ = _launch(
+        multi, ["--config.total_steps=5", "--config.log_every_steps=5"], _environ(tmp_path_factory), tmp_path, ":fsdp=2"
+    )
     for proc, log in zip(procs, logs):
         assert sr.finish(proc, log, TIMEOUT) == 0, sr.tail(log)
     for i, log in enumerate(logs):  # every process reports itself and its local devices
-        assert re.search(rf"Process {i}/2, local devices \[\d+, \d+\], global devices 4, mesh {{'data': 2, 'fsdp': 2}}", sr.tail(log, 10**6))
+        assert re.search(
+            rf"Process {i}/2, local devices \[\d+, \d+\], global devices 4, mesh {{'data': 2, 'fsdp': 2}}",
+            sr.tail(log, 10**6),
+        )
 
     # One process × 4 devices, same mesh.
     single = str(tmp_path / "one_process")
@@ -104,7 +110,12 @@ def test_two_processes_equal_one_process_and_checkpoint_restores_in_one(tmp_path
 @pytest.mark.parametrize("victim", [1, 0], ids=["kill-worker", "kill-coordinator"])
 def test_killed_peer_stops_the_other_process_without_hanging(tmp_path, tmp_path_factory, victim):
     workdir = str(tmp_path / "run")
-    procs, logs, progress = _launch(workdir, LONG_RUN, _environ(tmp_path_factory, SKIPLESS_STEP_DELAY=DELAY, JAX_HEARTBEAT_TIMEOUT=str(HEARTBEAT)), tmp_path)
+    procs, logs, progress = _launch(
+        workdir,
+        LONG_RUN,
+        _environ(tmp_path_factory, SKIPLESS_STEP_DELAY=DELAY, JAX_HEARTBEAT_TIMEOUT=str(HEARTBEAT)),
+        tmp_path,
+    )
     try:
         sr.wait_until(lambda: 2 in sr.steps_on_disk(workdir), procs, logs[0], TIMEOUT)
         procs[victim].send_signal(signal.SIGKILL)

@@ -19,7 +19,10 @@ def _exploding(opt="adamw", **kw):
 
 
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path):
-    with pytest.raises(common.NonFiniteError, match=r"Non-finite values at step 3 \(first: .+\); stopped at step 3, last good checkpoint: 2") as err:
+    with pytest.raises(
+        common.NonFiniteError,
+        match=r"Non-finite values at step 3 \(first: .+\); stopped at step 3, last good checkpoint: 2",
+    ) as err:
         supervised.train_and_evaluate(_exploding(), str(tmp_path))
     assert "\n" not in str(err.value)
     mngr = checkpoint.manager(str(tmp_path))
@@ -39,13 +42,19 @@ def test_skip_nonfinite_steps_counts_and_keeps_params_finite(tmp_path):
 
 
 def _all_finite(tree):
-    return all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(tree) if np.issubdtype(np.asarray(x).dtype, np.inexact))
+    return all(
+        np.isfinite(np.asarray(x)).all()
+        for x in jax.tree.leaves(tree)
+        if np.issubdtype(np.asarray(x).dtype, np.inexact)
+    )
 
 
 def test_soap_with_a_huge_lr_never_saves_infinite_parameters(tmp_path):
     """SOAP turns finite gradients into infinite parameters at lr 1e30: the guard checks what the
     optimizer produced, so no checkpoint ("last good" or later) holds a non-finite value."""
-    with pytest.raises(common.NonFiniteError, match=r"Non-finite values at step (\d+) \(first: (parameter|optimizer state) .+\)") as err:
+    with pytest.raises(
+        common.NonFiniteError, match=r"Non-finite values at step (\d+) \(first: (parameter|optimizer state) .+\)"
+    ) as err:
         supervised.train_and_evaluate(_exploding(opt="soap"), str(tmp_path))
     assert "\n" not in str(err.value)
     mngr = checkpoint.manager(str(tmp_path))

@@ -10,9 +10,10 @@ import jax
 import numpy as np
 import pytest
 
-import subprocess_runs as sr
 from skipless_jax import checkpoint
 from skipless_jax.trainers import common
+
+import subprocess_runs as sr
 
 STEPS, EVERY = 12, 4
 OVERRIDES = [f"--config.total_steps={STEPS}", f"--config.checkpoint_every_steps={EVERY}", "--config.keep_checkpoints=2"]
@@ -53,7 +54,9 @@ def _signal_mid_run(tmp_path, environ, signum):
     workdir, progress, log = str(tmp_path / "run"), str(tmp_path / "progress"), str(tmp_path / "run.log")
     slowed = dict(environ, SKIPLESS_STEP_DELAY=DELAY, SKIPLESS_PROGRESS=progress)
     proc = sr.start(sr.command(workdir, OVERRIDES), slowed, log)
-    sr.wait_until(lambda: EVERY in sr.steps_on_disk(workdir) and sr.read_progress(progress) >= EVERY + 2, [proc], log, TIMEOUT)
+    sr.wait_until(
+        lambda: EVERY in sr.steps_on_disk(workdir) and sr.read_progress(progress) >= EVERY + 2, [proc], log, TIMEOUT
+    )
     at = sr.read_progress(progress)
     proc.send_signal(signum)
     return workdir, proc, at, log
@@ -106,7 +109,10 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, environ, r
     workdir = str(tmp_path / "run")
     shutil.copytree(reference[0], workdir)
     os.remove(os.path.join(workdir, "final_metrics.json"))  # died after its last save (a finished run is not re-run)
-    files = [f for f in glob.glob(os.path.join(workdir, "checkpoints", str(STEPS), pattern), recursive=True) if os.path.isfile(f)]
+    files = [
+        f for f in glob.glob(os.path.join(workdir, "checkpoints", str(STEPS), pattern), recursive=True)
+        if os.path.isfile(f)
+    ]
     assert files
     rng = np.random.default_rng(0)
     for f in files:

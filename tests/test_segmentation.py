@@ -12,13 +12,13 @@ def ref_miou(preds, labels, num_classes, ignore=255):
     """Independent float64 computation: per-class I and U summed over all pixels of all images."""
     inter = np.zeros(num_classes)
     union = np.zeros(num_classes)
-    for p, l in zip(preds, labels):
-        p, l = np.asarray(p).ravel(), np.asarray(l).ravel()
-        keep = l != ignore
-        p, l = p[keep], l[keep]
+    for p, lab in zip(preds, labels):
+        p, lab = np.asarray(p).ravel(), np.asarray(lab).ravel()
+        keep = lab != ignore
+        p, lab = p[keep], lab[keep]
         for c in range(num_classes):
-            inter[c] += float(np.sum((p == c) & (l == c)))
-            union[c] += float(np.sum((p == c) | (l == c)))
+            inter[c] += float(np.sum((p == c) & (lab == c)))
+            union[c] += float(np.sum((p == c) | (lab == c)))
     iou = np.where(union > 0, inter / np.where(union > 0, union, 1), np.nan)
     return float(np.nanmean(iou)), iou
 
@@ -92,9 +92,9 @@ def test_accumulation_equals_concatenation_and_reference():
         pred = np.where(pred == 255, 0, pred)
         preds.append(pred.astype(np.int32))
         labels.append(label.astype(np.uint8))
-    total = sum(seg.confusion_matrix(p, l, c) for p, l in zip(preds, labels))
+    total = sum(seg.confusion_matrix(p, lab, c) for p, lab in zip(preds, labels))
     cat = seg.confusion_matrix(
-        np.concatenate([p.ravel() for p in preds]), np.concatenate([l.ravel() for l in labels]), c
+        np.concatenate([p.ravel() for p in preds]), np.concatenate([lab.ravel() for lab in labels]), c
     )
     np.testing.assert_array_equal(total, cat)
     miou, iou = seg.mean_iou(total)
@@ -102,7 +102,7 @@ def test_accumulation_equals_concatenation_and_reference():
     assert miou == pytest.approx(rm, abs=1e-12)
     np.testing.assert_allclose(iou, riou, atol=1e-12)
     # The mean over the set is not the mean of per-image mIoUs.
-    per_image = np.nanmean([seg.mean_iou(seg.confusion_matrix(p, l, c))[0] for p, l in zip(preds, labels)])
+    per_image = np.nanmean([seg.mean_iou(seg.confusion_matrix(p, lab, c))[0] for p, lab in zip(preds, labels)])
     assert per_image != pytest.approx(miou, abs=1e-9)
 
 

@@ -29,15 +29,19 @@ def test_multi_device_equals_one_device(tmp_path, reference, mesh):
     metrics, state = _final_state(tmp_path, "multi", mesh, jax.devices())
     np.testing.assert_allclose(metrics["train_loss"], ref_metrics["train_loss"], rtol=1e-5)
     np.testing.assert_allclose(metrics["test_loss"], ref_metrics["test_loss"], rtol=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), state["params"], ref_state["params"])
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), state["params"], ref_state["params"]
+    )
 
 
 def test_fsdp_rules_shard_largest_divisible_dim_and_optimizer_state_follows():
     mesh = sharding.make_mesh([("data", 2), ("fsdp", 4)])
     import optax
 
-    params = {"dense": {"kernel": jax.ShapeDtypeStruct((6, 16), np.float32), "bias": jax.ShapeDtypeStruct((16,), np.float32)},
-              "norm": {"scale": jax.ShapeDtypeStruct((3,), np.float32)}}
+    params = {
+        "dense": {"kernel": jax.ShapeDtypeStruct((6, 16), np.float32), "bias": jax.ShapeDtypeStruct((16,), np.float32)},
+        "norm": {"scale": jax.ShapeDtypeStruct((3,), np.float32)},
+    }
     state = {"params": params, "opt_state": jax.eval_shape(optax.adamw(1e-3).init, params)}
     shardings = sharding.tree_shardings(state, mesh, [(".*", "fsdp")])
     assert shardings["params"]["dense"]["kernel"].spec == P(None, "fsdp")  # 16 % 4 == 0, 6 % 4 != 0

@@ -210,7 +210,9 @@ def _naive_svd_tg(x, eps):
 def test_svd_gradient_matches_autodiff_where_svd_is_differentiable(name):
     # Distinct, well-separated singular values: JAX's own SVD derivative is an independent check.
     rng = np.random.default_rng(2)
-    grads = jax.jit(jax.vmap(jax.grad(lambda x, e, w, f: jnp.sum(f(x, e) * w), (0, 1)), (0, 0, 0, None)), static_argnums=3)
+    grads = jax.jit(
+        jax.vmap(jax.grad(lambda x, e, w, f: jnp.sum(f(x, e) * w), (0, 1)), (0, 0, 0, None)), static_argnums=3
+    )
     for n, m in [(12, 8), (8, 12)]:
         x = jnp.asarray(np.stack([spectrum_matrix(rng, n, m, 3.0) for _ in range(2)]), jnp.float32)
         w = jnp.asarray(rng.normal(size=(2, n, m)), jnp.float32)
@@ -283,7 +285,9 @@ def test_bf16_in_bf16_out_computed_in_float32(name):
 
 def test_vit_applies_token_graying_to_the_patch_matrix_identically_at_train_and_eval():
     images = jnp.asarray(_downsample(_photos()[0], 8)[:32, :32][None], jnp.float32)
-    model = vit.ViT(num_classes=3, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=16, token_graying="dct", tg_eps=0.6)
+    model = vit.ViT(
+        num_classes=3, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=16, token_graying="dct", tg_eps=0.6
+    )
 
     @jax.jit
     def both(images):  # one compile: init, a train-mode and an eval-mode forward

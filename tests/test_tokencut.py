@@ -19,7 +19,7 @@ def ref_ncut(feats, dims, patch_size, image_hw, tau=0.2, eps=1e-5):
     feats = np.asarray(feats, np.float64)
     feats = feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
     A = feats @ feats.T
-    A = A > tau
+    A = A > tau  # noqa: SIM300 (A is the affinity matrix, not a constant; the official TokenCut line)
     A = np.where(A.astype(float) == 0, eps, A)
     d_i = np.sum(A, axis=1)
     D = np.diag(d_i)

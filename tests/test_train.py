@@ -30,7 +30,7 @@ def test_loss_decreases_on_digits(tmp_path):
     # The zero-initialized head starts at loss ln 10 = 2.30 and chance accuracy 10%.
     assert metrics["test_loss"] < 1.5, metrics
     assert metrics["test_accuracy"] > 0.4, metrics
-    assert json.load(open(tmp_path / "final_metrics.json"))["step"] == 60
+    assert json.loads((tmp_path / "final_metrics.json").read_text())["step"] == 60
 
 
 def test_resume_continues_from_saved_step_and_matches(tmp_path):
@@ -64,7 +64,7 @@ def test_eval_counts_every_example_exactly_once(batch, processes):
 
 def test_train_batches_depend_only_on_seed_and_step():
     source = sources.get_source("digits", "train")
-    make = lambda start, p=0, n=1: pipeline.train_batches(  # noqa: E731
+    make = lambda start, p=0, n=1: pipeline.train_batches(
         source, lambda im, rng: im.astype(np.float32) + rng.normal(), num_classes=10,
         global_batch_size=8, seed=3, start_step=start, process_index=p, process_count=n)
     it = make(0)
@@ -78,7 +78,7 @@ def test_train_batches_depend_only_on_seed_and_step():
     epoch = pipeline.train_batches(source, lambda im, rng: im, num_classes=10, global_batch_size=479, seed=0)
     first = np.concatenate([next(epoch)["image"] for _ in range(3)])
     second = np.concatenate([next(epoch)["image"] for _ in range(3)])
-    key = lambda x: sorted(map(bytes, x))  # noqa: E731
+    key = lambda x: sorted(map(bytes, x))
     assert key(first) == key(second) == key(np.stack([source[i]["image"] for i in range(len(source))]))
     assert not np.array_equal(first, second)
 
@@ -93,8 +93,14 @@ def test_train_batches_depend_only_on_seed_and_step():
         ({"model.num_heads": 3}, r"config.model.num_heads=3 does not divide config.model.width=32"),
         ({"optimizer.name": "lion"}, r"config.optimizer.name='lion' is unknown"),
         ({"analysis.every_steps": -1}, r"config.analysis.every_steps=-1 must be a non-negative number"),
-        ({"analysis.every_steps": 2, "analysis.probe_size": 12}, r"config.analysis.probe_size=12 must be .* divisible by the 8"),
-        ({"analysis.every_steps": 2, "analysis.probe_size": 400}, r"config.analysis.probe_size=400 must be .* at most the 360 examples"),
+        (
+            {"analysis.every_steps": 2, "analysis.probe_size": 12},
+            r"config.analysis.probe_size=12 must be .* divisible by the 8",
+        ),
+        (
+            {"analysis.every_steps": 2, "analysis.probe_size": 400},
+            r"config.analysis.probe_size=400 must be .* at most the 360 examples",
+        ),
     ],
 )
 def test_bad_config_fails_before_compiling(tmp_path, overrides, match):
@@ -110,14 +116,18 @@ def test_missing_dataset_is_one_line(tmp_path):
     config.dataset.name = "cifar10"
     config.dataset.data_dir = str(tmp_path / "no_data")
     config.model.patch_size = 4
-    with pytest.raises(FileNotFoundError, match=r"config.dataset.name='cifar10': dataset not found in data dir .*no_data.*docs/data.md") as err:
+    with pytest.raises(
+        FileNotFoundError, match=r"config.dataset.name='cifar10': dataset not found in data dir .*no_data.*docs/data.md"
+    ) as err:
         supervised.check_config(config)
     assert "\n" not in str(err.value)
 
 
 def test_gradient_accumulation_equals_the_full_batch(tmp_path):
     full = supervised.train_and_evaluate(tiny_config(total_steps=3, log_every_steps=3), str(tmp_path / "full"))
-    accum = supervised.train_and_evaluate(tiny_config(total_steps=3, log_every_steps=3, grad_accum_steps=4), str(tmp_path / "accum"))
+    accum = supervised.train_and_evaluate(
+        tiny_config(total_steps=3, log_every_steps=3, grad_accum_steps=4), str(tmp_path / "accum")
+    )
     np.testing.assert_allclose(accum["train_loss"], full["train_loss"], rtol=1e-5)
     a, b = _read_params(str(tmp_path / "full")), _read_params(str(tmp_path / "accum"))
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6), a["params"], b["params"])
@@ -136,7 +146,7 @@ def test_live_kappa_monitoring_logs_probe_log_kappa(tmp_path):
 
     scalars = read_scalars(tmp_path)
     kappa_tags = sorted(t for t in scalars if t.startswith("log_kappa/"))
-    assert kappa_tags == [f"log_kappa/{p}/layer_{l}" for p in ("ffn", "sab") for l in (0, 1)]
+    assert kappa_tags == [f"log_kappa/{p}/layer_{layer}" for p in ("ffn", "sab") for layer in (0, 1)]
     for tag in kappa_tags:
         assert sorted(scalars[tag]) == [2, 4, 5]
 
@@ -158,19 +168,28 @@ def test_a_changed_model_in_an_old_workdir_fails_and_keeps_the_checkpoints(tmp_p
     supervised.train_and_evaluate(tiny_config(total_steps=2), str(tmp_path))
     saved = sorted(os.listdir(tmp_path / "checkpoints"))
     deeper = tiny_config("depth=3", total_steps=2)
-    with pytest.raises(common.ConfigChangedError, match=r"another config \(model\.depth: 2 -> 3\); use a new --workdir, or pass --allow_config_change"):
+    with pytest.raises(
+        common.ConfigChangedError,
+        match=r"another config \(model\.depth: 2 -> 3\); use a new --workdir, or pass --allow_config_change",
+    ):
         supervised.train_and_evaluate(deeper, str(tmp_path))
     # Forced: the parameters still do not fit.
-    with pytest.raises(checkpoint.IncompatibleCheckpointError, match=r"step 2 .* other parameters \(not in the checkpoint: \['block_2'\]"):
+    with pytest.raises(
+        checkpoint.IncompatibleCheckpointError,
+        match=r"step 2 .* other parameters \(not in the checkpoint: \['block_2'\]",
+    ):
         supervised.train_and_evaluate(deeper, str(tmp_path), allow_config_change=True)
     with pytest.raises(checkpoint.IncompatibleCheckpointError, match=r"other shape: \['block_0'\]"):
-        supervised.train_and_evaluate(tiny_config(total_steps=2, **{"model.mlp_dim": 48}), str(tmp_path), allow_config_change=True)
+        supervised.train_and_evaluate(
+            tiny_config(total_steps=2, **{"model.mlp_dim": 48}), str(tmp_path), allow_config_change=True
+        )
     assert sorted(os.listdir(tmp_path / "checkpoints")) == saved  # nothing set aside
     assert not (tmp_path / "checkpoints_unreadable").exists()
     # A longer schedule is a deliberate change: refused without the flag, resumed with it.
     with pytest.raises(common.ConfigChangedError, match=r"total_steps: 2 -> 4"):
         supervised.train_and_evaluate(tiny_config(total_steps=4), str(tmp_path))
-    assert supervised.train_and_evaluate(tiny_config(total_steps=4), str(tmp_path), allow_config_change=True)["step"] == 4
+    resumed = supervised.train_and_evaluate(tiny_config(total_steps=4), str(tmp_path), allow_config_change=True)
+    assert resumed["step"] == 4
 
 
 @pytest.mark.parametrize("first, second, field", [
@@ -265,6 +284,7 @@ def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_p
 
     from skipless_jax import models
     from skipless_jax.trainers import dino
+
     from util import load_config
 
     dino_config = load_config("dino_digits")
@@ -277,12 +297,15 @@ def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_p
     dino.train_and_evaluate(dino_config, str(tmp_path / "dino"))
     _, saved = checkpoint.load_raw(str(tmp_path / "dino"))
 
-    config = tiny_config(total_steps=1, init_from=str(tmp_path / "dino"), init_from_key="teacher", **{"schedule.warmup_steps": 0})
+    config = tiny_config(
+        total_steps=1, init_from=str(tmp_path / "dino"), init_from_key="teacher", **{"schedule.warmup_steps": 0}
+    )
     config.model.update(dict(patch_size=4, pool="tok", gelu="exact", posemb_antialias=False))
     config.input.image_size = 8
     model = models.build(config.model, 10)
     params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
-    repl = jax.tree.map(lambda _: NamedSharding(jax.sharding.Mesh(jax.devices()[:1], ("data",)), PartitionSpec()), params)
+    one_device = jax.sharding.Mesh(jax.devices()[:1], ("data",))
+    repl = jax.tree.map(lambda _: NamedSharding(one_device, PartitionSpec()), params)
     loaded = common.init_from(config.init_from, params, repl, "teacher", supervised.init_from_rename("teacher"))
     np.testing.assert_array_equal(loaded["block_1"]["MlpBlock_0"]["Dense_0"]["kernel"],
                                   saved["teacher"]["backbone"]["block_1"]["MlpBlock_0"]["Dense_0"]["kernel"])
@@ -290,8 +313,8 @@ def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_p
     np.testing.assert_array_equal(loaded["head"]["kernel"], params["head"]["kernel"])  # fresh
     assert supervised.train_and_evaluate(config, str(tmp_path / "sup"))["step"] == 1
     with pytest.raises(ValueError, match=r"config\.init_from=.* has no teacher/"):
-        common.init_from(config.init_from, {"nope": params["head"]["kernel"]}, {"nope": repl["head"]["kernel"]}, "teacher",
-                         lambda name: name)
+        common.init_from(config.init_from, {"nope": params["head"]["kernel"]}, {"nope": repl["head"]["kernel"]},
+                         "teacher", lambda name: name)
 
 
 def test_evaluate_command_reports_the_final_metrics_of_a_finished_run(tmp_path):

@@ -18,7 +18,10 @@ CASES = [
     ({"mesh.data": 3}, "config.mesh.data=3 × config.mesh.fsdp=1 is 3 devices but 8 are available"),
     ({"mesh.fsdp": 3}, "config.mesh.fsdp=3 does not divide the 8 devices"),
     ({"mesh.fsdp": 0}, "config.mesh.fsdp=0 must be a positive integer, or -1"),
-    ({"mesh.data": 4, "mesh.fsdp": -1, "input.batch_size": 30}, "config.input.batch_size=30 is not divisible by the 8 data-parallel devices"),
+    (
+        {"mesh.data": 4, "mesh.fsdp": -1, "input.batch_size": 30},
+        "config.input.batch_size=30 is not divisible by the 8 data-parallel devices",
+    ),
     ({"input.batch_size": 20}, "config.input.batch_size"),
     ({"input.eval_batch_size": 12}, "config.input.eval_batch_size"),
     ({"optimizer.lr": -1e-3}, "config.optimizer.lr"),
@@ -61,13 +64,26 @@ CASES = [
     ({"schedule.end_lr": float("inf")}, "config.schedule.end_lr=inf must be a finite number"),
     ({"schedule.end_lr": -1e-5}, "config.schedule.end_lr=-1e-05 must be a finite number >= 0"),
     ({"total_steps": None, "total_epochs": float("inf")}, "config.total_epochs=inf must be a finite number > 0"),
-    ({"schedule.warmup_steps": None, "schedule.warmup_epochs": float("nan")}, "config.schedule.warmup_epochs=nan must be a finite number >= 0"),
+    (
+        {"schedule.warmup_steps": None, "schedule.warmup_epochs": float("nan")},
+        "config.schedule.warmup_epochs=nan must be a finite number >= 0",
+    ),
     ({"grad_clip_norm": float("inf")}, "config.grad_clip_norm=inf must be a finite number > 0"),
     ({"label_smoothing": float("nan")}, "config.label_smoothing=nan must be in [0, 1)"),
     # A warm-up longer than the run, in steps or epochs (digits: 1437 train images, batch 32).
-    ({"schedule.warmup_steps": 13}, "config.schedule.warmup_steps=13 is a warm-up of 13 steps, longer than the run's 12 steps (config.total_steps=12)"),
-    ({"schedule.warmup_steps": None, "schedule.warmup_epochs": 1}, "config.schedule.warmup_epochs=1 is a warm-up of 45 steps, longer than the run's 12 steps"),
-    ({"total_steps": None, "total_epochs": 1, "schedule.warmup_steps": 46}, "warm-up of 46 steps, longer than the run's 45 steps (config.total_epochs=1)"),
+    (
+        {"schedule.warmup_steps": 13},
+        "config.schedule.warmup_steps=13 is a warm-up of 13 steps, longer than the run's 12 steps "
+        "(config.total_steps=12)",
+    ),
+    (
+        {"schedule.warmup_steps": None, "schedule.warmup_epochs": 1},
+        "config.schedule.warmup_epochs=1 is a warm-up of 45 steps, longer than the run's 12 steps",
+    ),
+    (
+        {"total_steps": None, "total_epochs": 1, "schedule.warmup_steps": 46},
+        "warm-up of 46 steps, longer than the run's 45 steps (config.total_epochs=1)",
+    ),
     # Checkpoints kept, image size.
     ({"keep_checkpoints": 0}, "config.keep_checkpoints=0 must be a positive integer"),
     ({"keep_checkpoints": -1}, "config.keep_checkpoints=-1 must be a positive integer"),
@@ -96,7 +112,9 @@ WRONG_TYPE = [
 ]
 
 
-@pytest.mark.parametrize("overrides, field", WRONG_TYPE, ids=[",".join(f"{k}={v}" for k, v in o.items()) for o, _ in WRONG_TYPE])
+@pytest.mark.parametrize(
+    "overrides, field", WRONG_TYPE, ids=[",".join(f"{k}={v}" for k, v in o.items()) for o, _ in WRONG_TYPE]
+)
 def test_wrong_type_is_one_line_naming_the_field(overrides, field):
     config = tiny_config()
     for key, value in overrides.items():

@@ -65,7 +65,7 @@ def _hand_composed(params, x, skip_sab, skip_ffn, exact_gelu=False):
         w = {k: np.asarray(p[k], np.float64) for k in p}
         q, k, val = (v @ w[n] + w[f"{n}_bias"] for n in ("query", "key", "value"))
         b, n, d = v.shape
-        split = lambda t: t.reshape(b, n, heads, d // heads).transpose(0, 2, 1, 3)  # noqa: E731
+        split = lambda t: t.reshape(b, n, heads, d // heads).transpose(0, 2, 1, 3)
         q, k, val = split(q), split(k), split(val)
         logits = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d // heads)
         a = np.exp(logits - logits.max(-1, keepdims=True))
@@ -113,7 +113,9 @@ def test_gelu_field_and_variant_conflicts_in_the_config():
     cfg = {"name": "vit", "variant": "Ti/4", "gelu": "exact", "width": None, "depth": None}
     model = models.build(cfg, 10)
     assert (model.width, model.depth, model.patch_size, model.gelu_approximate) == (192, 12, 4, False)
-    with pytest.raises(ValueError, match=r"config\.model\.variant='Ti/4' conflicts with config\.model\.width=64 \(the variant's: 192\)"):
+    with pytest.raises(
+        ValueError, match=r"config\.model\.variant='Ti/4' conflicts with config\.model\.width=64 \(the variant's: 192\)"
+    ):
         models.build({**cfg, "width": 64}, 10)
     models.build({**cfg, "width": 192}, 10)  # the variant's own value is no conflict
     with pytest.raises(ValueError, match=r"config\.model\.gelu='erf' is unknown; allowed: \['tanh', 'exact'\]"):
@@ -154,7 +156,10 @@ def test_drop_path_is_off_without_the_skip():
 
 @pytest.mark.parametrize("pool, posemb", [("tok", "learn"), ("gap", "sincos2d"), ("gap", "learn")])
 def test_vit_outputs_and_intermediates(pool, posemb):
-    model = vit.ViT(num_classes=7, patch_size=2, width=16, depth=3, mlp_dim=32, num_heads=2, pool=pool, posemb=posemb, head_zero_init=False)
+    model = vit.ViT(
+        num_classes=7, patch_size=2, width=16, depth=3, mlp_dim=32, num_heads=2, pool=pool, posemb=posemb,
+        head_zero_init=False,
+    )
     images = jax.random.normal(jax.random.PRNGKey(0), (4, 8, 8, 1))
     params = model.init(jax.random.PRNGKey(1), images)["params"]
     logits, out = model.apply({"params": params}, images)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +29,7 @@ def _transforms(config: Any):
     crop_pct = config.input.get("crop_pct", 0.875)
     evaluate = augment.eval_transform(size, crop_pct, info.mean, info.std)
     if aug is None:  # no augmentation: train images go through the eval transform
-        train = lambda image, rng: evaluate(image)  # noqa: E731
+        train = lambda image, rng: evaluate(image)
     else:
         train = augment.train_transform(aug, size, info.mean, info.std)
     batch = None

@@ -93,7 +93,13 @@ class MultiCrop:
     solarize_prob: float = 0.2  # second global crop only
 
     def view(
-        self, image: np.ndarray, rng: np.random.Generator, size: int, scale: tuple[float, float], blur_p: float, solarize_p: float
+        self,
+        image: np.ndarray,
+        rng: np.random.Generator,
+        size: int,
+        scale: tuple[float, float],
+        blur_p: float,
+        solarize_p: float,
     ) -> np.ndarray:
         """One augmented crop, float32 (size, size, C), normalized."""
         top, left, h, w = augment.random_resized_crop_box(image.shape[0], image.shape[1], rng, scale)
@@ -212,10 +218,14 @@ def from_config(config: Any) -> MultiCrop:
     )
 
 
-def train_iterator(config: Any, start_step: int, process_index: int, process_count: int) -> Iterator[dict[str, np.ndarray]]:
+def train_iterator(
+    config: Any, start_step: int, process_index: int, process_count: int
+) -> Iterator[dict[str, np.ndarray]]:
     """Process-local multi-crop batches {'global', 'local', 'label'} from `start_step` on."""
     mc = from_config(config)
-    return inputs.train_iterator(config, start_step, process_index, process_count, transform=mc, batch_transform=mc.unpack)
+    return inputs.train_iterator(
+        config, start_step, process_index, process_count, transform=mc, batch_transform=mc.unpack
+    )
 
 
 def split_views(batch_global: Any, batch_local: Any) -> tuple[Any, Any]:

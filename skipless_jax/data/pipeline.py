@@ -12,7 +12,8 @@ example carries `mask` (1 real, 0 padding), so every example counts exactly once
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grain
 import numpy as np
@@ -57,7 +58,7 @@ def train_batches(
     start_step: int = 0,
     process_index: int = 0,
     process_count: int = 1,
-    batch_transform: Optional[BatchTransform] = None,
+    batch_transform: BatchTransform | None = None,
     num_workers: int = 0,
     targets: tuple[str, ...] = (),
 ) -> Iterator[dict[str, np.ndarray]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,7 +35,7 @@ class DatasetInfo:
     splits: dict[str, int]  # split name -> number of examples
     mean: tuple[float, ...]  # per-channel, on the [0, 1] scale
     std: tuple[float, ...]
-    tfds_name: Optional[str] = None  # None: embedded, needs no files
+    tfds_name: str | None = None  # None: embedded, needs no files
     fixed_size: bool = True  # every stored image is image_shape (False: resize + crop always)
     targets: tuple[str, ...] = ()  # record fields batched with the image besides the label
 
@@ -109,7 +109,7 @@ def _digits_split() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {"train": (tr_x, tr_y), "test": (te_x, te_y)}
 
 
-def _tfds_source(name: str, split: str, data_dir: Optional[str]) -> Source:
+def _tfds_source(name: str, split: str, data_dir: str | None) -> Source:
     import tensorflow_datasets as tfds
 
     builder = tfds.builder(name, data_dir=data_dir)
@@ -122,7 +122,7 @@ def _tfds_source(name: str, split: str, data_dir: Optional[str]) -> Source:
     return builder.as_data_source(split=split)
 
 
-def get_source(name: str, split: str, data_dir: Optional[str] = None) -> Source:
+def get_source(name: str, split: str, data_dir: str | None = None) -> Source:
     """The random-access source of `split` (a tfds split string, e.g. 'train[:99%]')."""
     info = dataset_info(name)
     if info.tfds_name is not None:
@@ -153,7 +153,7 @@ def parse_split(split: str, name: str) -> tuple[str, Any]:
     if "[" not in split:
         return match.group(1), None
 
-    def bound(text: Optional[str], n: int, default: int) -> int:
+    def bound(text: str | None, n: int, default: int) -> int:
         if text is None:
             return default
         value = round(n * int(text[:-1]) / 100) if text.endswith("%") else int(text)
@@ -179,7 +179,7 @@ class SliceSource:
         return self.source[self.start + index]
 
 
-def check_available(name: str, splits: list[str], data_dir: Optional[str] = None) -> None:
+def check_available(name: str, splits: list[str], data_dir: str | None = None) -> None:
     """Raises the one-line missing-dataset error at start, before anything compiles."""
     for split in splits:
         get_source(name, split, data_dir)

@@ -91,7 +91,8 @@ def _class_ids(root: str | None) -> list[str]:
         raise FileNotFoundError(
             f"config.dataset.data_dir={root!r}: no Tiny-ImageNet-200 folder there (wnids.txt "
             f"missing); see {DOCS} to prepare it")
-    wnids = sorted(line.strip() for line in open(wnids_file) if line.strip())
+    with open(wnids_file) as f:
+        wnids = sorted(line.strip() for line in f if line.strip())
     if len(wnids) != NUM_CLASSES:
         raise ValueError(f"{wnids_file}: {len(wnids)} class ids, expected {NUM_CLASSES}")
     return wnids
@@ -127,8 +128,9 @@ def list_split(root: str | None, split: str) -> tuple[list[str], np.ndarray]:
         annotations = os.path.join(root, "val", "val_annotations.txt")
         if not os.path.isfile(annotations):
             raise FileNotFoundError(f"tiny_imagenet: {annotations} missing; see {DOCS}")
-        rows = sorted((line.split("\t")[:2] for line in open(annotations) if line.strip()),
-                      key=lambda row: _natural_key(row[0]))
+        with open(annotations) as f:
+            rows = sorted((line.split("\t")[:2] for line in f if line.strip()),
+                          key=lambda row: _natural_key(row[0]))
         for name, wnid in rows:
             if wnid not in label_of:
                 raise ValueError(f"{annotations}: class {wnid!r} of {name} is not in wnids.txt")

@@ -15,17 +15,25 @@ from skipless_jax.evaluators.classification import Classification
 from skipless_jax.evaluators.common import Context, Evaluator, due, run_all  # noqa: F401
 from skipless_jax.evaluators.knn import KNN
 from skipless_jax.evaluators.linear_probe import LinearProbe
+from skipless_jax.evaluators.segmentation import LinearSegmentation
+from skipless_jax.evaluators.tokencut import TokenCut
 
 EVALUATORS = {
     "classification": Classification,
     "knn": KNN,
     "linear_probe": LinearProbe,
+    "tokencut": TokenCut,
+    "linear_segmentation": LinearSegmentation,
 }
 COMMON_FIELDS = ("type", "split", "every_steps", "prefix")
 TYPE_FIELDS = {
     "classification": (),
     "knn": ("train_split", "k", "temperature"),
     "linear_probe": ("train_split", "l2", "steps"),
+    "tokencut": ("block", "tau", "eps", "iou"),
+    "linear_segmentation": (
+        "protocol", "train_split", "steps", "batch_size", "lr", "weight_decay", "warmup", "num_classes",
+    ),
 }
 
 
@@ -42,13 +50,21 @@ def check_config(config: ml_collections.ConfigDict, allowed_types: tuple[str, ..
     for name, entry in entries(config).items():
         kind = entry.get("type")
         if kind not in allowed_types:
-            raise ValueError(f"config.evals.{name}.type={kind!r} is unknown for the {config.get('trainer', 'supervised')} trainer; allowed: {list(allowed_types)}")
+            raise ValueError(
+                f"config.evals.{name}.type={kind!r} is unknown for the {config.get('trainer', 'supervised')} trainer; "
+                f"allowed: {list(allowed_types)}"
+            )
         unknown = sorted(set(entry.keys()) - set(COMMON_FIELDS) - set(TYPE_FIELDS[kind]))
         if unknown:
-            raise ValueError(f"config.evals.{name}.{unknown[0]} is not a field of a {kind!r} evaluator; allowed: {sorted(COMMON_FIELDS + TYPE_FIELDS[kind])}")
+            raise ValueError(
+                f"config.evals.{name}.{unknown[0]} is not a field of a {kind!r} evaluator; "
+                f"allowed: {sorted(COMMON_FIELDS + TYPE_FIELDS[kind])}"
+            )
         period = entry.get("every_steps")
         if period is not None and (not isinstance(period, int) or isinstance(period, bool) or period < 0):
-            raise ValueError(f"config.evals.{name}.every_steps={period!r} must be an integer >= 0 (0: only the last step)")
+            raise ValueError(
+                f"config.evals.{name}.every_steps={period!r} must be an integer >= 0 (0: only the last step)"
+            )
         for f in ("split", "train_split", "prefix"):
             value = entry.get(f)
             if value is not None and (not isinstance(value, str) or not value):
@@ -61,7 +77,7 @@ def splits(config: ml_collections.ConfigDict) -> list[str]:
     out = []
     for entry in entries(config).values():
         out.append(entry.get("split") or config.dataset.eval_split)
-        if entry.get("type") in ("knn", "linear_probe"):
+        if entry.get("type") in ("knn", "linear_probe", "linear_segmentation"):
             out.append(entry.get("train_split") or config.dataset.train_split)
     return out
 
@@ -70,9 +86,10 @@ def build(config: ml_collections.ConfigDict, ctx: Context) -> list[Evaluator]:
     """The evaluators of `config.evals`, in their order."""
     out = []
     for name, entry in entries(config).items():
+        every_steps = entry.get("every_steps")
         common = dict(
             prefix=entry.get("prefix") or name,
-            every_steps=entry.get("every_steps") if entry.get("every_steps") is not None else config.get("eval_every_steps"),
+            every_steps=every_steps if every_steps is not None else config.get("eval_every_steps"),
             split=entry.get("split") or config.dataset.eval_split,
         )
         out.append(EVALUATORS[entry.type].from_config(name, entry, ctx, **common))

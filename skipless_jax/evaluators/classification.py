@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,7 @@ class Classification:
 
     name: str
     prefix: str
-    every_steps: Optional[int]
+    every_steps: int | None
     split: str
     ctx: Context
 
@@ -42,7 +42,8 @@ class Classification:
             logits = self.ctx.logits(params, batch["image"])
             mask = batch["mask"]
             correct = (logits.argmax(-1) == batch["label"].argmax(-1)) * mask
-            return {"correct": correct.sum(), "loss": (cross_entropy(logits, batch["label"]) * mask).sum(), "count": mask.sum()}
+            loss = (cross_entropy(logits, batch["label"]) * mask).sum()
+            return {"correct": correct.sum(), "loss": loss, "count": mask.sum()}
 
         self._sums = jax.jit(sums, out_shardings=sharding.replicated(self.ctx.mesh))
 
@@ -63,5 +64,5 @@ class Classification:
         del name, entry  # no fields of its own
 
     @classmethod
-    def from_config(cls, name: str, entry: Any, ctx: Context, **common: Any) -> "Classification":
+    def from_config(cls, name: str, entry: Any, ctx: Context, **common: Any) -> Classification:
         return cls(name=name, ctx=ctx, **common)

@@ -29,7 +29,12 @@ def validate_knn(k: int, temperature: float, num_train: int | None = None, where
         raise ValueError(f"{where}.k={k!r} must be a positive integer")
     if num_train is not None and k > num_train:
         raise ValueError(f"{where}.k={k} exceeds the {num_train} train examples of the kNN bank")
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature > 0 or not math.isfinite(temperature):
+    if (
+        not isinstance(temperature, (int, float))
+        or isinstance(temperature, bool)
+        or not temperature > 0
+        or not math.isfinite(temperature)
+    ):
         raise ValueError(f"{where}.temperature={temperature!r} must be a finite number > 0")
 
 
@@ -69,7 +74,8 @@ def knn_votes(
         pad = chunk - len(block)
         if pad:  # a fixed chunk shape compiles once
             block = np.concatenate([block, np.ones((pad, block.shape[1]), np.float32)])
-        out.append(np.asarray(_vote(bank, labels, jnp.asarray(block), num_classes, int(k), float(temperature)))[: chunk - pad])
+        votes = _vote(bank, labels, jnp.asarray(block), num_classes, int(k), float(temperature))
+        out.append(np.asarray(votes)[: chunk - pad])
     return np.concatenate(out) if out else np.zeros((0, num_classes), np.float32)
 
 
@@ -114,7 +120,7 @@ class KNN:
         validate_knn(entry.get("k", 20), entry.get("temperature", 0.07), where=f"config.evals.{name}")
 
     @classmethod
-    def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> "KNN":
+    def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> KNN:
         cls.check(name, entry)
         k, temperature = entry.get("k", 20), entry.get("temperature", 0.07)
         train_split = entry.get("train_split") or ctx.config.dataset.train_split

@@ -63,7 +63,12 @@ def _fit(x: jax.Array, y: jax.Array, num_classes: int, l2: float, max_steps: int
 
 
 def fit(
-    train_x: np.ndarray, train_y: np.ndarray, num_classes: int, l2: float = 1e-4, max_steps: int = 500, tol: float = 1e-5
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    num_classes: int,
+    l2: float = 1e-4,
+    max_steps: int = 500,
+    tol: float = 1e-5,
 ) -> dict[str, Any]:
     """Standardization statistics and (W, b) fitted on (n, d) features and (n,) int labels."""
     validate_linear_probe(l2, max_steps)
@@ -119,7 +124,7 @@ class LinearProbe:
         validate_linear_probe(entry.get("l2", 1e-4), entry.get("steps", 500), where=f"config.evals.{name}")
 
     @classmethod
-    def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> "LinearProbe":
+    def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> LinearProbe:
         cls.check(name, entry)
         l2, steps = entry.get("l2", 1e-4), entry.get("steps", 500)
         train_split = entry.get("train_split") or ctx.config.dataset.train_split

@@ -19,12 +19,21 @@ Images are zero-padded at the bottom/right to a multiple of the patch size after
 normalization (`pad_to_patch_multiple`), so boxes can reach past the image and get clipped.
 Boxes are (x0, y0, x1, y1) in pixels, x1/y1 exclusive (area (x1 − x0)·(y1 − y0)); VOC's
 1-based inclusive annotations convert with `voc_gt_box`.
+
+The functions above are numpy/scipy only; `TokenCut` at the end is the evaluator
+(`config.evals.<name> = dict(type='tokencut', ...)`): it computes the keys on the device mesh
+and runs the cut on the host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
 from scipy import ndimage
@@ -207,3 +216,198 @@ def corloc(pred_boxes: Sequence[Sequence[float]] | np.ndarray, gt_boxes_per_imag
 def voc_gt_box(xmin: float, ymin: float, xmax: float, ymax: float) -> tuple[float, float, float, float]:
     """VOC's 1-based inclusive (xmin, ymin, xmax, ymax) → (xmin − 1, ymin − 1, xmax, ymax). docs/method.md §7."""
     return xmin - 1, ymin - 1, xmax, ymax
+
+
+# ---------------------------------------------------------------------------------------------
+# The evaluator.
+# ---------------------------------------------------------------------------------------------
+
+
+def patch_size_of(config: Any) -> int:
+    """The patch size of `config.model` (its variant resolved)."""
+    from skipless_jax import models
+
+    return int(models.family(config.model).resolve_sizes(config.model)["patch_size"])
+
+
+def depth_of(config: Any) -> int | None:
+    from skipless_jax import models
+
+    depth = models.family(config.model).resolve_sizes(config.model).get("depth")
+    return int(depth) if depth is not None else None
+
+
+def patch_tokens(tokens: Any, image_hw: tuple[int, int], patch_size: int) -> Any:
+    """(B, prefix + h·w, d) tokens → (B, h, w, d) patch tokens, the prefix (CLS) dropped.
+
+    h, w = H // p, W // p of the (model-size) image; prefix = tokens − h·w (1 with a CLS token,
+    0 with 'gap' pooling). Works on numpy and jax arrays.
+    """
+    h, w = int(image_hw[0]) // patch_size, int(image_hw[1]) // patch_size
+    extra = tokens.shape[1] - h * w
+    if extra < 0:
+        raise ValueError(f"tokencut: {tokens.shape[1]} tokens for a {h}x{w} patch grid")
+    return tokens[:, extra:].reshape(tokens.shape[0], h, w, tokens.shape[-1])
+
+
+def corloc_at(
+    pred_boxes: Sequence[Sequence[float]] | np.ndarray,
+    gt_boxes_per_image: Sequence[np.ndarray],
+    iou: float = CORLOC_IOU,
+) -> float:
+    """`corloc` with the IoU threshold `iou` (hits: IoU ≥ iou with any ground-truth box)."""
+    if iou == CORLOC_IOU:
+        return corloc(pred_boxes, gt_boxes_per_image)
+    preds = np.asarray(pred_boxes, dtype=np.float64).reshape(-1, 4)
+    if len(preds) != len(gt_boxes_per_image) or len(preds) == 0:
+        raise ValueError(f"corloc: {len(preds)} predicted boxes for {len(gt_boxes_per_image)} images")
+    hits = sum(
+        any(box_iou(p, g) >= iou for g in np.asarray(gts, np.float64).reshape(-1, 4))
+        for p, gts in zip(preds, gt_boxes_per_image)
+    )
+    return hits / len(preds)
+
+
+def _number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
+
+
+def validate_tokencut(block: Any, tau: Any, eps: Any, iou: Any, where: str = "config.evals.tokencut") -> None:
+    """One-line ValueError for a bad block, tau, eps or iou (before anything compiles)."""
+    if not isinstance(block, (int, np.integer)) or isinstance(block, bool):
+        raise ValueError(f"{where}.block={block!r} must be an integer block index (-1: the last block)")
+    if not _number(tau) or not -1.0 <= tau < 1.0:
+        raise ValueError(f"{where}.tau={tau!r} must be a number in [-1, 1) (a cosine-similarity threshold)")
+    if not _number(eps) or not 0.0 < eps <= 1.0:
+        raise ValueError(f"{where}.eps={eps!r} must be a number in (0, 1] (the weight of non-edges)")
+    if not _number(iou) or not 0.0 < iou <= 1.0:
+        raise ValueError(f"{where}.iou={iou!r} must be a number in (0, 1]")
+
+
+@dataclasses.dataclass
+class TokenCut:
+    """config.evals entry `type='tokencut'`: yields ('corloc', CorLoc) of TokenCut's boxes on
+    `split` (docs/method.md §7).
+
+    For every real example (mask > 0) of the split, exactly once: the keys of block `block`
+    (default −1, the last) from `ctx.outputs`, jitted over a global batch with a replicated
+    output, CLS dropped (prefix = tokens − h·w), `ncut` with (tau, eps) on the host in
+    float64, `box`, then CorLoc at `iou` against the ground-truth boxes `boxes_padded[:num_boxes]`.
+
+    Images are evaluated as the eval pipeline gives them (the model's size); their H and W must
+    be multiples of the patch size, which holds for the digit scenes (32×32, patches 2/4/8/16).
+    Full-resolution evaluation of other data (zero padding to a multiple of p after
+    normalization, `pad_to_patch_multiple`) is the caller's: the eval transform crops to the
+    model size and its boxes would have to follow. Multi-process: the keys are replicated, so
+    every process runs the cut on every row (duplicated host work, identical results) —
+    the simplest correct choice.
+    """
+
+    name: str
+    prefix: str
+    every_steps: int | None
+    split: str
+    ctx: Any
+    block: int = -1
+    tau: float = TAU
+    eps: float = EPS
+    iou: float = CORLOC_IOU
+
+    def __post_init__(self):
+        if self.ctx.outputs is None:
+            raise ValueError(
+                f"config.evals.{self.name}: type 'tokencut' needs a trainer whose context has `outputs` (the keys)"
+            )
+        self.patch_size = patch_size_of(self.ctx.config)
+        block = self.block
+
+        def keys(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+            out = self.ctx.outputs(params, batch["image"])
+            return {
+                "keys": out["blocks"][block]["keys"].astype(jnp.float32),
+                "boxes": batch["boxes_padded"],
+                "num_boxes": batch["num_boxes"],
+                "mask": batch["mask"],
+            }
+
+        from skipless_jax import sharding
+
+        self._keys = jax.jit(keys, out_shardings=sharding.replicated(self.ctx.mesh))  # every host reads all rows
+
+    def boxes(self, params: Any) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(predicted boxes (n, 4), n ground-truth arrays (k_i, 4)) over every example of the split."""
+        batches, n = self.ctx.batches(self.split)
+        preds, gts = [], []
+        for batch in batches:
+            image_hw = batch["image"].shape[1:3]
+            grid = (image_hw[0] // self.patch_size, image_hw[1] // self.patch_size)
+            out = jax.device_get(self._keys(params, batch))
+            tokens = patch_tokens(out["keys"], image_hw, self.patch_size).reshape(
+                len(out["mask"]), grid[0] * grid[1], -1
+            )
+            for i in np.flatnonzero(out["mask"] > 0):
+                _, mask, seed = ncut(tokens[i], grid, self.tau, self.eps)
+                preds.append(box(mask, seed, self.patch_size, image_hw))
+                gts.append(np.asarray(out["boxes"][i][: int(out["num_boxes"][i])], np.float64))
+        if len(preds) != n:  # every example exactly once
+            raise AssertionError(f"TokenCut counted {len(preds)} of {n} examples of {self.split!r}")
+        return np.asarray(preds, np.float64).reshape(-1, 4), gts
+
+    def run(self, params: Any) -> Iterator[tuple[str, float]]:
+        preds, gts = self.boxes(params)
+        yield "corloc", corloc_at(preds, gts, self.iou)
+
+    @staticmethod
+    def check(name: str, entry: Any) -> None:
+        validate_tokencut(
+            entry.get("block", -1),
+            entry.get("tau", TAU),
+            entry.get("eps", EPS),
+            entry.get("iou", CORLOC_IOU),
+            where=f"config.evals.{name}",
+        )
+
+    @classmethod
+    def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> TokenCut:
+        cls.check(name, entry)
+        _check_dense_dataset(name, "tokencut", ctx.config, ("boxes_padded", "num_boxes"))
+        block = int(entry.get("block", -1))
+        depth = depth_of(ctx.config)
+        if depth is not None and not -depth <= block < depth:
+            raise ValueError(
+                f"config.evals.{name}.block={block} is outside the model's {depth} blocks; allowed: {-depth}..{depth-1}"
+            )
+        return cls(
+            name=name,
+            ctx=ctx,
+            block=block,
+            tau=float(entry.get("tau", TAU)),
+            eps=float(entry.get("eps", EPS)),
+            iou=float(entry.get("iou", CORLOC_IOU)),
+            **common,
+        )
+
+
+def _check_dense_dataset(name: str, kind: str, config: Any, targets: tuple[str, ...]) -> None:
+    """One-line ValueError unless the dataset's eval batches carry `targets` aligned with the images."""
+    from skipless_jax.data import inputs, sources
+
+    info = sources.dataset_info(config.dataset.name)
+    missing = [t for t in targets if t not in info.targets]
+    if missing:
+        raise ValueError(
+            f"config.evals.{name}: type {kind!r} needs a dataset with {missing[0]!r} targets; "
+            f"{config.dataset.name!r} has {list(info.targets) or 'none'}"
+        )
+    size = inputs.image_size(config)
+    aug = "set" if config.input.get("aug") is not None else "None"
+    if not info.fixed_size or size != info.image_shape[0] or config.input.get("aug") is not None:
+        raise ValueError(
+            f"config.evals.{name}: type {kind!r} needs eval images as stored (size {info.image_shape[0]}, "
+            f"config.input.aug=None; got image_size={size}, aug {aug}): "
+            "the eval transform's resize and crop would not move the targets"
+        )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any
 
 import flax.linen as nn
 
@@ -29,7 +29,7 @@ def family(model_config: Any) -> ModuleType:
     return importlib.import_module(FAMILIES[name])
 
 
-def build(model_config: Any, num_classes: int, image_size: Optional[int] = None) -> nn.Module:
+def build(model_config: Any, num_classes: int, image_size: int | None = None) -> nn.Module:
     """The model `config.model` describes; num_classes=0: a backbone returning pooled features."""
     return family(model_config).build(model_config, num_classes, image_size)
 

@@ -10,7 +10,7 @@ model's own stem.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -20,14 +20,14 @@ from skipless_jax import token_graying as tg_lib
 from skipless_jax.models.common import patchify, unpatchify
 
 
-def token_gray_patches(patches: jax.Array, method: Optional[str], eps: float) -> jax.Array:
+def token_gray_patches(patches: jax.Array, method: str | None, eps: float) -> jax.Array:
     """Token Graying of a (B, n, p²C) patch matrix per image; `method=None` is the identity."""
     if method is None:
         return patches
     return tg_lib.TOKEN_GRAYING[method](patches, eps)
 
 
-def token_gray_images(images: jax.Array, patch_size: int, method: Optional[str], eps: float) -> jax.Array:
+def token_gray_images(images: jax.Array, patch_size: int, method: str | None, eps: float) -> jax.Array:
     """(B, H, W, C) -> (B, H, W, C): TG on the stride-`patch_size` patch matrix, mapped back."""
     if method is None:
         return images
@@ -45,7 +45,7 @@ class PatchStem(nn.Module):
 
     width: int
     patch_size: int
-    token_graying: Optional[str] = None
+    token_graying: str | None = None
     tg_eps: float = 0.95
     dtype: Any = jnp.float32
 

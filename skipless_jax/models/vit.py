@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Optional
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -77,10 +77,10 @@ class ViT(nn.Module):
     init_alpha: float = 1.0
     init_beta: float = 1.0
     init_c: float = 1.0
-    token_graying: Optional[str] = None
+    token_graying: str | None = None
     tg_eps: float = 0.95
     head_zero_init: bool = True
-    image_size: Optional[int] = None
+    image_size: int | None = None
     gelu_approximate: bool = True  # tanh GELU (flax's default); DINO and timm use the exact one
     posemb_antialias: bool = True  # resize of the position table for other resolutions
     capture_attention: bool = False
@@ -106,7 +106,8 @@ class ViT(nn.Module):
         out: dict[str, Any] = {}
         p = self.patch_size
         grid_h, grid_w = images.shape[1] // p, images.shape[2] // p
-        x, out["patches"] = PatchStem(self.width, p, self.token_graying, self.tg_eps, self.dtype, name="embedding")(images)
+        stem = PatchStem(self.width, p, self.token_graying, self.tg_eps, self.dtype, name="embedding")
+        x, out["patches"] = stem(images)
         out["embedding"] = x
 
         b, n, d = x.shape
@@ -157,7 +158,9 @@ def resolve_sizes(model_config: Any) -> dict[str, Any]:
     variant = cfg.pop("variant", None)
     if variant:
         sizes = decode_variant(variant)
-        conflicts = [f"{k}={cfg[k]!r} (the variant's: {v})" for k, v in sizes.items() if cfg.get(k) is not None and cfg[k] != v]
+        conflicts = [
+            f"{k}={cfg[k]!r} (the variant's: {v})" for k, v in sizes.items() if cfg.get(k) is not None and cfg[k] != v
+        ]
         if conflicts:
             raise ValueError(
                 f"config.model.variant={variant!r} conflicts with config.model.{', '.join(conflicts)}; "
@@ -178,7 +181,7 @@ def model_kwargs(model_config: Any, num_classes: int) -> dict[str, Any]:
     return dict(num_classes=num_classes, **kwargs)
 
 
-def build(model_config: Any, num_classes: int, image_size: Optional[int] = None) -> ViT:
+def build(model_config: Any, num_classes: int, image_size: int | None = None) -> ViT:
     """The registry's constructor: `image_size` sizes a learned position table for other inputs."""
     kwargs = model_kwargs(model_config, num_classes)
     if image_size is not None:
@@ -204,12 +207,19 @@ def check_config(model: Any, image_size: int) -> None:
         _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
                  f"config.model.{field}={value!r} must be a positive integer")
     p = sizes["patch_size"]
-    _require(image_size % p == 0, f"config.model.patch_size={p} does not divide the image size {image_size}; allowed: divisors of {image_size}")
-    _require(sizes["width"] % sizes["num_heads"] == 0, f"config.model.num_heads={sizes['num_heads']} does not divide config.model.width={sizes['width']}")
-    _require(model.get("pool", "tok") in POOLS, f"config.model.pool={model.get('pool')!r} is unknown; allowed: {list(POOLS)}")
-    _require(model.get("posemb", "learn") in POSEMBS, f"config.model.posemb={model.get('posemb')!r} is unknown; allowed: {list(POSEMBS)}")
-    _require(str(model.get("dtype", "float32")) in DTYPES, f"config.model.dtype={model.get('dtype')!r} is unknown; allowed: {list(DTYPES)}")
-    _require(model.get("gelu", "tanh") in GELUS, f"config.model.gelu={model.get('gelu')!r} is unknown; allowed: {list(GELUS)}")
+    _require(image_size % p == 0,
+             f"config.model.patch_size={p} does not divide the image size {image_size}; "
+             f"allowed: divisors of {image_size}")
+    _require(sizes["width"] % sizes["num_heads"] == 0,
+             f"config.model.num_heads={sizes['num_heads']} does not divide config.model.width={sizes['width']}")
+    _require(model.get("pool", "tok") in POOLS,
+             f"config.model.pool={model.get('pool')!r} is unknown; allowed: {list(POOLS)}")
+    _require(model.get("posemb", "learn") in POSEMBS,
+             f"config.model.posemb={model.get('posemb')!r} is unknown; allowed: {list(POSEMBS)}")
+    _require(str(model.get("dtype", "float32")) in DTYPES,
+             f"config.model.dtype={model.get('dtype')!r} is unknown; allowed: {list(DTYPES)}")
+    _require(model.get("gelu", "tanh") in GELUS,
+             f"config.model.gelu={model.get('gelu')!r} is unknown; allowed: {list(GELUS)}")
     for field in ("dropout", "drop_path"):
         value = model.get(field, 0.0)
         _require(isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value < 1.0,

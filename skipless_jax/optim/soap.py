@@ -188,7 +188,7 @@ def _per_factor(fn: Callable, *factors: list[jax.Array]) -> list[Any]:
         for idx in groups.values():
             res = jax.vmap(fn)(*[jnp.stack([lst[i] for i in idx]) for lst in lists])
             for pos, i in enumerate(idx):
-                out[i] = jax.tree.map(lambda r: r[pos], res)
+                out[i] = jax.tree.map(lambda r, pos=pos: r[pos], res)
         return out
 
     if not factors[0]:

@@ -19,11 +19,12 @@ reached its last step; a finished run re-run reports them and changes nothing).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +70,9 @@ class ConfigChangedError(checkpoint.IncompatibleCheckpointError):
 # Mesh, steps, shardings, batches.
 
 
-def setup(config: ml_collections.ConfigDict, devices: Optional[Sequence[jax.Device]] = None) -> tuple[jax.sharding.Mesh, bool]:
+def setup(
+    config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None
+) -> tuple[jax.sharding.Mesh, bool]:
     """(mesh over `devices` (default all), is_chief); only process 0 logs beyond warnings."""
     mesh = sharding.make_mesh(config.mesh, devices)
     distributed.log_topology(mesh)
@@ -94,7 +97,9 @@ def state_shardings(abstract_state: Any, mesh: jax.sharding.Mesh, config: ml_col
     return sharding.tree_shardings(abstract_state, mesh, config.sharding_rules)
 
 
-def abstract_state(init_state: Callable[[jax.Array], Any], config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> tuple[jax.Array, Any, Any]:
+def abstract_state(
+    init_state: Callable[[jax.Array], Any], config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh
+) -> tuple[jax.Array, Any, Any]:
     """(rng of `config.seed`, the state's abstract shapes, its shardings): nothing is allocated yet."""
     rng = jax.random.PRNGKey(config.seed)
     abstract = jax.eval_shape(init_state, rng)
@@ -163,7 +168,9 @@ def keep_if(ok: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
-def nonfinite_error(nonfinite: Mapping[str, Any], names: Sequence[str], step: int, last_saved: Optional[int]) -> Optional[NonFiniteError]:
+def nonfinite_error(
+    nonfinite: Mapping[str, Any], names: Sequence[str], step: int, last_saved: int | None
+) -> NonFiniteError | None:
     """The error to raise for fetched bookkeeping with skipped updates, else None."""
     if int(nonfinite["count"]) == 0:
         return None
@@ -197,7 +204,7 @@ def _flat_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """Fields (dotted) whose values differ between two config dicts, runtime fields excepted."""
     a, b = _flat_config(saved), _flat_config(json.loads(json.dumps(dict(current), default=str)))
-    runtime = lambda k: any(k == f or k.startswith(f + ".") for f in RUNTIME_FIELDS)  # noqa: E731
+    runtime = lambda k: any(k == f or k.startswith(f + ".") for f in RUNTIME_FIELDS)
     return sorted(k for k in set(a) | set(b) if not runtime(k) and a.get(k) != b.get(k))
 
 
@@ -224,7 +231,7 @@ def check_saved_config(config: ml_collections.ConfigDict, workdir: str, allow_ch
 
 
 def init_from(
-    path: str, params: Any, shardings: Any, key: str = "params", rename: Optional[Callable[[str], Optional[str]]] = None
+    path: str, params: Any, shardings: Any, key: str = "params", rename: Callable[[str], str | None] | None = None
 ) -> Any:
     """`params` with the leaves found in checkpoint `path` (its `state[key]`) loaded over them.
 
@@ -251,11 +258,17 @@ def init_from(
     available = checkpoint.param_shapes(path, key)
     missing = sorted(s for s in wanted.values() if s not in available)
     if missing:
-        raise ValueError(f"config.init_from={path!r} has no {key}/{missing[0]} (+{len(missing) - 1} more); its {key} are e.g. {sorted(available)[:3]}")
+        raise ValueError(
+            f"config.init_from={path!r} has no {key}/{missing[0]} (+{len(missing) - 1} more); "
+            f"its {key} are e.g. {sorted(available)[:3]}"
+        )
     for target, src in wanted.items():
         want = _leaf_shape(params, target)
         if tuple(available[src]) != tuple(want):
-            raise ValueError(f"config.init_from={path!r}: {key}/{src} has shape {tuple(available[src])}, this model's {target} needs {tuple(want)}")
+            raise ValueError(
+                f"config.init_from={path!r}: {key}/{src} has shape {tuple(available[src])}, "
+                f"this model's {target} needs {tuple(want)}"
+            )
     _, loaded = checkpoint.restore_params(path, source, key=key)
     kept = [sharding.path_str(p) for p, _ in flat if sharding.path_str(p) not in wanted]
     if kept:
@@ -294,7 +307,7 @@ def restore_or_init(
     abstract_state: Any,
     shardings: Any,
     *,
-    load_init_from: Optional[Callable[[Any], Any]] = None,
+    load_init_from: Callable[[Any], Any] | None = None,
 ) -> Any:
     """The train state, by precedence: the workdir's newest good checkpoint > `config.resume` >
     a fresh init with `config.init_from`'s weights (`load_init_from(state) -> state`, the
@@ -323,14 +336,14 @@ def restore_or_init(
 # Final metrics.
 
 
-def read_final_metrics(workdir: str) -> Optional[dict[str, Any]]:
+def read_final_metrics(workdir: str) -> dict[str, Any] | None:
     path = epath.Path(workdir, FINAL_METRICS)
     return json.loads(path.read_text()) if path.exists() else None
 
 
 def open_workdir(
     config: ml_collections.ConfigDict, workdir: str, total_steps: int, allow_config_change: bool
-) -> tuple[Any, Optional[dict[str, Any]]]:
+) -> tuple[Any, dict[str, Any] | None]:
     """(checkpoint manager of `workdir`, the final metrics if the run already finished there, else None).
 
     The saved config is compared first (`check_saved_config`); a finished run's manager is closed.
@@ -345,12 +358,17 @@ def open_workdir(
 
 def finished_run(
     config: ml_collections.ConfigDict, workdir: str, mngr: Any, total_steps: int, allow_config_change: bool
-) -> Optional[dict[str, Any]]:
+) -> dict[str, Any] | None:
     """Before anything is restored: the saved config must match (`check_saved_config`); then the
     final metrics of a run that already reached `total_steps` in `workdir`, else None."""
     changed = check_saved_config(config, workdir, allow_config_change)
     final = read_final_metrics(workdir)
-    if changed or final is None or final.get("step") != total_steps or max(mngr.all_steps(), default=None) != total_steps:
+    if (
+        changed
+        or final is None
+        or final.get("step") != total_steps
+        or max(mngr.all_steps(), default=None) != total_steps
+    ):
         return None
     return final
 
@@ -364,10 +382,8 @@ class SignalFlag:
 
     def __init__(self):
         self.raised = False
-        try:
+        with contextlib.suppress(ValueError):  # not the main thread (e.g. a test runner thread)
             signal.signal(signal.SIGTERM, self._handler)
-        except ValueError:  # not the main thread (e.g. a test runner thread)
-            pass
 
     def _handler(self, signum, frame):
         logging.warning("Received signal %d: will checkpoint and stop after this step.", signum)
@@ -406,7 +422,7 @@ def flatten_dict(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def every(step: int, period: Optional[int], total_steps: int) -> bool:
+def every(step: int, period: int | None, total_steps: int) -> bool:
     """True on multiples of `period` (0/None: never) and on the last step."""
     return step == total_steps or bool(period and step % period == 0)
 
@@ -436,7 +452,9 @@ class Run:
         self.is_chief = jax.process_index() == 0
         self.skip_nonfinite = bool(config.get("skip_nonfinite_steps", False))
         self.writer = (
-            metric_writers.create_default_writer(workdir, asynchronous=True) if self.is_chief else metric_writers.MultiWriter([])
+            metric_writers.create_default_writer(workdir, asynchronous=True)
+            if self.is_chief
+            else metric_writers.MultiWriter([])
         )
         if first_step == 0:
             self.writer.write_hparams({k: str(v) for k, v in flatten_dict(config.to_dict()).items()})
@@ -495,7 +513,9 @@ class Run:
             return
         self.check_finite(state, step)
         if not bool(_all_finite(state)):  # belt and braces: never a non-finite checkpoint
-            raise NonFiniteError(f"the state at step {step} is not finite; not saved (last good checkpoint: {self.last_saved})")
+            raise NonFiniteError(
+                f"the state at step {step} is not finite; not saved (last good checkpoint: {self.last_saved})"
+            )
         meta = {"step": step, "data_position": step * self.config.input.batch_size, "config": self.config.to_json()}
         checkpoint.save(self.mngr, step, state, meta)
         self.last_saved = step

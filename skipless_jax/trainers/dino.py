@@ -31,7 +31,7 @@ from skipless_jax.optim import OPTIMIZERS
 from skipless_jax.trainers import common
 
 _HIGHEST = jax.lax.Precision.HIGHEST
-EVALUATOR_TYPES = ("knn", "linear_probe")
+EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation")
 
 # ----------------------------------------------------------------------------------------
 # Schedules: DINO's per-iteration arrays (utils.cosine_scheduler) as closed forms of the step.

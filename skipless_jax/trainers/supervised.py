@@ -25,7 +25,7 @@ from skipless_jax.evaluators.classification import cross_entropy
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common
 
-EVALUATOR_TYPES = ("classification", "knn", "linear_probe")
+EVALUATOR_TYPES = ("classification", "knn", "linear_probe", "tokencut", "linear_segmentation")
 
 
 def check_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:

@@ -1,0 +1,189 @@
+r"""Cost of the dense evaluators (docs/method.md §7, §8) on this machine, and an estimate of a
+full PASCAL VOC12 run on one accelerator.
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/dense_eval.py [--size 224] [--variant S/16] [--reps 3]
+
+Times, on a random-init ViT (default ViT-S/16 at 224, CLS token, float32), per image:
+  * TokenCut: the jitted keys forward (`TokenCut._keys`, batch 16), and `ncut` + `box` on the
+    host in float64 (one image's h·w tokens);
+  * the linear segmentation probe: its jitted train step (`LinearSegmentation._step`, batch 16:
+    frozen backbone forward + BatchNorm/linear head forward and backward + AdamW) and its
+    inference (`_predict`);
+and the FLOPs XLA counts for them (`.lower().compile().cost_analysis()`). The VOC12 figures
+are ESTIMATES: those FLOPs at VOC resolutions (compiled, not run) × the protocol's counts, over
+an assumed sustained accelerator throughput, plus the host `ncut` measured here at VOC's token
+count. Writes benchmarks/results/dense_eval.json (git-ignored) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from skipless_jax import evaluators, models, sharding
+from skipless_jax.evaluators import segmentation as seg
+from skipless_jax.evaluators import tokencut as tc
+
+BATCH = 16
+# VOC12 (docs/method.md §7, §8): TokenCut on trainval (11,540 images, ~500×375 → padded to
+# 512×384 for p = 16); the `lin` probe: 40k steps of 16 crops 512², test on val (1,449 images,
+# short side 512 → ~512×683: 2 sliding 512 windows at stride 341 each).
+VOC12_TRAINVAL, VOC12_VAL = 11_540, 1_449
+VOC_TOKENCUT_HW = (384, 512)
+SEG_CROP, SEG_STEPS, SEG_WINDOWS = 512, 40_000, 2
+ASSUMED_TFLOPS = {"300 TFLOP/s (~30% of H200 bf16 dense peak)": 300e12, "50 TFLOP/s (~fp32 without TF32)": 50e12}
+
+
+def flops(jitted, *args) -> float:
+    cost = jitted.lower(*args).compile().cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0]
+    return float(cost.get("flops", float("nan")))
+
+
+def timed(fn, reps: int) -> float:
+    """Median seconds of `fn()` over `reps` runs after one warm-up."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def setup(variant: str, size: int):
+    model_cfg = ml_collections.ConfigDict(dict(variant=variant, pool="tok", posemb="learn", dtype="float32"))
+    config = ml_collections.ConfigDict(dict(model=model_cfg, seed=0))
+    model = models.build(model_cfg, 0, image_size=size)  # the position table resized for other inputs
+    mesh = sharding.make_mesh({"data": -1, "fsdp": 1})
+    ctx = evaluators.Context(config, mesh, 21, outputs=lambda p, x: model.apply({"params": p}, x)[1])
+    return model, ctx
+
+
+def batch(n: int, hw: tuple[int, int], rng: np.random.Generator) -> dict[str, jax.Array]:
+    return {
+        "image": jnp.asarray(rng.normal(size=(n, *hw, 3)), jnp.float32),
+        "segmentation": jnp.asarray(rng.integers(0, 21, (n, *hw)), jnp.uint8),
+        "mask": jnp.ones((n,), jnp.float32),
+        "boxes_padded": jnp.zeros((n, 3, 4), jnp.float32),
+        "num_boxes": jnp.ones((n,), jnp.int32),
+    }
+
+
+def ncut_seconds(keys: np.ndarray, grid: tuple[int, int], patch: int, reps: int) -> float:
+    times = []
+    for i in range(reps):
+        t = time.perf_counter()
+        _, mask, seed = tc.ncut(keys[i % len(keys)], grid)
+        tc.box(mask, seed, patch, (grid[0] * patch, grid[1] * patch))
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant", default="S/16")
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "dense_eval.json"))
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    model, ctx = setup(args.variant, args.size)
+    p = tc.patch_size_of(ctx.config)
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, args.size, args.size, 3)))["params"]
+    params = jax.device_put(params, sharding.replicated(ctx.mesh))
+    hw = (args.size, args.size)
+    grid = (args.size // p, args.size // p)
+    b = batch(BATCH, hw, rng)
+
+    cut = tc.TokenCut("tc", "tc", None, "x", ctx)
+    probe = seg.LinearSegmentation("seg", "seg", None, "x", ctx, "x", num_classes=21, steps=SEG_STEPS)
+    state = probe.init(params, b["image"].shape[1:])
+
+    rows: dict[str, dict[str, float]] = {}
+    t = timed(lambda: cut._keys(params, b), args.reps)
+    gflop = flops(cut._keys, params, b) / BATCH / 1e9
+    rows["tokencut keys forward"] = {"s_per_image": t / BATCH, "gflop_per_image": gflop}
+    keys = np.asarray(jax.device_get(cut._keys(params, b))["keys"])[:, 1:]
+    rows["tokencut ncut + box (host, float64)"] = {"s_per_image": ncut_seconds(keys, grid, p, max(args.reps, 5) * 3)}
+    t = timed(lambda: probe._step(state, params, b), args.reps)
+    gflop = flops(probe._step, state, params, b) / BATCH / 1e9
+    rows["probe train step"] = {"s_per_image": t / BATCH, "gflop_per_image": gflop}
+    head = {"params": state["params"], "stats": state["stats"]}
+    t = timed(lambda: probe._predict(head, params, b), args.reps)
+    gflop = flops(probe._predict, head, params, b) / BATCH / 1e9
+    rows["probe inference"] = {"s_per_image": t / BATCH, "gflop_per_image": gflop}
+
+    # ---- VOC12 estimate: FLOPs at VOC resolutions (compiled only) and ncut at VOC's token count.
+    voc_cut = batch(1, VOC_TOKENCUT_HW, rng)
+    voc_crop = batch(BATCH, (SEG_CROP, SEG_CROP), rng)
+    voc_state = probe.init(params, voc_crop["image"].shape[1:])
+    voc_head = {"params": voc_state["params"], "stats": voc_state["stats"]}
+    f_cut = flops(cut._keys, params, voc_cut)
+    f_step = flops(probe._step, voc_state, params, voc_crop)
+    f_window = flops(probe._predict, voc_head, params, voc_crop) / BATCH
+    voc_grid = (VOC_TOKENCUT_HW[0] // p, VOC_TOKENCUT_HW[1] // p)
+    voc_keys = rng.normal(size=(3, voc_grid[0] * voc_grid[1], 384))
+    ncut_voc = ncut_seconds(voc_keys, voc_grid, p, 3)
+    estimate = {
+        "tokencut_forward_flops": f_cut * VOC12_TRAINVAL,
+        "tokencut_host_ncut_s": ncut_voc * VOC12_TRAINVAL,  # measured here per image x 11,540
+        "probe_train_flops": f_step * SEG_STEPS,
+        "probe_test_flops": f_window * SEG_WINDOWS * VOC12_VAL,
+    }
+    seconds = {
+        name: {
+            "tokencut_forward_s": estimate["tokencut_forward_flops"] / thr,
+            "probe_train_s": estimate["probe_train_flops"] / thr,
+            "probe_test_s": estimate["probe_test_flops"] / thr,
+        }
+        for name, thr in ASSUMED_TFLOPS.items()
+    }
+
+    result = {
+        "machine": f"{jax.devices()[0].platform} x{jax.device_count()}, {os.cpu_count()} cores visible",
+        "backbone": f"ViT-{args.variant} at {args.size}, random init, float32, batch {BATCH}",
+        "measured": rows,
+        "voc12_estimate": {
+            "note": "ESTIMATE: XLA-counted FLOPs at VOC resolutions x protocol counts / assumed throughput",
+            "flops_per_unit": {
+                "tokencut_image_384x512": f_cut, "probe_step_16x512^2": f_step, "probe_window_512^2": f_window,
+            },
+            "totals": estimate,
+            "accelerator_seconds": seconds,
+        },
+    }
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+
+    print(f"{result['backbone']} on {result['machine']}")
+    print(f"{'':40s} {'ms / image':>12s} {'GFLOP / image':>14s}")
+    for name, r in rows.items():
+        g = r.get("gflop_per_image", math.nan)
+        print(f"{name:40s} {1e3 * r['s_per_image']:12.2f} {g:14.2f}")
+    print("\nVOC12 — ESTIMATE (XLA FLOPs x protocol counts / assumed sustained throughput):")
+    print(f"  TokenCut forward, 11,540 trainval images at 384x512: {f_cut / 1e9:.1f} GFLOP each, "
+          f"{estimate['tokencut_forward_flops']:.3g} total")
+    print(f"  TokenCut ncut + box on the host (measured here at {voc_grid[0]}x{voc_grid[1]} tokens): "
+          f"{1e3 * ncut_voc:.0f} ms/image, {estimate['tokencut_host_ncut_s'] / 60:.1f} min total (this host)")
+    print(f"  probe train, 40k steps x 16 crops 512^2: {f_step / 1e12:.2f} TFLOP/step, "
+          f"{estimate['probe_train_flops']:.3g} total")
+    print(f"  probe test, 1,449 val x {SEG_WINDOWS} windows 512^2: {estimate['probe_test_flops']:.3g} total")
+    for name, s in seconds.items():
+        print(f"  at {name}: TokenCut forward {s['tokencut_forward_s']:.0f} s, "
+              f"probe train {s['probe_train_s'] / 60:.1f} min, probe test {s['probe_test_s']:.0f} s")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
