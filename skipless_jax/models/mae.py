@@ -35,6 +35,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from skipless_jax.models import vit
 from skipless_jax.models.blocks import EncoderBlock
 from skipless_jax.models.common import patchify, posemb_sincos_2d
 from skipless_jax.models.stem import PatchStem
@@ -173,27 +174,10 @@ class MAE(nn.Module):
         p = self.patch_size
         grid_h, grid_w = images.shape[1] // p, images.shape[2] // p
         x, _ = PatchStem(self.width, p, self.token_graying, self.tg_eps, self.dtype, name="embedding")(images)
-        b, _, d = x.shape
-        x = x + posemb_sincos_2d(grid_h, grid_w, d).astype(x.dtype)  # before masking
+        x = x + posemb_sincos_2d(grid_h, grid_w, x.shape[-1]).astype(x.dtype)  # before masking
         x, mask, ids_restore = random_masking(x, self.mask_ratio, noise)
-        cls = self.param("cls", nn.initializers.zeros, (1, 1, d), jnp.float32)  # its position embedding is 0
-        x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
-        for layer in range(self.depth):
-            x, _ = EncoderBlock(
-                mlp_dim=self.mlp_dim,
-                num_heads=self.num_heads,
-                skip_sab=self.skip_sab,
-                skip_ffn=self.skip_ffn,
-                drop_path=self.drop_path * layer / max(self.depth - 1, 1),
-                init_scheme=self.init_scheme,
-                init_alpha=self.init_alpha,
-                init_beta=self.init_beta,
-                init_c=self.init_c,
-                gelu_approximate=self.gelu_approximate,
-                dtype=self.dtype,
-                name=f"block_{layer}",
-            )(x, train)
-        x = nn.LayerNorm(dtype=self.dtype, name="encoder_norm")(x)
+        x = vit.prepend_cls(self, x)  # the class token's position embedding is 0
+        x, _ = vit.encoder_blocks(self, x, train)
         return x, mask, ids_restore
 
     @nn.compact

@@ -110,33 +110,11 @@ class ViT(nn.Module):
         x, out["patches"] = stem(images)
         out["embedding"] = x
 
-        b, n, d = x.shape
         if self.pool == "tok":
-            cls = self.param("cls", nn.initializers.zeros, (1, 1, d), jnp.float32)
-            x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
-        x = x + self._position_embedding(grid_h, grid_w, d).astype(x.dtype)
+            x = prepend_cls(self, x)
+        x = x + self._position_embedding(grid_h, grid_w, x.shape[-1]).astype(x.dtype)
         x = nn.Dropout(self.dropout)(x, deterministic=not train)
-
-        out["blocks"] = []
-        for layer in range(self.depth):
-            x, block_out = EncoderBlock(
-                mlp_dim=self.mlp_dim,
-                num_heads=self.num_heads,
-                skip_sab=self.skip_sab,
-                skip_ffn=self.skip_ffn,
-                drop_path=self.drop_path * layer / max(self.depth - 1, 1),
-                dropout=self.dropout,
-                init_scheme=self.init_scheme,
-                init_alpha=self.init_alpha,
-                init_beta=self.init_beta,
-                init_c=self.init_c,
-                gelu_approximate=self.gelu_approximate,
-                capture_attention=self.capture_attention,
-                dtype=self.dtype,
-                name=f"block_{layer}",
-            )(x, train)
-            out["blocks"].append(block_out)
-        x = nn.LayerNorm(dtype=self.dtype, name="encoder_norm")(x)
+        x, out["blocks"] = encoder_blocks(self, x, train)
         out["encoded"] = x
         x = x[:, 0] if self.pool == "tok" else x.mean(axis=1)
         out["pre_logits"] = x
@@ -146,6 +124,39 @@ class ViT(nn.Module):
         logits = nn.Dense(self.num_classes, kernel_init=head_init, dtype=self.dtype, name="head")(x)
         out["logits"] = logits.astype(jnp.float32)
         return out["logits"], out
+
+
+def prepend_cls(module: nn.Module, x: jax.Array) -> jax.Array:
+    """(B, n, d) -> (B, 1 + n, d) with the module's learned class token `cls` (zero init) first."""
+    b, _, d = x.shape
+    cls = module.param("cls", nn.initializers.zeros, (1, 1, d), jnp.float32)
+    return jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
+
+
+def encoder_blocks(module: nn.Module, x: jax.Array, train: bool) -> tuple[jax.Array, list[dict[str, Any]]]:
+    """The encoder stack `block_0 … block_{depth-1}` + `encoder_norm` of a module with the ViT's
+    fields (called inside its compact method, so the parameter names are the ViT's; MAE's
+    encoder shares them). Drop-path rises linearly with depth. Returns (encoded, per-block outs)."""
+    blocks = []
+    for layer in range(module.depth):
+        x, block_out = EncoderBlock(
+            mlp_dim=module.mlp_dim,
+            num_heads=module.num_heads,
+            skip_sab=module.skip_sab,
+            skip_ffn=module.skip_ffn,
+            drop_path=module.drop_path * layer / max(module.depth - 1, 1),
+            dropout=getattr(module, "dropout", 0.0),
+            init_scheme=module.init_scheme,
+            init_alpha=module.init_alpha,
+            init_beta=module.init_beta,
+            init_c=module.init_c,
+            gelu_approximate=module.gelu_approximate,
+            capture_attention=getattr(module, "capture_attention", False),
+            dtype=module.dtype,
+            name=f"block_{layer}",
+        )(x, train)
+        blocks.append(block_out)
+    return nn.LayerNorm(dtype=module.dtype, name="encoder_norm")(x), blocks
 
 
 def resolve_sizes(model_config: Any) -> dict[str, Any]:
