@@ -538,7 +538,6 @@ def param_shapes(path: str, key: str = "params") -> dict[str, tuple[int, ...]]:
         mngr.close()
     if key not in tree:
         raise ValueError(f"the checkpoint at {path!r} has no {key!r} (it has {sorted(tree)})")
-    return {
-        "/".join(str(getattr(k, "key", k)) for k in p): tuple(x.shape)
-        for p, x in jax.tree_util.tree_flatten_with_path(tree[key])[0]
-    }
+    from skipless_jax.sharding import path_str  # the names trainers and rules use
+
+    return {path_str(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree[key])[0]}

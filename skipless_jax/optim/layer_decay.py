@@ -36,21 +36,11 @@ from typing import Any
 import jax
 import optax
 
+from skipless_jax import sharding
+
 EMBEDDING_NAMES = ("cls", "pos_embedding", "embedding")  # layer 0 (MAE: cls_token, pos_embed, patch_embed)
 
 _BLOCK = re.compile(r"block_(\d+)")
-
-
-def _path_str(path: tuple[Any, ...]) -> str:
-    parts = []
-    for key in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
 
 
 def vit_layer_id(path: str, num_layers: int) -> int:
@@ -71,7 +61,7 @@ def layer_scales(params: Any, decay: float, num_layers: int) -> Any:
     """Pytree like `params` of floats decay ** (num_layers + 1 − vit_layer_id(path))."""
 
     def scale(path: tuple[Any, ...], _: Any) -> float:
-        return float(decay) ** (num_layers + 1 - vit_layer_id(_path_str(path), num_layers))
+        return float(decay) ** (num_layers + 1 - vit_layer_id(sharding.path_str(path), num_layers))
 
     return jax.tree_util.tree_map_with_path(scale, params)
 
