@@ -110,3 +110,34 @@ def dino_evals(linear_l2: float, linear_steps: int) -> ml_collections.ConfigDict
         knn=dict(type="knn", k=20, temperature=0.07, **common),
         linear=dict(type="linear_probe", l2=linear_l2, steps=linear_steps, **common),
     ))
+
+
+def mae(**overrides: Any) -> ml_collections.ConfigDict:
+    """`config.mae` of facebookresearch/mae's pre-training (docs/method.md §9): mask ratio 0.75,
+    decoder 512 wide, 8 blocks, 16 heads (MLP ×4) with its skips, the raw image as the target,
+    8 images in the reconstruction picture."""
+    block = dict(
+        mask_ratio=0.75,
+        norm_pix_loss=True,
+        decoder_width=512,
+        decoder_depth=8,
+        decoder_num_heads=16,
+        decoder_mlp_ratio=4,
+        decoder_skip_sab=True,
+        decoder_skip_ffn=True,
+        target="raw",
+        picture_images=8,
+    )
+    block.update(overrides)
+    return ml_collections.ConfigDict(block)
+
+
+# MAE pre-training augmentation: random-resized crop (0.2-1) and flip only.
+MAE_AUG = dict(randaug=None, scale=(0.2, 1.0), flip=True, reprob=0.0, mixup=0.0, cutmix=0.0, mixup_switch_prob=0.5)
+
+
+def mae_optimizer(base_lr: float, batch_size: int, **fields: Any) -> ml_collections.ConfigDict:
+    """AdamW (0.9, 0.95), weight decay 0.05, lr = base_lr × batch / 256 (MAE's scaling rule)."""
+    opt = dict(name="adamw", lr=base_lr * batch_size / 256, b1=0.9, b2=0.95, weight_decay=0.05)
+    opt.update(fields)
+    return ml_collections.ConfigDict(opt)

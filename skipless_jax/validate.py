@@ -13,7 +13,7 @@ import jax
 from skipless_jax import sharding
 from skipless_jax.data import sources
 
-TRAINERS = ("supervised", "dino")
+TRAINERS = ("supervised", "dino", "mae")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -204,6 +204,12 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
         value = opt.get(field)
         _require(value is None or (_is_finite(value) and 0.0 <= value < 1.0),
                  f"config.optimizer.{field}={value!r} must be in [0, 1)")
+    decay = opt.get("layer_decay")
+    _require(decay is None or (_is_finite(decay) and 0.0 < decay <= 1.0),
+             f"config.optimizer.layer_decay={decay!r} must be in (0, 1] (None or 1: off)")
+    _require(decay in (None, 1.0) or config.model.get("name", "vit") in (None, "vit"),
+             f"config.optimizer.layer_decay={decay!r} is defined for the ViT's layers; "
+             f"config.model.name={config.model.get('name')!r} has none (allowed: None)")
     _require(config.get("schedule") is not None, "config.schedule must be set (warmup_steps or warmup_epochs, end_lr)")
     _finite(config, "schedule.end_lr", ">= 0", allow_none=True)
     _nonfinite_numbers(opt, "config.optimizer")

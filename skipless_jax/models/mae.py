@@ -20,7 +20,7 @@ The encoder is the ViT's parts under the ViT's names ('embedding', 'cls', 'block
 name (the classifier only adds 'head'). As in MAE, the fixed sin-cos embedding is added to the patch
 tokens before masking and the CLS token (position embedding zero) is prepended after masking. Token
 Graying, when set, acts in the stem on the full patch matrix, before masking; the reconstruction
-target is the raw image's patches.
+target is the raw image's patches (`target='raw'`) or the grayed patch matrix (`target='grayed'`).
 
 The decoder's position table is the repository's fixed 2-D sin-cos (`common.posemb_sincos_2d`, the
 ViT's `sincos2d`) with a zero row for CLS; MAE's numpy table orders its sin/cos halves differently,
@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 from skipless_jax.models import vit
 from skipless_jax.models.blocks import EncoderBlock
-from skipless_jax.models.common import patchify, posemb_sincos_2d
+from skipless_jax.models.common import patchify, posemb_sincos_2d, resize_posemb
 from skipless_jax.models.stem import PatchStem
 
 
@@ -74,11 +74,22 @@ def reconstruction_loss(
     images: jax.Array, prediction: jax.Array, mask: jax.Array, patch_size: int, norm_pix_loss: bool
 ) -> jax.Array:
     """MAE's `forward_loss`: mean squared error per patch, averaged over the removed patches."""
-    target = patchify(images.astype(jnp.float32), patch_size)
+    return patch_loss(patchify(images.astype(jnp.float32), patch_size), prediction, mask, norm_pix_loss)
+
+
+def normalized_target(target: jax.Array, norm_pix_loss: bool) -> jax.Array:
+    """The (B, L, p²C) target of the loss: the patches, or per patch (t − mean)/√(var + 1e-6)."""
+    target = target.astype(jnp.float32)
     if norm_pix_loss:
         mean = target.mean(axis=-1, keepdims=True)
         var = target.var(axis=-1, keepdims=True, ddof=1)  # unbiased, torch's default
         target = (target - mean) / jnp.sqrt(var + 1e-6)
+    return target
+
+
+def patch_loss(target: jax.Array, prediction: jax.Array, mask: jax.Array, norm_pix_loss: bool) -> jax.Array:
+    """`reconstruction_loss` on a (B, L, p²C) target patch matrix (the raw or the grayed patches)."""
+    target = normalized_target(target, norm_pix_loss)
     loss = jnp.mean((prediction.astype(jnp.float32) - target) ** 2, axis=-1)  # (B, L)
     mask = mask.astype(jnp.float32)
     return jnp.sum(loss * mask) / jnp.sum(mask)
@@ -87,6 +98,19 @@ def reconstruction_loss(
 def _with_cls_posemb(grid_h: int, grid_w: int, width: int) -> jax.Array:
     """(1, 1 + grid_h·grid_w, width): a zero row for CLS, then the fixed sin-cos table."""
     return jnp.concatenate([jnp.zeros((1, 1, width)), posemb_sincos_2d(grid_h, grid_w, width)], axis=1)
+
+
+def encoder_position_table(grid: int, width: int, shape: tuple[int, ...]) -> jax.Array:
+    """The MAE encoder's fixed table as a classifier's learned `pos_embedding` of `shape`
+    (1, 1 + g², width): [0; sincos2d(grid, grid)] at the pre-training grid, resized to g × g
+    bicubically if g differs (MAE's `interpolate_pos_embed`, docs/method.md §9)."""
+    table = _with_cls_posemb(grid, grid, width)
+    if tuple(shape) == tuple(table.shape):
+        return table
+    g = int(round((shape[1] - 1) ** 0.5))
+    if shape[0] != 1 or shape[2] != width or g * g != shape[1] - 1:
+        raise ValueError(f"a position table of shape {tuple(shape)} is not (1, 1 + g², {width})")
+    return jnp.concatenate([table[:, :1], resize_posemb(table[:, 1:], g, g)], axis=1)
 
 
 _XAVIER = dict(kernel_init=nn.initializers.xavier_uniform(), bias_init=nn.initializers.zeros)
@@ -163,22 +187,25 @@ class MAE(nn.Module):
     decoder_mlp_ratio: int = 4
     decoder_skip_sab: bool = True
     decoder_skip_ffn: bool = True
+    target: str = "raw"  # 'raw': the input image's patches; 'grayed': the patch matrix after TG
 
     def _encode(
         self, images: jax.Array, noise: jax.Array, train: bool
-    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """MAE's `forward_encoder`: (latent (B, 1+K, width), mask (B, L), ids_restore (B, L)).
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """MAE's `forward_encoder`: (latent (B, 1+K, width), mask (B, L), ids_restore (B, L),
+        the stem's patch matrix after TG (B, L, p²C)).
 
         Called from `__call__` only (its submodules are defined inline there).
         """
         p = self.patch_size
         grid_h, grid_w = images.shape[1] // p, images.shape[2] // p
-        x, _ = PatchStem(self.width, p, self.token_graying, self.tg_eps, self.dtype, name="embedding")(images)
+        stem = PatchStem(self.width, p, self.token_graying, self.tg_eps, self.dtype, name="embedding")
+        x, grayed = stem(images)
         x = x + posemb_sincos_2d(grid_h, grid_w, x.shape[-1]).astype(x.dtype)  # before masking
         x, mask, ids_restore = random_masking(x, self.mask_ratio, noise)
         x = vit.prepend_cls(self, x)  # the class token's position embedding is 0
         x, _ = vit.encoder_blocks(self, x, train)
-        return x, mask, ids_restore
+        return x, mask, ids_restore, grayed
 
     @nn.compact
     def __call__(
@@ -188,7 +215,7 @@ class MAE(nn.Module):
         grid_hw = (images.shape[1] // p, images.shape[2] // p)
         if noise is None:
             noise = jax.random.uniform(self.make_rng("masking"), (images.shape[0], grid_hw[0] * grid_hw[1]))
-        latent, mask, ids_restore = self._encode(images, noise, train)
+        latent, mask, ids_restore, grayed = self._encode(images, noise, train)
         self.sow("intermediates", "latent", latent)  # apply(..., mutable=["intermediates"]) reads them
         self.sow("intermediates", "ids_restore", ids_restore)
         prediction = MAEDecoder(
@@ -204,5 +231,8 @@ class MAE(nn.Module):
             dtype=self.dtype,
             name="decoder",
         )(latent, ids_restore, train)
-        loss = reconstruction_loss(images, prediction, mask, p, self.norm_pix_loss)
+        if self.target == "grayed":
+            loss = patch_loss(grayed, prediction, mask, self.norm_pix_loss)
+        else:
+            loss = reconstruction_loss(images, prediction, mask, p, self.norm_pix_loss)
         return loss, prediction, mask

@@ -37,7 +37,7 @@ VARIANTS: dict[str, tuple[int, int, int, int]] = {
     "H": (1280, 32, 5120, 16),
 }
 SIZE_FIELDS = ("width", "depth", "mlp_dim", "num_heads", "patch_size")
-POOLS = ("tok", "gap")
+POOLS = ("tok", "gap", "gap_fc_norm")  # gap_fc_norm: MAE fine-tuning (docs/method.md §9)
 POSEMBS = ("learn", "sincos2d")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -80,6 +80,9 @@ class ViT(nn.Module):
     token_graying: str | None = None
     tg_eps: float = 0.95
     head_zero_init: bool = True
+    # Normal head kernel of this std (MAE fine-tuning: 2e-5; torch's trunc_normal_ cuts at ±2 absolute,
+    # i.e. never at this std); None or 0: `head_zero_init` decides.
+    head_init_std: float | None = None
     image_size: int | None = None
     gelu_approximate: bool = True  # tanh GELU (flax's default); DINO and timm use the exact one
     posemb_antialias: bool = True  # resize of the position table for other resolutions
@@ -87,7 +90,7 @@ class ViT(nn.Module):
     dtype: Any = jnp.float32
 
     def _position_embedding(self, grid_h: int, grid_w: int, d: int) -> jax.Array:
-        extra = int(self.pool == "tok")
+        extra = int(self.pool != "gap")
         if self.posemb == "sincos2d":
             pe = posemb_sincos_2d(grid_h, grid_w, d)
             return jnp.concatenate([jnp.zeros((1, 1, d)), pe], axis=1) if extra else pe
@@ -110,17 +113,25 @@ class ViT(nn.Module):
         x, out["patches"] = stem(images)
         out["embedding"] = x
 
-        if self.pool == "tok":
+        if self.pool != "gap":
             x = prepend_cls(self, x)
         x = x + self._position_embedding(grid_h, grid_w, x.shape[-1]).astype(x.dtype)
         x = nn.Dropout(self.dropout)(x, deterministic=not train)
-        x, out["blocks"] = encoder_blocks(self, x, train)
+        x, out["blocks"] = encoder_blocks(self, x, train, final_norm=self.pool != "gap_fc_norm")
         out["encoded"] = x
-        x = x[:, 0] if self.pool == "tok" else x.mean(axis=1)
+        if self.pool == "tok":
+            x = x[:, 0]
+        elif self.pool == "gap":
+            x = x.mean(axis=1)
+        else:  # MAE's global pool: the patch tokens' mean (CLS attends, is not pooled), then fc_norm
+            x = nn.LayerNorm(dtype=self.dtype, name="fc_norm")(x[:, 1:].mean(axis=1))
         out["pre_logits"] = x
         if not self.num_classes:
             return x, out
-        head_init = nn.initializers.zeros if self.head_zero_init else nn.initializers.lecun_normal()
+        if self.head_init_std:
+            head_init = nn.initializers.normal(self.head_init_std)
+        else:
+            head_init = nn.initializers.zeros if self.head_zero_init else nn.initializers.lecun_normal()
         logits = nn.Dense(self.num_classes, kernel_init=head_init, dtype=self.dtype, name="head")(x)
         out["logits"] = logits.astype(jnp.float32)
         return out["logits"], out
@@ -133,10 +144,12 @@ def prepend_cls(module: nn.Module, x: jax.Array) -> jax.Array:
     return jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
 
 
-def encoder_blocks(module: nn.Module, x: jax.Array, train: bool) -> tuple[jax.Array, list[dict[str, Any]]]:
-    """The encoder stack `block_0 … block_{depth-1}` + `encoder_norm` of a module with the ViT's
-    fields (called inside its compact method, so the parameter names are the ViT's; MAE's
-    encoder shares them). Drop-path rises linearly with depth. Returns (encoded, per-block outs)."""
+def encoder_blocks(
+    module: nn.Module, x: jax.Array, train: bool, final_norm: bool = True
+) -> tuple[jax.Array, list[dict[str, Any]]]:
+    """The encoder stack `block_0 … block_{depth-1}` + `encoder_norm` (if `final_norm`) of a module
+    with the ViT's fields (called inside its compact method, so the parameter names are the ViT's;
+    MAE's encoder shares them). Drop-path rises linearly with depth. Returns (encoded, per-block outs)."""
     blocks = []
     for layer in range(module.depth):
         x, block_out = EncoderBlock(
@@ -156,7 +169,9 @@ def encoder_blocks(module: nn.Module, x: jax.Array, train: bool) -> tuple[jax.Ar
             name=f"block_{layer}",
         )(x, train)
         blocks.append(block_out)
-    return nn.LayerNorm(dtype=module.dtype, name="encoder_norm")(x), blocks
+    if final_norm:
+        x = nn.LayerNorm(dtype=module.dtype, name="encoder_norm")(x)
+    return x, blocks
 
 
 def resolve_sizes(model_config: Any) -> dict[str, Any]:
@@ -231,6 +246,9 @@ def check_config(model: Any, image_size: int) -> None:
              f"config.model.dtype={model.get('dtype')!r} is unknown; allowed: {list(DTYPES)}")
     _require(model.get("gelu", "tanh") in GELUS,
              f"config.model.gelu={model.get('gelu')!r} is unknown; allowed: {list(GELUS)}")
+    std = model.get("head_init_std")
+    _require(std is None or (isinstance(std, (int, float)) and math.isfinite(std) and std >= 0),
+             f"config.model.head_init_std={std!r} must be a number >= 0 (None or 0: zero init)")
     for field in ("dropout", "drop_path"):
         value = model.get(field, 0.0)
         _require(isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value < 1.0,

@@ -1,7 +1,8 @@
 """Where the optimizer is built: learning-rate schedule, weight-decay mask, registry by name.
 
-`build_optimizer(config, total_steps)` reads `config.optimizer` (name + hyperparameters),
-`config.schedule` and `config.grad_clip_norm`; a new optimizer is one entry in `OPTIMIZERS`.
+`build_optimizer(config, total_steps)` reads `config.optimizer` (name + hyperparameters, and
+`layer_decay` for layer-wise lr decay, docs/method.md §9), `config.schedule` and
+`config.grad_clip_norm`; a new optimizer is one entry in `OPTIMIZERS`.
 """
 
 from __future__ import annotations
@@ -101,6 +102,13 @@ def build_optimizer(config: Any, total_steps: int) -> tuple[optax.GradientTransf
         raise ValueError(f"config.optimizer.name={name!r} is unknown; allowed: {sorted(OPTIMIZERS)}")
     schedule = build_schedule(config, total_steps)
     tx = OPTIMIZERS[name](config.optimizer, schedule)
+    decay = config.optimizer.get("layer_decay")
+    if decay is not None and decay != 1.0:  # per-group lr multipliers on the final update
+        from skipless_jax import models
+        from skipless_jax.optim.layer_decay import layer_decay
+
+        depth = models.family(config.model).resolve_sizes(config.model)["depth"]
+        tx = optax.chain(tx, layer_decay(decay, depth))
     if config.get("grad_clip_norm"):
         tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
     return tx, schedule

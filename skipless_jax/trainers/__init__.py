@@ -13,6 +13,7 @@ from types import ModuleType
 TRAINERS = {
     "supervised": "skipless_jax.trainers.supervised",
     "dino": "skipless_jax.trainers.dino",
+    "mae": "skipless_jax.trainers.mae",
 }
 
 

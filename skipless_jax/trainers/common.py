@@ -230,32 +230,45 @@ def check_saved_config(config: ml_collections.ConfigDict, workdir: str, allow_ch
     )
 
 
+Source = str | Callable[[tuple[int, ...]], np.ndarray] | None
+
+
 def init_from(
-    path: str, params: Any, shardings: Any, key: str = "params", rename: Callable[[str], str | None] | None = None
+    path: str, params: Any, shardings: Any, key: str = "params", rename: Callable[[str], Source] | None = None
 ) -> Any:
     """`params` with the leaves found in checkpoint `path` (its `state[key]`) loaded over them.
 
-    `rename(target_path) -> source_path or None` maps a parameter of this model to one of the
-    checkpoint's (e.g. 'block_0/...' <- 'backbone/block_0/...' for a DINO teacher); None keeps the
-    fresh initialization (e.g. a new classifier head). Identity by default; every kept leaf is
-    logged, and a shape mismatch is a one-line error.
+    `rename(target_path)` maps a parameter of this model to its source: a path in the checkpoint
+    (e.g. 'block_0/...' <- 'backbone/block_0/...' for a DINO teacher), None (keep the fresh
+    initialization, e.g. a new classifier head), or a function of the target shape returning the
+    value (e.g. the fixed position table an MAE encoder did not store). Identity by default; every
+    kept leaf is logged. A position table (`pos_embedding`) of another grid is resized
+    (docs/method.md §9); any other shape mismatch is a one-line error.
     """
     rename = rename or (lambda name: name)
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     source: dict[str, Any] = {}
     wanted: dict[str, str] = {}
+    made: dict[str, np.ndarray] = {}
+    available = checkpoint.param_shapes(path, key)
     for p, x in flat:
         target = sharding.path_str(p)
         src = rename(target)
         if src is None:
             continue
+        if callable(src):
+            made[target] = np.asarray(src(tuple(x.shape)), dtype=x.dtype)
+            continue
         wanted[target] = src
+        shape = tuple(available.get(src, x.shape))
         node = source
         *parents, leaf = src.split("/")
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_leaf_at(shardings, p))
-    available = checkpoint.param_shapes(path, key)
+        leaf_sharding = _leaf_at(shardings, p)
+        if shape != tuple(x.shape):  # restored whole, resized below
+            leaf_sharding = jax.sharding.NamedSharding(leaf_sharding.mesh, jax.sharding.PartitionSpec())
+        node[leaf] = jax.ShapeDtypeStruct(shape, x.dtype, sharding=leaf_sharding)
     missing = sorted(s for s in wanted.values() if s not in available)
     if missing:
         raise ValueError(
@@ -263,27 +276,52 @@ def init_from(
             f"its {key} are e.g. {sorted(available)[:3]}"
         )
     for target, src in wanted.items():
-        want = _leaf_shape(params, target)
-        if tuple(available[src]) != tuple(want):
+        have, want = tuple(available[src]), _leaf_shape(params, target)
+        if have != want and not (target.endswith("pos_embedding") and posemb_extra(have, want) is not None):
             raise ValueError(
-                f"config.init_from={path!r}: {key}/{src} has shape {tuple(available[src])}, "
-                f"this model's {target} needs {tuple(want)}"
+                f"config.init_from={path!r}: {key}/{src} has shape {have}, this model's {target} needs {want}"
             )
     _, loaded = checkpoint.restore_params(path, source, key=key)
-    kept = [sharding.path_str(p) for p, _ in flat if sharding.path_str(p) not in wanted]
+    kept = [sharding.path_str(p) for p, _ in flat if sharding.path_str(p) not in wanted | made.keys()]
     if kept:
         logging.info("init_from: %d parameters keep their initialization: %s", len(kept), ", ".join(kept[:8]))
 
     def pick(p: tuple[Any, ...], x: Any) -> Any:
         target = sharding.path_str(p)
+        if target in made:
+            value = made[target]
+            return jax.make_array_from_callback(value.shape, _leaf_at(shardings, p), lambda index: value[index])
         if target not in wanted:
             return x
         node = loaded
         for part in wanted[target].split("/"):
             node = node[part]
+        if tuple(node.shape) != tuple(x.shape):  # a position table of another grid
+            logging.info("init_from: %s resized from %s to %s", target, tuple(node.shape), tuple(x.shape))
+            node = jax.device_put(resize_posemb_table(node, x.shape).astype(x.dtype), _leaf_at(shardings, p))
         return node
 
     return jax.tree_util.tree_map_with_path(pick, params)
+
+
+def posemb_extra(have: tuple[int, ...], want: tuple[int, ...]) -> int | None:
+    """The number e (0 or 1) of extra rows two (1, e + g², d) position tables share, or None."""
+    if len(have) != 3 or len(want) != 3 or have[0] != 1 or want[0] != 1 or have[2] != want[2]:
+        return None
+    for extra in (0, 1):
+        if all(n - extra > 0 and math.isqrt(n - extra) ** 2 == n - extra for n in (have[1], want[1])):
+            return extra
+    return None
+
+
+def resize_posemb_table(table: Any, shape: tuple[int, ...]) -> jax.Array:
+    """(1, e + g_s², d) -> (1, e + g_t², d): extra rows kept, the grid resized bicubically (§9)."""
+    from skipless_jax.models.common import resize_posemb
+
+    extra = posemb_extra(tuple(table.shape), tuple(shape))
+    grid = math.isqrt(shape[1] - extra)
+    table = jnp.asarray(table)
+    return jnp.concatenate([table[:, :extra], resize_posemb(table[:, extra:], grid, grid)], axis=1)
 
 
 def _leaf_at(tree: Any, path: tuple[Any, ...]) -> Any:

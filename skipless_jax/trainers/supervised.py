@@ -19,7 +19,7 @@ import ml_collections
 import optax
 from absl import logging
 
-from skipless_jax import evaluators, models, sharding, validate
+from skipless_jax import checkpoint, evaluators, models, sharding, validate
 from skipless_jax.data import inputs, sources
 from skipless_jax.evaluators.classification import cross_entropy
 from skipless_jax.optim import build_optimizer
@@ -36,14 +36,33 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
     sources.check_available(config.dataset.name, list(dict.fromkeys(splits)), config.dataset.get("data_dir"))
 
 
-def init_from_rename(key: str) -> Any:
-    """Target parameter path -> path in the source checkpoint's `state[key]`.
+def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> Any:
+    """Target parameter path -> its source in the checkpoint's `state[key]` (see `common.init_from`).
 
-    'params' (a classifier run): the same names. 'teacher' (a DINO run): the backbone's
-    parameters under 'backbone/'; the classifier head is new.
+    'params' of a classifier run: the same names. 'teacher' (a DINO run): the backbone's
+    parameters under 'backbone/'; the classifier head is new. 'params' of an MAE run (the
+    source's saved `trainer`): the encoder's parameters by name, the decoder unused, `fc_norm` and
+    `head` new, `pos_embedding` the encoder's fixed table at its grid (docs/method.md §9).
     """
     if key == "teacher":
         return lambda name: None if name.startswith("head/") else f"backbone/{name}"
+    if (source_config or {}).get("trainer") == "mae":
+        from skipless_jax.models import mae
+
+        source_model = source_config["model"]
+        sizes = models.family(ml_collections.ConfigDict(source_model)).resolve_sizes(source_model)
+        image_size = (source_config.get("input") or {}).get("image_size") or sources.dataset_info(
+            source_config["dataset"]["name"]).image_shape[0]
+        grid = image_size // sizes["patch_size"]
+
+        def rename(name: str) -> Any:
+            if name.startswith(("head/", "fc_norm/")):
+                return None
+            if name == "pos_embedding":
+                return lambda shape: mae.encoder_position_table(grid, sizes["width"], shape)
+            return name
+
+        return rename
     return lambda name: name
 
 
@@ -163,9 +182,8 @@ def train_and_evaluate(
 
     def load_init_from(state: dict[str, Any]) -> dict[str, Any]:
         key = config.get("init_from_key") or "params"
-        state["params"] = common.init_from(
-            config.init_from, state["params"], shardings["params"], key, init_from_rename(key)
-        )
+        rename = init_from_rename(key, checkpoint.saved_config(config.init_from))
+        state["params"] = common.init_from(config.init_from, state["params"], shardings["params"], key, rename)
         state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
         return state
 

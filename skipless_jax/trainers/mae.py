@@ -1,0 +1,355 @@
+"""MAE pre-training, top to bottom: mesh → data → model/optimizer (abstract first) → shardings →
+update step → checkpoint load → evaluators → loop (docs/method.md §9).
+
+    python -m skipless_jax.main --config=configs/mae_digits_pretrain.py --workdir=/tmp/mae
+
+The encoder is the ViT of `config.model` (its skips, skipless init and Token Graying); the
+decoder and the loss are `config.mae`. Evaluators (kNN, linear probe) read the encoder's class
+token through a `vit.ViT` view of the same parameters (the names are the ViT's). At every
+evaluation and at the end a picture of original / masked / reconstructed eval images is written
+to `<workdir>/reconstructions/`. Fine-tuning is the supervised trainer with `config.init_from`
+pointing at this run (the MAE → classifier mapping is `supervised.init_from_rename`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+
+from skipless_jax import evaluators, models, sharding, validate
+from skipless_jax.data import inputs, sources
+from skipless_jax.models import mae as mae_lib
+from skipless_jax.models import vit
+from skipless_jax.models.common import patchify, unpatchify
+from skipless_jax.optim import build_optimizer
+from skipless_jax.trainers import common
+
+EVALUATOR_TYPES = ("knn", "linear_probe")
+TARGETS = ("raw", "grayed")
+# config.model fields of a classifier that MAE's encoder does not have.
+_CLASSIFIER_ONLY = ("pool", "posemb", "dropout", "head_zero_init", "head_init_std", "image_size",
+                    "posemb_antialias", "capture_attention")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+    """Every bad field fails here in one line, before anything compiles."""
+    validate.validate_config(config, num_devices)
+    name = config.model.get("name", "vit") or "vit"
+    _require(name == "vit", f"config.model.name={name!r}: the mae trainer's encoder is a ViT; allowed: 'vit'")
+    accum = config.get("grad_accum_steps") or 1
+    _require(accum == 1, f"config.grad_accum_steps={accum!r}: the mae trainer does not accumulate; allowed: 1 or None")
+    _require(not config.get("label_smoothing"), f"config.label_smoothing={config.get('label_smoothing')!r} has no "
+             "meaning for the mae trainer; allowed: 0 or None")
+    aug = config.input.get("aug")
+    _require(aug is None or not (aug.get("mixup") or aug.get("cutmix")),
+             "config.input.aug mixes images (mixup/cutmix); MAE reconstructs them: allowed: mixup=0, cutmix=0")
+    _require(config.get("mae") is not None, "config.mae must be set (mask_ratio, norm_pix_loss, decoder_*)")
+    m = config.mae
+    ratio = m.get("mask_ratio")
+    _require(isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 <= ratio < 1,
+             f"config.mae.mask_ratio={ratio!r} must be in [0, 1)")
+    patch = vit.resolve_sizes(config.model)["patch_size"]
+    length = (inputs.image_size(config) // patch) ** 2
+    _require(mae_lib.num_kept(length, ratio) >= 1,
+             f"config.mae.mask_ratio={ratio!r} keeps no patch of the {length} (allowed: < {1 - 1 / length:.4f})")
+    for field in ("norm_pix_loss", "decoder_skip_sab", "decoder_skip_ffn"):
+        value = m.get(field, field != "norm_pix_loss")
+        _require(isinstance(value, bool), f"config.mae.{field}={value!r} must be True or False")
+    for field in ("decoder_width", "decoder_depth", "decoder_num_heads", "decoder_mlp_ratio"):
+        value = m.get(field)
+        _require(_positive_int(value), f"config.mae.{field}={value!r} must be a positive integer")
+    _require(m.decoder_width % m.decoder_num_heads == 0,
+             f"config.mae.decoder_num_heads={m.decoder_num_heads} does not divide "
+             f"config.mae.decoder_width={m.decoder_width}")
+    target = m.get("target", "raw")
+    _require(target in TARGETS, f"config.mae.target={target!r} is unknown; allowed: {list(TARGETS)}")
+    images = m.get("picture_images", 8)
+    _require(isinstance(images, int) and not isinstance(images, bool) and images >= 0,
+             f"config.mae.picture_images={images!r} must be an integer >= 0 (0: no picture)")
+    _require(config.get("evals") is not None,
+             "config.evals must list the mae trainer's evaluators (knn, linear_probe); {} for none")
+    evaluators.check_config(config, EVALUATOR_TYPES)
+    splits = [config.dataset.train_split, config.dataset.eval_split, *evaluators.splits(config)]
+    sources.check_available(config.dataset.name, list(dict.fromkeys(splits)), config.dataset.get("data_dir"))
+
+
+def build_model(config: ml_collections.ConfigDict) -> mae_lib.MAE:
+    """MAE with the ViT encoder of `config.model` and the decoder/loss of `config.mae`."""
+    kwargs = vit.model_kwargs(config.model, 0)
+    for field in ("num_classes", *_CLASSIFIER_ONLY):
+        kwargs.pop(field, None)
+    m = config.mae
+    return mae_lib.MAE(
+        **kwargs,
+        mask_ratio=float(m.mask_ratio),
+        norm_pix_loss=bool(m.get("norm_pix_loss", False)),
+        decoder_width=m.decoder_width,
+        decoder_depth=m.decoder_depth,
+        decoder_num_heads=m.decoder_num_heads,
+        decoder_mlp_ratio=m.get("decoder_mlp_ratio", 4),
+        decoder_skip_sab=m.get("decoder_skip_sab", True),
+        decoder_skip_ffn=m.get("decoder_skip_ffn", True),
+        target=m.get("target", "raw"),
+    )
+
+
+def encoder_view(config: ml_collections.ConfigDict) -> vit.ViT:
+    """A backbone `vit.ViT` (class token, fixed sin-cos table, no head) that reads the MAE's encoder
+    parameters by name: the encoder without masking, for evaluation."""
+    model_config = ml_collections.ConfigDict(config.model.to_dict())
+    model_config.update(dict(pool="tok", posemb="sincos2d", dropout=0.0))
+    return models.build(model_config, 0)
+
+
+def encoder_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The MAE's parameters without the decoder's."""
+    return {k: v for k, v in params.items() if k != "decoder"}
+
+
+def make_train_step(
+    model: mae_lib.MAE, tx: optax.GradientTransformation, schedule: optax.Schedule, config: ml_collections.ConfigDict
+):
+    """(state, {'image', ...}) -> (state, metrics). The masks of step s come from
+    fold_in(state['rng'], s) alone; a non-finite update is rejected."""
+
+    def loss_fn(params, images, rng):
+        masking, dropout = jax.random.split(rng)
+        loss, _, mask = model.apply({"params": params}, images, train=True, rngs={"masking": masking,
+                                                                                   "dropout": dropout})
+        return loss, mask.mean()
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+        step, params = state["step"], state["params"]
+        (loss, masked), grads = grad_fn(params, batch["image"], jax.random.fold_in(state["rng"], step))
+        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        new_params = optax.apply_updates(params, updates)
+        ok, nonfinite = common.track_nonfinite(
+            loss, {"gradient": grads, "parameter": new_params, "optimizer state": opt_state}, state["nonfinite"], step
+        )
+        new_state = {
+            "step": step + 1,
+            "params": common.keep_if(ok, new_params, params),
+            "opt_state": common.keep_if(ok, opt_state, state["opt_state"]),
+            "rng": state["rng"],
+            "nonfinite": nonfinite,
+        }
+        metrics = {
+            "loss": loss,
+            "masked_fraction": masked,
+            "grad_norm": optax.tree.norm(grads),
+            "param_norm": optax.tree.norm(params),
+            "lr": schedule(step),
+            "nonfinite_steps": nonfinite["count"],
+        }
+        return new_state, metrics
+
+    return train_step
+
+
+def evaluation(
+    config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None
+) -> tuple[evaluators.Context, str]:
+    """(evaluator context of the encoder's class token, the state entry it evaluates: 'params')."""
+    del model
+    view = encoder_view(config)
+
+    def apply(params: Any, images: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
+        return view.apply({"params": encoder_params(params)}, images, train=False)
+
+    ctx = evaluators.Context(
+        config, mesh, sources.dataset_info(config.dataset.name).num_classes,
+        features=lambda params, images: apply(params, images)[0],
+        outputs=lambda params, images: apply(params, images)[1],
+    )
+    return ctx, "params"
+
+
+# ----------------------------------------------------------------------------------------
+# The picture: original / masked / reconstruction.
+
+
+def reconstruction_rows(
+    images: np.ndarray, prediction: np.ndarray, mask: np.ndarray, patch_size: int, norm_pix_loss: bool,
+    mean: Sequence[float], std: Sequence[float],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(original, masked, reconstruction) as (N, H, W, C) images in [0, 1].
+
+    The reconstruction shows the prediction on the removed patches and the input elsewhere (MAE's
+    "reconstruction + visible"); with `norm_pix_loss` each predicted patch is mapped back with its
+    target patch's mean and standard deviation.
+    """
+    n, h, w, c = images.shape
+    grid = (h // patch_size, w // patch_size)
+    target = np.asarray(jax.device_get(patchify(jnp.asarray(images), patch_size)), np.float64)
+    pred = np.asarray(prediction, np.float64)
+    if norm_pix_loss:
+        mu = target.mean(-1, keepdims=True)
+        sigma = np.sqrt(target.var(-1, keepdims=True, ddof=1) + 1e-6)
+        pred = pred * sigma + mu
+    removed = np.asarray(mask, bool)[..., None]
+    masked = np.where(removed, np.nan, target)
+    pasted = np.where(removed, pred, target)
+
+    def to_image(patches: np.ndarray) -> np.ndarray:
+        image = np.asarray(jax.device_get(unpatchify(jnp.asarray(patches), grid, patch_size, c)), np.float64)
+        return np.clip(image * np.asarray(std) + np.asarray(mean), 0.0, 1.0)
+
+    return to_image(target), to_image(masked), to_image(pasted)
+
+
+def write_picture(path: str, rows: tuple[np.ndarray, np.ndarray, np.ndarray], title: str) -> None:
+    """A PNG: one column per image, rows original / masked (removed patches grey) / reconstruction."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = rows[0].shape[0]
+    fig, axes = plt.subplots(3, n, figsize=(1.2 * n, 3.9), squeeze=False)
+    for r, (label, images) in enumerate(zip(("original", "masked", "reconstruction"), rows)):
+        for i in range(n):
+            ax = axes[r][i]
+            image = images[i]
+            if image.shape[-1] == 1:
+                image = image[..., 0]
+            shown = np.ma.masked_invalid(image)
+            cmap = plt.get_cmap("gray").with_extremes(bad="#7f7fbf")
+            ax.imshow(shown, cmap=cmap if image.ndim == 2 else None, vmin=0, vmax=1, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if i == 0:
+                ax.set_ylabel(label, fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def picture_fn(config: ml_collections.ConfigDict, model: mae_lib.MAE, ctx: evaluators.Context, workdir: str):
+    """params, step -> writes <workdir>/reconstructions/step_<step>.png (and reconstruction.png);
+    the first `config.mae.picture_images` eval images, masks from a fixed key (seed, 'picture')."""
+    count = config.mae.get("picture_images", 8)
+    if not count:
+        return None
+    info = sources.dataset_info(config.dataset.name)
+    shards = sharding.num_data_shards(ctx.mesh) * jax.process_count()
+    batch_size = math.ceil(count / shards) * shards
+    batches, _ = ctx.batches(config.dataset.eval_split, batch_size=batch_size)
+    images = next(batches)["image"]
+    key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x9C7)
+
+    def forward(params: Any, images: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        _, prediction, mask = model.apply({"params": params}, images, train=False, rngs={"masking": key})
+        return images, prediction, mask
+
+    apply = jax.jit(forward, out_shardings=sharding.replicated(ctx.mesh))  # every host holds all rows
+
+    def write(params: Any, step: int) -> None:
+        shown, prediction, mask = jax.device_get(apply(params, images))
+        if jax.process_index() != 0:
+            return
+        rows = reconstruction_rows(shown[:count], prediction[:count], mask[:count],
+                                   model.patch_size, model.norm_pix_loss, info.mean, info.std)
+        title = f"step {step}: original / masked ({model.mask_ratio:.0%}) / reconstruction"
+        folder = os.path.join(workdir, "reconstructions")
+        write_picture(os.path.join(folder, f"step_{step:06d}.png"), rows, title)
+        write_picture(os.path.join(workdir, "reconstruction.png"), rows, title)
+
+    return write
+
+
+def train_and_evaluate(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    devices: Sequence[jax.Device] | None = None,
+    allow_config_change: bool = False,
+) -> dict[str, Any]:
+    """Pre-trains MAE per `config` in `workdir` (resuming from it); returns the final metrics.
+
+    Raises `common.Preempted` after saving when stopped by SIGTERM or a preemption notice.
+    """
+    check_config(config, len(devices) if devices is not None else None)
+    mesh, _ = common.setup(config, devices)
+    info = sources.dataset_info(config.dataset.name)
+    image_size = inputs.image_size(config)
+    steps_per_epoch = inputs.num_train_examples(config) / config.input.batch_size
+    total_steps = common.steps_of(config, "total", steps_per_epoch)
+    config.schedule.warmup_steps = common.steps_of(config, "warmup", steps_per_epoch)
+
+    # ---- Model and optimizer, abstract first.
+    model = build_model(config)
+    tx, schedule = build_optimizer(config, total_steps)
+    dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
+
+    def init_state(rng: jax.Array) -> dict[str, Any]:
+        init_rng, masking_rng, train_rng = jax.random.split(rng, 3)
+        params = model.init({"params": init_rng, "masking": masking_rng}, dummy, train=False)["params"]
+        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+                "rng": train_rng, "nonfinite": common.init_nonfinite()}
+
+    rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
+    logging.info("MAE: %s parameters (encoder %s), %d train steps (%.1f per epoch).",
+                 f"{common.num_parameters(abstract_state['params']):,}",
+                 f"{common.num_parameters(encoder_params(abstract_state['params'])):,}", total_steps, steps_per_epoch)
+
+    # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
+    mngr, finished = common.open_workdir(config, workdir, total_steps, allow_config_change)
+    if finished is not None:
+        return finished
+
+    def load_init_from(state: dict[str, Any]) -> dict[str, Any]:
+        key = config.get("init_from_key") or "params"
+        state["params"] = common.init_from(config.init_from, state["params"], shardings["params"], key)
+        state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
+        return state
+
+    state = common.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
+                                   load_init_from=load_init_from)
+    first_step = int(jax.device_get(state["step"]))
+
+    # ---- The update step (state donated), the evaluators and the picture.
+    p_train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
+                           out_shardings=(shardings, sharding.replicated(mesh)))
+    ctx, _ = evaluation(config, mesh)
+    evals = evaluators.build(config, ctx)
+    picture = picture_fn(config, model, ctx, workdir)
+
+    # ---- Loop.
+    a = abstract_state
+    run = common.Run(config, workdir, mngr, total_steps, first_step,
+                     {"gradient": a["params"], "parameter": a["params"], "optimizer state": a["opt_state"]})
+    batch_sharding = sharding.batch_sharding(mesh)
+    data = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count())
+    try:  # whatever stops the loop, saves already started are completed
+        with jax.set_mesh(mesh):
+            for step in range(first_step + 1, total_steps + 1):
+                with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                    state, metrics = p_train_step(state, common.global_batch(next(data), batch_sharding))
+                run.train_step_done(step, metrics, state)
+                if picture is not None and common.every(step, config.get("eval_every_steps"), total_steps):
+                    picture(state["params"], step)
+                run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["params"], step, total_steps))
+    finally:
+        run.close()
+    return run.finish()
