@@ -30,6 +30,9 @@ class MultiHeadAttention(nn.Module):
     init_c: float = 1.0
     dtype: Any = jnp.float32
     capture_attention: bool = False
+    # jax.nn.dot_product_attention's implementation: None (XLA's choice), 'xla' or 'cudnn' (flash
+    # attention on NVIDIA GPUs, bf16/fp16 only); softmax in float32 either way.
+    implementation: str | None = None
 
     def _kernels(self, d: int) -> dict[str, jax.Array]:
         if self.init_scheme == "default":
@@ -67,7 +70,7 @@ class MultiHeadAttention(nn.Module):
 
         keys = project(x, "key")
         q, k, v = (t.reshape(b, n, h, d // h) for t in (project(x, "query"), keys, project(x, "value")))
-        heads = jax.nn.dot_product_attention(q, k, v)  # scale 1/√d_h, as in the standard block
+        heads = jax.nn.dot_product_attention(q, k, v, implementation=self.implementation)  # scale 1/√d_h
         details = {"keys": keys}
         if self.capture_attention:
             logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(d // h, q.dtype))

@@ -48,6 +48,7 @@ class EncoderBlock(nn.Module):
     gelu_approximate: bool = True
     capture_attention: bool = False
     dtype: Any = jnp.float32
+    attention_impl: str | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -55,7 +56,7 @@ class EncoderBlock(nn.Module):
         y = nn.LayerNorm(dtype=self.dtype)(x)
         y, details = MultiHeadAttention(
             self.num_heads, self.init_scheme, self.init_alpha, self.init_beta, self.init_c, self.dtype,
-            self.capture_attention,
+            self.capture_attention, self.attention_impl,
         )(y)
         out.update(details)
         y = nn.Dropout(self.dropout)(y, deterministic=not train)

@@ -64,6 +64,16 @@ def resize_posemb(posemb: jax.Array, grid_h: int, grid_w: int, antialias: bool =
     return grid.reshape(1, grid_h * grid_w, d)
 
 
+# The scanned encoder's parameters (models/vit.py, `config.model.scan`): every leaf under this name
+# carries a leading layer axis.
+SCANNED_BLOCKS = "encoder_layers"
+
+
+def layer_ndim(path: str, x: Any) -> int:
+    """A parameter's rank per layer: its ndim, less the stacked layer axis under SCANNED_BLOCKS."""
+    return x.ndim - int(SCANNED_BLOCKS in path.split("/"))
+
+
 class DropPath(nn.Module):
     """Stochastic depth: drops the residual branch per example with probability `rate`."""
 
@@ -71,7 +81,8 @@ class DropPath(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
-        if not train or self.rate == 0.0:
+        # `rate` may be traced (a scanned layer's rate, models/vit.py); a Python 0 is skipped.
+        if not train or (isinstance(self.rate, (int, float)) and self.rate == 0.0):
             return x
         keep = 1.0 - self.rate
         mask = jax.random.bernoulli(self.make_rng("dropout"), keep, (x.shape[0],) + (1,) * (x.ndim - 1))

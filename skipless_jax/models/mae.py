@@ -178,6 +178,9 @@ class MAE(nn.Module):
     tg_eps: float = 0.95
     gelu_approximate: bool = True
     dtype: Any = jnp.float32
+    attention_impl: str | None = None  # the encoder's (vit.encoder_blocks reads these three)
+    remat: str | None = None
+    scan: bool = False
     # MAE specifics
     mask_ratio: float = 0.75
     norm_pix_loss: bool = False

@@ -24,7 +24,14 @@ from skipless_jax import token_graying
 from skipless_jax.models import init as init_lib
 from skipless_jax.models.attention import ATTENTION_KERNELS, MultiHeadAttention  # noqa: F401 (re-exported)
 from skipless_jax.models.blocks import EncoderBlock
-from skipless_jax.models.common import DropPath, MlpBlock, patchify, posemb_sincos_2d, resize_posemb  # noqa: F401
+from skipless_jax.models.common import (  # noqa: F401
+    SCANNED_BLOCKS,
+    DropPath,
+    MlpBlock,
+    patchify,
+    posemb_sincos_2d,
+    resize_posemb,
+)
 from skipless_jax.models.stem import PatchStem
 
 # (width, depth, mlp_dim, num_heads) of the standard ViT sizes.
@@ -88,6 +95,9 @@ class ViT(nn.Module):
     posemb_antialias: bool = True  # resize of the position table for other resolutions
     capture_attention: bool = False
     dtype: Any = jnp.float32
+    attention_impl: str | None = None  # None | 'xla' | 'cudnn' (jax.nn.dot_product_attention)
+    remat: str | None = None  # a key of REMAT_POLICIES: recompute each block's activations
+    scan: bool = False  # the blocks stacked under SCANNED_BLOCKS and run by one scanned layer
 
     def _position_embedding(self, grid_h: int, grid_w: int, d: int) -> jax.Array:
         extra = int(self.pool != "gap")
@@ -144,34 +154,106 @@ def prepend_cls(module: nn.Module, x: jax.Array) -> jax.Array:
     return jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
 
 
+# config.model.remat -> the jax.checkpoint policy of each block (None: no rematerialisation).
+REMAT_POLICIES = {
+    "full": None,  # save nothing inside a block: recompute it all on the backward pass
+    "dots": jax.checkpoint_policies.checkpoint_dots,  # keep matmul outputs
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+ATTENTION_IMPLS = (None, "xla", "cudnn")
+
+
+def _block_kwargs(module: nn.Module) -> dict[str, Any]:
+    return dict(
+        mlp_dim=module.mlp_dim,
+        num_heads=module.num_heads,
+        skip_sab=module.skip_sab,
+        skip_ffn=module.skip_ffn,
+        dropout=getattr(module, "dropout", 0.0),
+        init_scheme=module.init_scheme,
+        init_alpha=module.init_alpha,
+        init_beta=module.init_beta,
+        init_c=module.init_c,
+        gelu_approximate=module.gelu_approximate,
+        capture_attention=getattr(module, "capture_attention", False),
+        dtype=module.dtype,
+        attention_impl=getattr(module, "attention_impl", None),
+    )
+
+
+class _ScannedBlock(nn.Module):
+    """One `EncoderBlock` as nn.scan's body: (x, drop-path rate of this layer) -> (x, its out dict)."""
+
+    block: dict[str, Any]
+    train: bool
+
+    @nn.compact
+    def __call__(self, x: jax.Array, rate: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
+        return EncoderBlock(**self.block, drop_path=rate, name="block")(x, self.train)
+
+
 def encoder_blocks(
     module: nn.Module, x: jax.Array, train: bool, final_norm: bool = True
 ) -> tuple[jax.Array, list[dict[str, Any]]]:
     """The encoder stack `block_0 … block_{depth-1}` + `encoder_norm` (if `final_norm`) of a module
     with the ViT's fields (called inside its compact method, so the parameter names are the ViT's;
-    MAE's encoder shares them). Drop-path rises linearly with depth. Returns (encoded, per-block outs)."""
-    blocks = []
-    for layer in range(module.depth):
-        x, block_out = EncoderBlock(
-            mlp_dim=module.mlp_dim,
-            num_heads=module.num_heads,
-            skip_sab=module.skip_sab,
-            skip_ffn=module.skip_ffn,
-            drop_path=module.drop_path * layer / max(module.depth - 1, 1),
-            dropout=getattr(module, "dropout", 0.0),
-            init_scheme=module.init_scheme,
-            init_alpha=module.init_alpha,
-            init_beta=module.init_beta,
-            init_c=module.init_c,
-            gelu_approximate=module.gelu_approximate,
-            capture_attention=getattr(module, "capture_attention", False),
-            dtype=module.dtype,
-            name=f"block_{layer}",
-        )(x, train)
-        blocks.append(block_out)
+    MAE's encoder shares them). Drop-path rises linearly with depth. Returns (encoded, per-block outs).
+
+    `module.remat` wraps each block in jax.checkpoint (REMAT_POLICIES); `module.scan` runs one
+    scanned block whose parameters carry a leading layer axis under SCANNED_BLOCKS (the same
+    function: `stack_blocks` / `unstack_blocks` convert the parameters; each layer draws its own
+    init key, its drop-path rate and dropout key).
+    """
+    depth = module.depth
+    rates = [module.drop_path * layer / max(depth - 1, 1) for layer in range(depth)]
+    policy = getattr(module, "remat", None)
+    kwargs = _block_kwargs(module)
+    if getattr(module, "scan", False):
+        body = _ScannedBlock
+        if policy:
+            body = nn.remat(body, policy=REMAT_POLICIES[policy], prevent_cse=False)
+        scanned = nn.scan(
+            body, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+            in_axes=0, length=depth,
+        )(kwargs, train, name=SCANNED_BLOCKS)
+        x, stacked = scanned(x, jnp.asarray(rates, jnp.float32))
+        blocks = [jax.tree.map(lambda a, i=i: a[i], stacked) for i in range(depth)]
+    else:
+        block_cls = EncoderBlock
+        if policy:
+            block_cls = nn.remat(EncoderBlock, policy=REMAT_POLICIES[policy], static_argnums=(2,))
+        blocks = []
+        for layer in range(depth):
+            x, block_out = block_cls(**kwargs, drop_path=rates[layer], name=f"block_{layer}")(x, train)
+            blocks.append(block_out)
     if final_norm:
         x = nn.LayerNorm(dtype=module.dtype, name="encoder_norm")(x)
     return x, blocks
+
+
+_BLOCK_NAME = re.compile(r"block_(\d+)")
+
+
+def stack_blocks(params: dict[str, Any]) -> dict[str, Any]:
+    """Unrolled parameters (block_0 … block_{L-1}) -> the scanned layout (SCANNED_BLOCKS/block, axis 0 = layer)."""
+    names = sorted((k for k in params if _BLOCK_NAME.fullmatch(k)), key=lambda k: int(k.split("_")[1]))
+    if not names:
+        return params
+    out = {k: v for k, v in params.items() if k not in names}
+    out[SCANNED_BLOCKS] = {"block": jax.tree.map(lambda *layers: jnp.stack(layers), *[params[n] for n in names])}
+    return out
+
+
+def unstack_blocks(params: dict[str, Any]) -> dict[str, Any]:
+    """The scanned layout -> unrolled parameters block_0 … block_{L-1}."""
+    if SCANNED_BLOCKS not in params:
+        return params
+    stacked = params[SCANNED_BLOCKS]["block"]
+    depth = jax.tree.leaves(stacked)[0].shape[0]
+    out = {k: v for k, v in params.items() if k != SCANNED_BLOCKS}
+    for i in range(depth):
+        out[f"block_{i}"] = jax.tree.map(lambda a, i=i: a[i], stacked)
+    return out
 
 
 def resolve_sizes(model_config: Any) -> dict[str, Any]:
@@ -253,11 +335,20 @@ def check_config(model: Any, image_size: int) -> None:
         value = model.get(field, 0.0)
         _require(isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value < 1.0,
                  f"config.model.{field}={value!r} must be in [0, 1)")
+    remat = model.get("remat")
+    _require(remat is None or remat in REMAT_POLICIES,
+             f"config.model.remat={remat!r} is unknown; allowed: None, {', '.join(map(repr, REMAT_POLICIES))}")
+    _require(isinstance(model.get("scan", False), bool),
+             f"config.model.scan={model.get('scan')!r} must be True or False")
+    impl = model.get("attention_impl")
+    _require(impl in ATTENTION_IMPLS,
+             f"config.model.attention_impl={impl!r} is unknown; allowed: {list(ATTENTION_IMPLS)}")
     init_lib.validate_init_config(sizes)
     if model.get("token_graying") is not None:
         token_graying.validate_token_graying(model.token_graying, model.get("tg_eps", 0.95))
 
 
 def block_params(params: Any) -> list[Any]:
-    """Per-layer parameter dicts of `EncoderBlock`s (for the Jacobian analysis)."""
+    """Per-layer parameter dicts of `EncoderBlock`s (for the Jacobian analysis), either layout."""
+    params = unstack_blocks(params)
     return [params[f"block_{i}"] for i in range(len([k for k in params if re.fullmatch(r"block_\d+", k)]))]

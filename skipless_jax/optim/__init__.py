@@ -45,11 +45,13 @@ NO_DECAY = ("pos_embedding", "cls")  # DeiT: no weight decay on position table a
 
 
 def decay_mask(params: Any) -> Any:
-    """True for kernels (≥ 2 dims); biases, norms, the position table and class token are not decayed."""
+    """True for kernels (≥ 2 dims per layer); biases, norms, the position table and class token are not decayed."""
+    from skipless_jax import sharding
+    from skipless_jax.models.common import layer_ndim
 
     def leaf(path: tuple[Any, ...], p: Any) -> bool:
         names = {getattr(k, "key", None) for k in path}
-        return p.ndim >= 2 and not names & set(NO_DECAY)
+        return layer_ndim(sharding.path_str(path), p) >= 2 and not names & set(NO_DECAY)
 
     return jax.tree_util.tree_map_with_path(leaf, params)
 

@@ -34,9 +34,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 
 from skipless_jax import sharding
+from skipless_jax.models.common import SCANNED_BLOCKS
 
 EMBEDDING_NAMES = ("cls", "pos_embedding", "embedding")  # layer 0 (MAE: cls_token, pos_embed, patch_embed)
 
@@ -58,10 +60,16 @@ def vit_layer_id(path: str, num_layers: int) -> int:
 
 
 def layer_scales(params: Any, decay: float, num_layers: int) -> Any:
-    """Pytree like `params` of floats decay ** (num_layers + 1 − vit_layer_id(path))."""
+    """Pytree like `params` of floats decay ** (num_layers + 1 − vit_layer_id(path)); a scanned
+    encoder's stacked leaves (models/vit.py) get the vector of their layers' scales, broadcast
+    along the leading layer axis."""
 
-    def scale(path: tuple[Any, ...], _: Any) -> float:
-        return float(decay) ** (num_layers + 1 - vit_layer_id(sharding.path_str(path), num_layers))
+    def scale(path: tuple[Any, ...], x: Any) -> Any:
+        name = sharding.path_str(path)
+        if SCANNED_BLOCKS in name.split("/"):
+            ids = np.arange(1, x.shape[0] + 1)  # layer l of the stack is block_l: id l + 1
+            return (float(decay) ** (num_layers + 1 - ids)).reshape((-1,) + (1,) * (x.ndim - 1)).astype(np.float32)
+        return float(decay) ** (num_layers + 1 - vit_layer_id(name, num_layers))
 
     return jax.tree_util.tree_map_with_path(scale, params)
 

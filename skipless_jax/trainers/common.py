@@ -46,7 +46,7 @@ FINAL_METRICS = "final_metrics.json"
 RUNTIME_FIELDS = (
     "mesh", "sharding_rules", "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints",
     "analysis", "evals", "eval", "eval_at_start", "input.num_workers", "input.eval_batch_size", "dataset.data_dir",
-    "resume", "init_from", "init_from_key",
+    "resume", "init_from", "init_from_key", "model.remat", "model.attention_impl",
 )
 
 
@@ -234,6 +234,29 @@ Source = str | Callable[[tuple[int, ...]], np.ndarray] | None
 
 
 def init_from(
+    path: str, params: Any, shardings: Any, key: str = "params", rename: Callable[[str], Source] | None = None
+) -> Any:
+    """`_init_from` across the scanned and unrolled encoder layouts (models/vit.py): a source whose
+    layout differs from the model's is read in its own layout and converted (`stack_blocks` /
+    `unstack_blocks`), so a checkpoint of either layout initializes a model of either."""
+    from skipless_jax.models import vit
+    from skipless_jax.models.common import SCANNED_BLOCKS
+
+    source_scanned = any(SCANNED_BLOCKS in name.split("/") for name in checkpoint.param_shapes(path, key))
+    target_scanned = isinstance(params, Mapping) and SCANNED_BLOCKS in params
+    if source_scanned == target_scanned:
+        return _init_from(path, params, shardings, key, rename)
+    view = vit.unstack_blocks(params) if target_scanned else vit.stack_blocks(params)
+    mesh = jax.tree.leaves(shardings)[0].mesh
+    whole = jax.tree.map(lambda _: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), view)
+    loaded = _init_from(path, jax.device_put(view, whole), whole, key, rename)
+    logging.info("init_from: converted the %s checkpoint to this model's %s layout",
+                 *(("unrolled", "scanned") if target_scanned else ("scanned", "unrolled")))
+    converted = vit.stack_blocks(loaded) if target_scanned else vit.unstack_blocks(loaded)
+    return jax.device_put(converted, shardings)
+
+
+def _init_from(
     path: str, params: Any, shardings: Any, key: str = "params", rename: Callable[[str], Source] | None = None
 ) -> Any:
     """`params` with the leaves found in checkpoint `path` (its `state[key]`) loaded over them.

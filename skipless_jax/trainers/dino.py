@@ -27,6 +27,7 @@ from absl import logging
 from skipless_jax import checkpoint, evaluators, models, sharding, validate
 from skipless_jax.data import inputs, multicrop, sources
 from skipless_jax.models import dino_head
+from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
 from skipless_jax.trainers import common
 
@@ -257,7 +258,8 @@ def is_last_layer(tree: Any) -> Any:
 def dino_decay_mask(params: Any) -> Any:
     """DINO's regularized group: every tensor but biases and 1-D ones (pos_embedding and cls are decayed)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, p: p.ndim >= 2 and not sharding.path_str(path).endswith("bias"), params
+        lambda path, p: layer_ndim(sharding.path_str(path), p) >= 2 and not sharding.path_str(path).endswith("bias"),
+        params
     )
 
 
