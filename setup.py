@@ -33,5 +33,8 @@ setup(
         "tensorflow>=2.18; sys_platform != 'linux'",
         "tensorflow-datasets>=4.9.7",
     ],
-    extras_require={"test": ["pytest>=8", "pytest-xdist>=3.5"]},
+    extras_require={
+        "test": ["pytest>=8", "pytest-xdist>=3.5"],
+        "timm": ["torch", "timm", "safetensors"],  # optional: timm weight import (models/timm_convert.py)
+    },
 )

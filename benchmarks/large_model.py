@@ -40,7 +40,7 @@ def vitb_config(opt: str = "adamw", **model_fields: Any):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config(f"opt={opt}")
-    config.model.update(dict(dtype="float32", **model_fields))
+    config.model.update({"dtype": "float32", **model_fields})
     config.schedule.warmup_steps = 10
     return config
 

@@ -7,15 +7,16 @@ r"""Fine-tuning an MAE-pre-trained ViT-B/16 on ImageNet-1k (facebookresearch/mae
 fixed position table becomes the learned `pos_embedding`, `fc_norm` and the head are new
 (docs/method.md §9). Without `init_from` the same recipe trains from scratch.
 
-Paper's numbers (Always Skip Attention, ImageNet-1k top-1, ViT-B/16): 83.0 → 83.2 with DCT Token
-Graying in pre-training. The paper does not say whether TG is also on during fine-tuning; the arg
-`tg` is this run's own switch (default 'none').
+Expected (the paper's numbers, Always Skip Attention, ImageNet-1k top-1, ViT-B/16): 83.0 → 83.2
+with DCT Token Graying in pre-training; not reproduced here. The paper does not say whether TG
+is also on during fine-tuning; the arg `tg` is this run's own switch (default 'none').
 
-Settings: this config follows MAE's released code (base lr 5e-4, layer decay 0.65); the paper's
+Settings: this config follows MAE's released code (base learning rate 5e-4, layer decay 0.65); the paper's
 text gives 1e-3 / 0.75 (`settings=paper`). Global batch 1024 (lr = base × 1024 / 256), AdamW
 (0.9, 0.999), weight decay 0.05 on kernels, 5 warm-up epochs, cosine to 1e-6, 100 epochs, drop path
 0.1, RandAugment m9 (mstd 0.5), mixup 0.8 / cutmix 1.0, label smoothing 0.1, random erasing 0.25,
-global average pooling → fc_norm → head (std 2e-5). Wall-clock not measured.
+global average pooling → fc_norm → head (std 2e-5). Hardware: sized for one 8-GPU node or a TPU
+v4-32 slice (bfloat16 compute); wall-clock not measured.
 """
 
 import ml_collections

@@ -74,8 +74,11 @@ def embedding_log_kappa(out: Mapping[str, Any]) -> dict[str, jax.Array]:
         raise ValueError("embedding_log_kappa needs out['blocks'] with at least one layer")
     result = {}
     for point in EMBEDDING_POINTS:
-        stacked = jnp.stack([block[point] for block in blocks])  # (L, B, n, d)
-        result[point] = log_condition_number(stacked).mean(axis=-1)
+        mats = [block[point] for block in blocks]
+        if len({m.shape for m in mats}) == 1:  # one batched factorisation: (L, B, n, d)
+            result[point] = log_condition_number(jnp.stack(mats)).mean(axis=-1)
+        else:  # hierarchical families (Swin, PVTv2): token count and width change by stage
+            result[point] = jnp.stack([log_condition_number(m).mean(axis=-1) for m in mats])
     return result
 
 

@@ -18,6 +18,10 @@ import flax.linen as nn
 
 FAMILIES = {
     "vit": "skipless_jax.models.vit",
+    "convmixer": "skipless_jax.models.convmixer",
+    "swin": "skipless_jax.models.swin",
+    "cait": "skipless_jax.models.cait",
+    "pvt_v2": "skipless_jax.models.pvt_v2",
 }
 
 

@@ -1,0 +1,197 @@
+"""CaiT (Touvron et al., "Going deeper with Image Transformers"; timm's `cait.py`), docs/method.md §10.
+
+    stem:  patch projection (the ViT's `PatchStem`) + learned position table (no class token yet)
+    self-attention blocks ℓ = 0 … depth − 1 (talking-heads attention, LayerScale γ):
+        y = γ₁ ⊙ TH-SA(LN1(x));  x = x + y  if skip_sab else y             # ①, ②
+        z = γ₂ ⊙ MLP(LN2(x));    x = x + z  if skip_ffn else z             # ③, ④
+    class-attention blocks k = 0 … depth_token_only − 1 (update only the class token c):
+        y = γ₁ ⊙ CA(LN1([c; x]));  c = c + y  if skip_class_sab else y    # queries from c only
+        z = γ₂ ⊙ MLP(LN2(c));      c = c + z  if skip_class_ffn else z
+    head:  LayerNorm([c; x]) → c → Dense
+
+LayerScale: γ is a learned per-channel vector initialized at `layerscale_init` (1e-5 for the
+XXS/S-24 models) on a branch beside its skip, and at 1 on a branch whose skip is off
+(docs/method.md §10: without the identity beside it, γ = 1e-5 would scale the block's whole
+output, and every gradient into the layers below it, by 1e-5 per block). Talking heads: (h, h)
+mixings of the attention logits before the softmax (`proj_l`) and of the probabilities after it
+(`proj_w`), each with a bias; under `init='skipless'` (and 'mimetic') both start as the identity
+with zero bias, so the layer starts as plain attention with the ViT's skipless init.
+
+`out['blocks']` holds the self-attention blocks ((B, n, d) token matrices, the κ analysis),
+`out['class_blocks']` the class-attention blocks ((B, 1, d): the class token only). LayerNorm
+ε = 1e-6 (timm's CaiT). Token Graying acts on the stem's raw patch matrix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from skipless_jax.models import family_parts as parts
+from skipless_jax.models.blocks import residual
+from skipless_jax.models.common import MlpBlock, resize_posemb
+from skipless_jax.models.stem import PatchStem
+
+FAMILY = "cait"
+LN_EPS = 1e-6
+FIELDS: dict[str, Any] = dict(
+    width=None, depth=None, num_heads=None, mlp_dim=None, patch_size=16, depth_token_only=2,
+    layerscale_init=1e-5, skip_class_sab=True, skip_class_ffn=True,
+)
+# timm's cait_xxs24_224 and cait_s24_224.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "XXS24": dict(width=192, depth=24, num_heads=4, mlp_dim=768, patch_size=16),
+    "S24": dict(width=384, depth=24, num_heads=8, mlp_dim=1536, patch_size=16),
+}
+
+
+def layerscale_value(skip: bool, init_value: float) -> float:
+    """γ's initial value: `init_value` beside a skip, 1 on a branch without its skip."""
+    return init_value if skip else 1.0
+
+
+class LayerScaleBlock(nn.Module):
+    """A CaiT block. `class_attention`: queries from the class token only (inputs (c, x))."""
+
+    num_heads: int
+    mlp_dim: int
+    class_attention: bool = False
+    skip_sab: bool = True
+    skip_ffn: bool = True
+    layerscale_init: float = 1e-5
+    drop_path: float = 0.0
+    init_scheme: str = "default"
+    init_alpha: float = 1.0
+    init_beta: float = 1.0
+    init_c: float = 1.0
+    gelu_approximate: bool = False
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, tokens: jax.Array | None, train: bool) -> tuple[jax.Array, dict[str, Any]]:
+        out: dict[str, Any] = {}
+        d = x.shape[-1]
+        attention = parts.Attention(self.num_heads, self.init_scheme, self.init_alpha, self.init_beta, self.init_c,
+                                    talking_heads=not self.class_attention, dtype=self.dtype, name="attention")
+        gamma_1 = self.param("gamma_1", nn.initializers.constant(layerscale_value(self.skip_sab, self.layerscale_init)),
+                             (d,), jnp.float32)
+        gamma_2 = self.param("gamma_2", nn.initializers.constant(layerscale_value(self.skip_ffn, self.layerscale_init)),
+                             (d,), jnp.float32)
+        if self.class_attention:
+            u = parts.layer_norm(LN_EPS, self.dtype, "norm1")(jnp.concatenate([x, tokens], axis=1))
+            y = attention(u[:, :1], kv=u)
+        else:
+            y = attention(parts.layer_norm(LN_EPS, self.dtype, "norm1")(x))
+        x = residual(x, gamma_1.astype(self.dtype) * y, self.skip_sab, self.drop_path, train, out, "sab")  # ②
+        z = MlpBlock(self.mlp_dim, self.init_scheme, 0.0, self.gelu_approximate, self.dtype, name="mlp")(
+            parts.layer_norm(LN_EPS, self.dtype, "norm2")(x), train)
+        x = residual(x, gamma_2.astype(self.dtype) * z, self.skip_ffn, self.drop_path, train, out, "ffn")  # ④
+        return x, out
+
+
+class CaiT(nn.Module):
+    """CaiT on (B, H, W, C) images -> (logits, out); num_classes=0: pooled (class token) features."""
+
+    num_classes: int
+    width: int = 384
+    depth: int = 24
+    num_heads: int = 8
+    mlp_dim: int = 1536
+    patch_size: int = 16
+    depth_token_only: int = 2
+    layerscale_init: float = 1e-5
+    skip_sab: bool = True
+    skip_ffn: bool = True
+    skip_class_sab: bool = True
+    skip_class_ffn: bool = True
+    drop_path: float = 0.0
+    init_scheme: str = "default"
+    init_alpha: float = 1.0
+    init_beta: float = 1.0
+    init_c: float = 1.0
+    token_graying: str | None = None
+    tg_eps: float = 0.95
+    gelu_approximate: bool = False
+    head_zero_init: bool = True
+    image_size: int | None = None
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, images: jax.Array, train: bool = False) -> tuple[jax.Array, dict[str, Any]]:
+        out: dict[str, Any] = {}
+        p, d = self.patch_size, self.width
+        grid = (images.shape[1] // p, images.shape[2] // p)
+        x, out["patches"] = PatchStem(d, p, self.token_graying, self.tg_eps, self.dtype, name="embedding")(images)
+        out["embedding"] = x
+        native = (self.image_size // p,) * 2 if self.image_size else grid
+        pe = self.param("pos_embedding", nn.initializers.truncated_normal(0.02), (1, native[0] * native[1], d),
+                        jnp.float32)
+        if native != grid:
+            pe = resize_posemb(pe, *grid)
+        x = x + pe.astype(x.dtype)
+        init = dict(init_scheme=self.init_scheme, init_alpha=self.init_alpha, init_beta=self.init_beta,
+                    init_c=self.init_c, gelu_approximate=self.gelu_approximate, dtype=self.dtype)
+        rates = [self.drop_path] * self.depth  # timm's CaiT: the same rate in every block
+        blocks = []
+        for layer in range(self.depth):
+            x, block = LayerScaleBlock(self.num_heads, self.mlp_dim, False, self.skip_sab, self.skip_ffn,
+                                       self.layerscale_init, rates[layer], name=f"block_{layer}", **init)(
+                x, None, train)
+            blocks.append(block)
+        out["blocks"] = blocks
+        cls = self.param("cls", nn.initializers.truncated_normal(0.02), (1, 1, d), jnp.float32)
+        c = jnp.broadcast_to(cls.astype(x.dtype), (x.shape[0], 1, d))
+        class_blocks = []
+        for k in range(self.depth_token_only):
+            c, block = LayerScaleBlock(self.num_heads, self.mlp_dim, True, self.skip_class_sab, self.skip_class_ffn,
+                                       self.layerscale_init, 0.0, name=f"class_block_{k}", **init)(c, x, train)
+            class_blocks.append(block)
+        out["class_blocks"] = class_blocks
+        x = parts.layer_norm(LN_EPS, self.dtype, "encoder_norm")(jnp.concatenate([c, x], axis=1))
+        out["encoded"] = x
+        x = x[:, 0]
+        out["pre_logits"] = x
+        if not self.num_classes:
+            return x, out
+        out["logits"] = parts.head(self, x, self.num_classes, self.head_zero_init, self.dtype)
+        return out["logits"], out
+
+
+def resolve(model_config: Any) -> dict[str, Any]:
+    return parts.resolve_fields(model_config, FAMILY, FIELDS, VARIANTS)
+
+
+def build(model_config: Any, num_classes: int, image_size: int | None = None) -> CaiT:
+    f = resolve(model_config)
+    return CaiT(num_classes=num_classes, width=f["width"], depth=f["depth"], num_heads=f["num_heads"],
+                mlp_dim=f["mlp_dim"], patch_size=f["patch_size"], depth_token_only=f["depth_token_only"],
+                layerscale_init=float(f["layerscale_init"]), skip_class_sab=f["skip_class_sab"],
+                skip_class_ffn=f["skip_class_ffn"], image_size=image_size, **parts.common_kwargs(f))
+
+
+def check_config(model_config: Any, image_size: int) -> None:
+    """Sizes, heads, patch vs image size, LayerScale, the four switches and the common fields."""
+    f = resolve(model_config)
+    for name in ("width", "depth", "num_heads", "mlp_dim", "patch_size", "depth_token_only"):
+        parts.positive_int(name, f[name])
+    parts.check_common(f)
+    for name in ("skip_class_sab", "skip_class_ffn"):
+        if not isinstance(f[name], bool):
+            raise ValueError(f"config.model.{name}={f[name]!r} must be True or False")
+    value = f["layerscale_init"]
+    if not (isinstance(value, (int, float)) and 0 < value <= 1):
+        raise ValueError(f"config.model.layerscale_init={value!r} must be in (0, 1]")
+    if f["width"] % f["num_heads"]:
+        raise ValueError(f"config.model.num_heads={f['num_heads']} does not divide config.model.width={f['width']}")
+    if image_size % f["patch_size"]:
+        raise ValueError(f"config.model.patch_size={f['patch_size']} does not divide the image size {image_size}; "
+                         f"allowed: divisors of {image_size}")
+
+
+def tiny(model_config: dict[str, Any], image_size: int) -> dict[str, Any]:
+    """The config with the smallest sizes of this family (tests; images of 8 px and more)."""
+    return {**dict(model_config), "variant": None, "width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32,
+            "patch_size": 2 if image_size <= 8 else 8, "depth_token_only": 1}

@@ -1,0 +1,412 @@
+r"""Weights of timm models (ViT/DeiT, ConvMixer, Swin, CaiT, PVTv2) as this project's parameters.
+
+    python -m skipless_jax.models.timm_convert --family=swin --variant=S \
+        --input=swin_small_patch4_window7_224.pth --output=/tmp/swin_s_timm [--num_classes=10]
+
+`--input` is a timm state dict: a torch file (`.pth`/`.pt`/`.bin`, read with torch, which is
+only needed for this: `pip install skipless_jax[timm]`), a `.safetensors` file, or a `.npz` of
+name -> array. `--output` becomes a checkpoint folder in this project's format (step 0, the
+state `{'params': ...}`), so `--config.init_from=/tmp/swin_s_timm` starts a run from it.
+`--num_classes` other than the checkpoint's replaces the classifier by a zero-initialized one
+of that size (fine-tuning on another dataset). For a ViT/DeiT `--variant` is the ViT's
+('S/16', 'B/16', ...); the converted ViT needs `config.model.gelu='exact'` and `pool='tok'`
+(timm's), ConvMixer's BatchNorm running statistics are converted too (`convert` returns them
+as `batch_stats`; the checkpoint holds the parameters only).
+
+In code: `convert(family, state_dict, model_config, num_classes) -> {'params': ..., 'batch_stats': ...}`
+(nested dicts of numpy arrays), checked against the model's own parameter tree: every
+parameter filled with its shape, every tensor of the state dict used (timm's buffers
+`relative_position_index`, `attn_mask`, `num_batches_tracked` aside).
+
+Layouts: torch Linear (out, in) → kernel (in, out); Conv (out, in/groups, kh, kw) → (kh, kw,
+in/groups, out), a stride-p patch conv flattened to (p·p·in, out) (the `PatchStem` order);
+fused qkv (3d, d) → query, key, value; PVTv2's kv (2d, d) → key, value; talking heads (h, h)
+transposed like a Linear; Swin checkpoints with the patch merging at the end of stage s (older
+timm) or at the start of stage s + 1 (timm ≥ 0.9), and the head as `head` or `head.fc`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+FAMILY_NAMES = ("vit", "convmixer", "swin", "cait", "pvt_v2")
+IGNORED = re.compile(r".*(relative_position_index|attn_mask|num_batches_tracked)$")
+
+
+def linear(w: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(w).T)
+
+
+def conv(w: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(w).transpose(2, 3, 1, 0))
+
+
+def patch_conv(w: np.ndarray) -> np.ndarray:
+    k = conv(w)
+    return k.reshape(-1, k.shape[-1])
+
+
+class _Reader:
+    """Takes tensors out of a state dict by name, remembering which were used."""
+
+    def __init__(self, state_dict: Mapping[str, Any]):
+        self.sd = {k: np.asarray(v, np.float32) for k, v in state_dict.items() if not IGNORED.fullmatch(k)}
+        self.used: set[str] = set()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.sd
+
+    def __call__(self, name: str) -> np.ndarray:
+        if name not in self.sd:
+            raise ValueError(f"the state dict has no {name!r} (it has e.g. {sorted(self.sd)[:4]})")
+        self.used.add(name)
+        return self.sd[name]
+
+    def unused(self) -> list[str]:
+        return sorted(set(self.sd) - self.used)
+
+
+def _set(tree: dict[str, Any], path: str, value: np.ndarray) -> None:
+    *parents, leaf = path.split("/")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[leaf] = value
+
+
+def _ln(r: _Reader, src: str) -> dict[str, np.ndarray]:
+    return {"scale": r(f"{src}.weight"), "bias": r(f"{src}.bias")}
+
+
+def _dense(r: _Reader, src: str, bias: bool = True) -> dict[str, np.ndarray]:
+    out = {"kernel": linear(r(f"{src}.weight"))}
+    if bias:
+        out["bias"] = r(f"{src}.bias")
+    return out
+
+
+def _attention(r: _Reader, src: str, d: int) -> dict[str, np.ndarray]:
+    """timm's fused qkv (+ proj) -> query/key/value/out kernels and biases."""
+    w, b = r(f"{src}.qkv.weight"), r(f"{src}.qkv.bias")
+    out = {}
+    for i, name in enumerate(("query", "key", "value")):
+        out[name], out[f"{name}_bias"] = linear(w[i * d:(i + 1) * d]), b[i * d:(i + 1) * d]
+    out["out"], out["out_bias"] = linear(r(f"{src}.proj.weight")), r(f"{src}.proj.bias")
+    return out
+
+
+def _mlp(r: _Reader, src: str) -> dict[str, Any]:
+    return {"Dense_0": _dense(r, f"{src}.fc1"), "Dense_1": _dense(r, f"{src}.fc2")}
+
+
+def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _blocks(prefix_re: str, keys: Any) -> list[int]:
+    return sorted({int(m.group(1)) for k in keys if (m := re.match(prefix_re, k))})
+
+
+# ------------------------------------------------------------------ per family
+
+
+def _vit(r: _Reader) -> dict[str, Any]:
+    if "dist_token" in r:
+        raise ValueError("distilled DeiT checkpoints (dist_token, head_dist) are not supported; "
+                         "use a non-distilled one")
+    p: dict[str, Any] = {
+        "cls": r("cls_token"), "pos_embedding": r("pos_embed"),
+        "embedding": {"kernel": patch_conv(r("patch_embed.proj.weight")), "bias": r("patch_embed.proj.bias")},
+        "encoder_norm": _ln(r, "norm"),
+    }
+    d = p["cls"].shape[-1]
+    for i in _blocks(r"blocks\.(\d+)\.", r.sd):
+        s = f"blocks.{i}"
+        p[f"block_{i}"] = {
+            "LayerNorm_0": _ln(r, f"{s}.norm1"), "MultiHeadAttention_0": _attention(r, f"{s}.attn", d),
+            "LayerNorm_1": _ln(r, f"{s}.norm2"), "MlpBlock_0": _mlp(r, f"{s}.mlp"),
+        }
+    if "head.weight" in r:
+        p["head"] = _dense(r, "head")
+    return {"params": p}
+
+
+def _bn(r: _Reader, src: str, stats: dict[str, Any], name: str) -> dict[str, np.ndarray]:
+    stats[name] = {"mean": r(f"{src}.running_mean"), "var": r(f"{src}.running_var")}
+    return {"scale": r(f"{src}.weight"), "bias": r(f"{src}.bias")}
+
+
+def _convmixer(r: _Reader) -> dict[str, Any]:
+    stats: dict[str, Any] = {}
+    p: dict[str, Any] = {
+        "embedding": {"kernel": patch_conv(r("stem.0.weight")), "bias": r("stem.0.bias")},
+        "embedding_norm": _bn(r, "stem.2", stats, "embedding_norm"),
+    }
+    for i in _blocks(r"blocks\.(\d+)\.", r.sd):
+        s = f"blocks.{i}"
+        p[f"block_{i}_depthwise"] = {"kernel": conv(r(f"{s}.0.fn.0.weight")), "bias": r(f"{s}.0.fn.0.bias")}
+        p[f"block_{i}_depthwise_norm"] = _bn(r, f"{s}.0.fn.2", stats, f"block_{i}_depthwise_norm")
+        p[f"block_{i}_pointwise"] = {"kernel": conv(r(f"{s}.1.weight"))[0, 0], "bias": r(f"{s}.1.bias")}
+        p[f"block_{i}_pointwise_norm"] = _bn(r, f"{s}.3", stats, f"block_{i}_pointwise_norm")
+    if "head.weight" in r:
+        p["head"] = _dense(r, "head")
+    return {"params": p, "batch_stats": stats}
+
+
+def _swin(r: _Reader) -> dict[str, Any]:
+    p: dict[str, Any] = {
+        "embedding": {"kernel": patch_conv(r("patch_embed.proj.weight")), "bias": r("patch_embed.proj.bias")},
+        "embedding_norm": _ln(r, "patch_embed.norm"),
+        "encoder_norm": _ln(r, "norm"),
+    }
+    stages = _blocks(r"layers\.(\d+)\.", r.sd)
+    old_layout = "layers.0.downsample.reduction.weight" in r  # merging at the end of a stage (timm < 0.9)
+    for s in stages:
+        if f"layers.{s}.downsample.reduction.weight" in r:
+            target = s + 1 if old_layout else s
+            p[f"stage_{target}_merge_norm"] = _ln(r, f"layers.{s}.downsample.norm")
+            p[f"stage_{target}_merge"] = _dense(r, f"layers.{s}.downsample.reduction", bias=False)
+        for j in _blocks(rf"layers\.{s}\.blocks\.(\d+)\.", r.sd):
+            b = f"layers.{s}.blocks.{j}"
+            d = r.sd[f"{b}.norm1.weight"].shape[0]
+            p[f"stage_{s}_block_{j}"] = {
+                "norm1": _ln(r, f"{b}.norm1"), "norm2": _ln(r, f"{b}.norm2"), "mlp": _mlp(r, f"{b}.mlp"),
+                "window_attention": {"relative_position_bias": r(f"{b}.attn.relative_position_bias_table"),
+                                     "attention": _attention(r, f"{b}.attn", d)},
+            }
+    for name in ("head.fc", "head"):
+        if f"{name}.weight" in r:
+            p["head"] = _dense(r, name)
+            break
+    return {"params": p}
+
+
+def _cait(r: _Reader) -> dict[str, Any]:
+    p: dict[str, Any] = {
+        "cls": r("cls_token"), "pos_embedding": r("pos_embed"),
+        "embedding": {"kernel": patch_conv(r("patch_embed.proj.weight")), "bias": r("patch_embed.proj.bias")},
+        "encoder_norm": _ln(r, "norm"),
+    }
+    d = p["cls"].shape[-1]
+    for i in _blocks(r"blocks\.(\d+)\.", r.sd):
+        s = f"blocks.{i}"
+        attention = _attention(r, f"{s}.attn", d)
+        for name in ("proj_l", "proj_w"):
+            attention[name] = linear(r(f"{s}.attn.{name}.weight"))
+            attention[f"{name}_bias"] = r(f"{s}.attn.{name}.bias")
+        p[f"block_{i}"] = {"norm1": _ln(r, f"{s}.norm1"), "norm2": _ln(r, f"{s}.norm2"), "attention": attention,
+                           "mlp": _mlp(r, f"{s}.mlp"), "gamma_1": r(f"{s}.gamma_1"), "gamma_2": r(f"{s}.gamma_2")}
+    for k in _blocks(r"blocks_token_only\.(\d+)\.", r.sd):
+        s = f"blocks_token_only.{k}"
+        attention = {}
+        for src, name in (("q", "query"), ("k", "key"), ("v", "value"), ("proj", "out")):
+            attention[name], attention[f"{name}_bias"] = linear(r(f"{s}.attn.{src}.weight")), r(f"{s}.attn.{src}.bias")
+        p[f"class_block_{k}"] = {"norm1": _ln(r, f"{s}.norm1"), "norm2": _ln(r, f"{s}.norm2"), "attention": attention,
+                                 "mlp": _mlp(r, f"{s}.mlp"), "gamma_1": r(f"{s}.gamma_1"), "gamma_2": r(f"{s}.gamma_2")}
+    if "head.weight" in r:
+        p["head"] = _dense(r, "head")
+    return {"params": p}
+
+
+def _pvt_v2(r: _Reader) -> dict[str, Any]:
+    p: dict[str, Any] = {
+        "embedding": {"proj": {"kernel": conv(r("patch_embed.proj.weight")), "bias": r("patch_embed.proj.bias")},
+                      "norm": _ln(r, "patch_embed.norm")},
+    }
+    for s in _blocks(r"stages\.(\d+)\.", r.sd):
+        if f"stages.{s}.downsample.proj.weight" in r:
+            ds = f"stages.{s}.downsample"
+            p[f"stage_{s}_downsample"] = {
+                "proj": {"kernel": conv(r(f"{ds}.proj.weight")), "bias": r(f"{ds}.proj.bias")},
+                "norm": _ln(r, f"{ds}.norm"),
+            }
+        p[f"stage_{s}_norm"] = _ln(r, f"stages.{s}.norm")
+        for j in _blocks(rf"stages\.{s}\.blocks\.(\d+)\.", r.sd):
+            b = f"stages.{s}.blocks.{j}"
+            d = r.sd[f"{b}.norm1.weight"].shape[0]
+            kv_w, kv_b = r(f"{b}.attn.kv.weight"), r(f"{b}.attn.kv.bias")
+            attention = {"query": linear(r(f"{b}.attn.q.weight")), "query_bias": r(f"{b}.attn.q.bias"),
+                         "key": linear(kv_w[:d]), "key_bias": kv_b[:d], "value": linear(kv_w[d:]),
+                         "value_bias": kv_b[d:], "out": linear(r(f"{b}.attn.proj.weight")),
+                         "out_bias": r(f"{b}.attn.proj.bias")}
+            sra: dict[str, Any] = {"attention": attention}
+            if f"{b}.attn.sr.weight" in r:
+                sra["sr"] = {"kernel": conv(r(f"{b}.attn.sr.weight")), "bias": r(f"{b}.attn.sr.bias")}
+                sra["sr_norm"] = _ln(r, f"{b}.attn.norm")
+            p[f"stage_{s}_block_{j}"] = {
+                "norm1": _ln(r, f"{b}.norm1"), "norm2": _ln(r, f"{b}.norm2"), "sra": sra,
+                "mlp": {"fc1": _dense(r, f"{b}.mlp.fc1"), "fc2": _dense(r, f"{b}.mlp.fc2"),
+                        "dwconv": {"kernel": conv(r(f"{b}.mlp.dwconv.weight")), "bias": r(f"{b}.mlp.dwconv.bias")}},
+            }
+    if "head.weight" in r:
+        p["head"] = _dense(r, "head")
+    return {"params": p}
+
+
+CONVERTERS: dict[str, Callable[[_Reader], dict[str, Any]]] = {
+    "vit": _vit, "convmixer": _convmixer, "swin": _swin, "cait": _cait, "pvt_v2": _pvt_v2,
+}
+
+
+def model_config(family: str, variant: str, **fields: Any) -> dict[str, Any]:
+    """The `config.model` of a timm model of `family`/`variant` (timm's exact GELU; ViT: class token)."""
+    if family not in FAMILY_NAMES:
+        raise ValueError(f"--family={family!r} is unknown; allowed: {list(FAMILY_NAMES)}")
+    cfg = {"name": family, "variant": variant, "gelu": "exact", **fields}
+    if family == "vit":
+        cfg.update(pool="tok", posemb="learn")
+    return cfg
+
+
+def abstract_params(cfg: Mapping[str, Any], num_classes: int, image_size: int, channels: int = 3) -> dict[str, Any]:
+    """{path: shape} of the model's parameters (jax.eval_shape: nothing is allocated)."""
+    import jax
+    import jax.numpy as jnp
+
+    from skipless_jax import models
+
+    model = models.build(cfg, num_classes)
+    shapes = jax.eval_shape(lambda: model.init({"params": jax.random.PRNGKey(0)},
+                                               jnp.zeros((1, image_size, image_size, channels)), train=False))
+    return {k: tuple(v.shape) for k, v in _flat(shapes["params"]).items()}
+
+
+def convert(
+    family: str, state_dict: Mapping[str, Any], cfg: Mapping[str, Any] | None = None, num_classes: int | None = None,
+    image_size: int = 224,
+) -> dict[str, Any]:
+    """timm state dict -> {'params': tree[, 'batch_stats': tree]} of numpy float32 arrays.
+
+    With `cfg` (a `config.model`), the result is checked against that model's parameter tree
+    (every parameter present with its shape). `num_classes` other than the checkpoint's head
+    replaces the head by zeros of that size.
+    """
+    if family not in CONVERTERS:
+        raise ValueError(f"family={family!r} is unknown; allowed: {list(CONVERTERS)}")
+    reader = _Reader(state_dict)
+    result = CONVERTERS[family](reader)
+    unused = reader.unused()
+    if unused:
+        raise ValueError(f"the {family} converter does not know {len(unused)} tensors of the state dict, "
+                         f"e.g. {unused[:3]}")
+    params = result["params"]
+    if num_classes is not None and (params.get("head", {}).get("kernel", np.zeros((0, 0))).shape[-1] != num_classes):
+        d = _pre_logits_width(params)
+        params["head"] = {"kernel": np.zeros((d, num_classes), np.float32),
+                          "bias": np.zeros((num_classes,), np.float32)}
+    if cfg is not None:
+        channels = _input_channels(family, reader)
+        classes = num_classes if num_classes is not None else _num_classes(params)
+        want = abstract_params(cfg, classes, image_size, channels)
+        got = {k: tuple(v.shape) for k, v in _flat(params).items()}
+        missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        if missing or extra:
+            raise ValueError(f"the converted {family} parameters do not fit config.model={dict(cfg)}: "
+                             f"missing {missing[:3]}, unexpected {extra[:3]}")
+        wrong = [(k, got[k], want[k]) for k in want if got[k] != want[k]]
+        if wrong:
+            raise ValueError(f"the converted {family} parameter {wrong[0][0]} has shape {wrong[0][1]}, "
+                             f"config.model={dict(cfg)} needs {wrong[0][2]}")
+    return result
+
+
+def _num_classes(params: Mapping[str, Any]) -> int:
+    return int(params["head"]["kernel"].shape[-1]) if "head" in params else 0
+
+
+def _pre_logits_width(params: Mapping[str, Any]) -> int:
+    if "head" in params:
+        return int(params["head"]["kernel"].shape[0])
+    for name in ("encoder_norm",):
+        if name in params:
+            return int(params[name]["scale"].shape[0])
+    norms = sorted((k for k in params if re.fullmatch(r"(stage_\d+_norm|block_\d+_pointwise_norm)", k)),
+                   key=lambda k: int(re.findall(r"\d+", k)[0]))
+    return int(params[norms[-1]]["scale"].shape[0])
+
+
+def _input_channels(family: str, reader: _Reader) -> int:
+    """In-channels of the first convolution (torch layout (out, in, kh, kw))."""
+    return int(reader.sd["stem.0.weight" if family == "convmixer" else "patch_embed.proj.weight"].shape[1])
+
+
+def load_state_dict(path: str) -> dict[str, np.ndarray]:
+    """A timm state dict from .pth/.pt/.bin (torch), .safetensors or .npz."""
+    if path.endswith(".npz"):
+        with np.load(path) as f:
+            return {k: f[k] for k in f.files}
+    if path.endswith(".safetensors"):
+        from safetensors.numpy import load_file
+
+        return load_file(path)
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(f"--input={path!r} is a torch file; reading it needs torch "
+                         "(pip install 'skipless_jax[timm]'), or pass an .npz of name -> array") from None
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    for key in ("model", "state_dict", "model_ema"):
+        if isinstance(sd, dict) and key in sd and isinstance(sd[key], dict):
+            sd = sd[key]
+            break
+    return {k.removeprefix("module."): v.float().numpy() for k, v in sd.items() if hasattr(v, "numpy")}
+
+
+def write_checkpoint(params: Mapping[str, Any], output: str, model_cfg: Mapping[str, Any], source: str) -> None:
+    """`output` as a checkpoint folder of this project (step 0, state {'params': params})."""
+    import jax.numpy as jnp
+
+    from skipless_jax import checkpoint
+
+    mngr = checkpoint.manager(output, keep=1, async_save=False)
+    state = {"params": _tree_map(jnp.asarray, params)}
+    config = {"model": dict(model_cfg), "converted_from": source}
+    checkpoint.save(mngr, 0, state, {"step": 0, "config": json.dumps(config)})
+    mngr.wait_until_finished()
+    mngr.close()
+
+
+def _tree_map(fn: Callable[[Any], Any], tree: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _tree_map(fn, v) if isinstance(v, Mapping) else fn(v) for k, v in tree.items()}
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    from absl import flags
+
+    f = flags.FLAGS
+    try:
+        cfg = model_config(f.family, f.variant)
+        sd = load_state_dict(f.input)
+        result = convert(f.family, sd, cfg, f.num_classes, f.image_size)
+        if os.path.exists(os.path.join(f.output, "checkpoints")):
+            raise ValueError(f"--output={f.output!r} already holds checkpoints; choose a new folder")
+        write_checkpoint(result["params"], f.output, cfg, os.path.basename(f.input))
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+    count = sum(int(np.prod(v.shape)) for v in _flat(result["params"]).values())
+    print(f"wrote {count:,} parameters of {f.family} {f.variant} to {f.output} (use --config.init_from={f.output})")
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+
+    flags.DEFINE_enum("family", None, list(FAMILY_NAMES), "Model family of the checkpoint.")
+    flags.DEFINE_string("variant", None, "The family's variant name (ViT: e.g. 'B/16'; swin: 'T', 'S', 'B'; ...).")
+    flags.DEFINE_string("input", None, "timm state dict: .pth/.pt/.bin (torch), .safetensors or .npz.")
+    flags.DEFINE_string("output", None, "Checkpoint folder to write (for config.init_from).")
+    flags.DEFINE_integer("num_classes", None, "Classifier size (default: the checkpoint's).")
+    flags.DEFINE_integer("image_size", 224, "Image size the model is checked at (ViT/CaiT: the position table's).")
+    flags.mark_flags_as_required(["family", "variant", "input", "output"])
+    app.run(main)
