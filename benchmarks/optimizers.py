@@ -32,11 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import scaling  # benchmarks/scaling.py: the trainers' own steps (this script's folder is on sys.path)
 
 from skipless_jax.models import vit
 from skipless_jax.optim.soap import soap
-
-import common  # benchmarks/common.py (this script's folder is on sys.path)
 
 FREQUENCY = 10
 
@@ -147,34 +146,35 @@ def bench_update(variant: str, tx: optax.GradientTransformation, timing: bool, r
 
 def bench_train_step(variant: str, image_size: int, batch: int, repeats: int,
                      frequency: int) -> dict[str, Any]:
-    model = model_for(variant, image_size, 10)
-    optimizers = make_optimizers(frequency)
-    images = jax.random.normal(jax.random.PRNGKey(1), (batch, image_size, image_size, 3))
-    labels = jnp.arange(batch) % 10
+    """The supervised trainer's own step (`supervised.make_train_step`, built as the trainer
+    builds it by benchmarks/scaling.py) with the recipe's AdamW and SOAP, on random data."""
+    images_labels = None
     runs: dict[str, dict[str, Any]] = {}
-    for name, tx in optimizers.items():
-        step = common.classifier_step(model, tx)
-
-        params = model.init(jax.random.PRNGKey(0), images[:1])["params"]
-        opt_state = jax.jit(tx.init)(params)
+    for name in ("adamw", "soap"):
+        config = scaling.vit_config(variant, image_size, batch, opt=name)
+        config.optimizer.weight_decay = 0.05
+        if name == "soap":
+            config.optimizer.precondition_frequency = frequency
+        program = scaling.supervised_program(config, {"data": 1}, num_classes=10, channels=3)
+        state = program.init()
+        images_labels = images_labels or program.batch(scaling.random_batch(program, seed=1))
         t0 = time.perf_counter()
-        compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt_state, images, labels).compile()
+        compiled = program.compile()
         compile_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        params, opt_state, loss = compiled(params, opt_state, images, labels)
-        block(loss)
-        runs[name] = dict(compiled=compiled, params=params, opt_state=opt_state, compile_s=compile_s,
+        state, metrics = compiled(state, images_labels)
+        block(metrics)
+        runs[name] = dict(compiled=compiled, state=state, compile_s=compile_s,
                           first_call_s=time.perf_counter() - t0, ordinary=[], refresh=[])
 
     # Interleaved: each round times one ordinary and one refresh step of each optimizer.
     for r in range(repeats + 1):
         for kind, count in (("ordinary", 1), ("refresh", frequency)):
             for run in runs.values():
-                run["opt_state"] = set_count(run["opt_state"], count)
+                run["state"]["opt_state"] = set_count(run["state"]["opt_state"], count)
                 t0 = time.perf_counter()
-                run["params"], run["opt_state"], loss = run["compiled"](
-                    run["params"], run["opt_state"], images, labels)
-                block(loss)
+                run["state"], metrics = run["compiled"](run["state"], images_labels)
+                block(metrics)
                 if r:  # round 0 warms up
                     run[kind].append(time.perf_counter() - t0)
 

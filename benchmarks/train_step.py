@@ -3,9 +3,11 @@ r"""Train-step time, images/s, FLOPs (XLA cost analysis) and MFU of ViT variants
     OPENBLAS_NUM_THREADS=1 python benchmarks/train_step.py --variants=Ti/16,S/16,B/16 \
         --batch=8 --output=benchmarks/results/train_step.json [--peak_tflops=989]
 
-One jitted AdamW step of the ViT (the trainer's loss: softmax cross-entropy), timed after
-compilation, median of `--repeats`. With `--peak_tflops` (the device's peak for the compute
-dtype, e.g. 989 for an H100 in bf16, 275 for a TPU v4 chip) it reports model FLOPs utilisation:
+The supervised trainer's own jitted step (`trainers/supervised.make_train_step`, AdamW or
+`--optimizer=soap`, built by benchmarks/scaling.py as the trainer builds it, data-parallel over
+all devices) on random data, timed after compilation, median of `--repeats`. With
+`--peak_tflops` (the device's peak for the compute dtype, e.g. 989 for an H100 in bf16, 275 for
+a TPU v4 chip) it reports model FLOPs utilisation:
 MFU = (XLA FLOPs of one step / step time) / (peak × devices).
 """
 
@@ -18,52 +20,35 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
-import optax
-
-from skipless_jax.models import vit
-
-import common  # benchmarks/common.py (this script's folder is on sys.path)
+import scaling  # benchmarks/scaling.py: the trainers' own steps (this script's folder is on sys.path)
 
 
-def make_step(variant: str, image_size: int, dtype: str, skips: bool, init: str):
-    model = vit.ViT(
-        num_classes=1000, **vit.decode_variant(variant), dtype=jnp.dtype(dtype),
-        skip_sab=skips, skip_ffn=skips, init_scheme=init,
-    )
-    tx = optax.adamw(1e-3, weight_decay=0.05)
-
-    step = common.classifier_step(model, tx)
-
-    def init(rng):
-        params = model.init(rng, jnp.zeros((1, image_size, image_size, 3)))["params"]
-        return params, tx.init(params)
-
-    return jax.jit(step, donate_argnums=(0, 1)), jax.jit(init)
-
-
-def bench(variant: str, batch: int, image_size: int, dtype: str, repeats: int, skips: bool, init: str) -> dict:
-    step, init_fn = make_step(variant, image_size, dtype, skips, init)
-    params, opt_state = init_fn(jax.random.PRNGKey(0))
-    images = jax.random.normal(jax.random.PRNGKey(1), (batch, image_size, image_size, 3))
-    labels = jnp.arange(batch) % 1000
+def bench(variant: str, batch: int, image_size: int, dtype: str, repeats: int, skips: bool, init: str,
+          opt: str = "adamw") -> dict:
+    """Compile and time the supervised trainer's own step (`supervised.make_train_step`: loss,
+    gradient, clipping, optimizer, non-finite guard, metrics) on random 1000-class data."""
+    config = scaling.vit_config(variant, image_size, batch, opt=opt, dtype=dtype, skips=skips, init=init)
+    program = scaling.supervised_program(config, {"data": jax.device_count()}, num_classes=1000, channels=3)
+    state = program.init()
+    batch_arrays = program.batch(scaling.random_batch(program))
     t0 = time.perf_counter()
-    compiled = step.lower(params, opt_state, images, labels).compile()
+    compiled = program.compile()
     compile_s = time.perf_counter() - t0
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    flops = float(cost.get("flops", float("nan")))
-    params, opt_state, loss = compiled(params, opt_state, images, labels)  # warm-up
-    loss.block_until_ready()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        params, opt_state, loss = compiled(params, opt_state, images, labels)
-        loss.block_until_ready()
-        times.append(time.perf_counter() - t0)
+    flops = float(cost.get("flops", float("nan"))) * jax.device_count()  # per device -> the whole step
+    with jax.set_mesh(program.mesh):
+        state, metrics = compiled(state, batch_arrays)  # warm-up
+        jax.block_until_ready(metrics)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            state, metrics = compiled(state, batch_arrays)
+            jax.block_until_ready(metrics)
+            times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
     return dict(
-        variant=variant, batch=batch, image_size=image_size, dtype=dtype, skips=skips, init=init,
+        variant=variant, batch=batch, image_size=image_size, dtype=dtype, skips=skips, init=init, optimizer=opt,
         compile_s=compile_s, step_s=step_s, step_s_min=min(times), images_per_s=batch / step_s,
         flops_per_step=flops, achieved_tflops=flops / step_s / 1e12,
     )
@@ -78,12 +63,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skipless", action="store_true", help="benchmark the skipless block (same FLOPs)")
     parser.add_argument("--init", default="default")
+    parser.add_argument("--optimizer", default="adamw", choices=["adamw", "soap"])
     parser.add_argument("--peak_tflops", type=float, default=None, help="per-device peak TFLOP/s for MFU")
     parser.add_argument("--output", default="benchmarks/results/train_step.json")
     args = parser.parse_args()
 
     rows = [
-        bench(v, args.batch, args.image_size, args.dtype, args.repeats, not args.skipless, args.init)
+        bench(v, args.batch, args.image_size, args.dtype, args.repeats, not args.skipless, args.init, args.optimizer)
         for v in args.variants.split(",")
     ]
     devices = jax.device_count()

@@ -8,8 +8,18 @@ fsdp: `{'data': -1, 'fsdp': 1}` is data-parallel, `{'data': -1, 'fsdp': 8}` FSDP
 (e.g. 'params/block_0/MultiHeadAttention/query') decides. Rules:
   'fsdp'       shard the largest dimension divisible by the fsdp axes, else replicate;
   'replicate'  every device holds the whole array;
-  a tuple      an explicit PartitionSpec, e.g. (None, 'fsdp').
+  a tuple      an explicit PartitionSpec, e.g. (None, 'fsdp'); its rank and the divisibility of
+               every split dimension are checked against each leaf it matches (a one-line
+               ValueError naming the leaf, its shape and the mesh axis) before anything compiles.
 Optimizer-state leaves carry their parameter's path inside theirs, so one rule list covers both.
+The trainers' state (`trainers/common.state_shardings`) adds three rules of its own:
+  - leaves under `MIN_SHARD_SIZE` elements (biases, norms, the class token, counters) stay
+    replicated under 'fsdp' and the optimizer-state rule;
+  - PRNG keys (typed keys, or raw uint32 keys named `rng`/`key`) are always replicated;
+  - optimizer-state leaves (ZeRO): the largest dimension divisible by all the data axes
+    (data × fsdp) is split over them, even where the parameter is replicated, unless their
+    rule is 'replicate' (`zero_spec`). The optimizer's update then runs on 1/N of its state on
+    each device and is gathered back to the parameter's sharding.
 """
 
 from __future__ import annotations
@@ -26,6 +36,9 @@ from jax.sharding import PartitionSpec as P
 
 DATA_AXES = ("data", "fsdp")  # the batch is split over both; fsdp also splits parameters
 MESH_AXES = DATA_AXES
+# Leaves with fewer elements stay replicated (biases, norms, counters): splitting them saves
+# nothing and costs a collective each.
+MIN_SHARD_SIZE = 1024
 
 
 def _mesh_axes(mesh: Any) -> list[tuple[str, Any]]:
@@ -110,16 +123,37 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
+def _largest_divisible(shape: Sequence[int], size: int, axes: Any) -> P | None:
+    """`axes` on the largest dimension of `shape` divisible by `size` (None if there is none)."""
+    for dim in np.argsort(shape, kind="stable")[::-1]:
+        if shape[dim] % size == 0 and shape[dim] >= size:
+            spec = [None] * len(shape)
+            spec[dim] = axes
+            return P(*spec)
+    return None
+
+
 def fsdp_spec(shape: Sequence[int], mesh: Mesh) -> P:
     """Shards the largest dimension divisible by the fsdp axis size; replicates otherwise."""
     size = mesh.shape.get("fsdp", 1)
     if size == 1 or not shape:
         return P()
-    for dim in np.argsort(shape)[::-1]:
-        if shape[dim] % size == 0 and shape[dim] >= size:
-            spec = [None] * len(shape)
-            spec[dim] = "fsdp"
-            return P(*spec)
+    return _largest_divisible(shape, size, "fsdp") or P()
+
+
+def zero_spec(shape: Sequence[int], mesh: Mesh) -> P:
+    """ZeRO sharding of an optimizer-state leaf: its largest dimension divisible by the product
+    of all the data axes (data × fsdp) split over them; else the largest divisible by one axis
+    (fsdp first); else replicated."""
+    axes = data_axes(mesh)
+    if not shape or num_data_shards(mesh) == 1:
+        return P()
+    candidates = [(axes, num_data_shards(mesh))] if len(axes) > 1 else []
+    candidates += [(a, mesh.shape[a]) for a in reversed(axes) if mesh.shape[a] > 1]
+    for names, size in candidates:
+        spec = _largest_divisible(shape, size, names)
+        if spec is not None:
+            return spec
     return P()
 
 
@@ -136,31 +170,99 @@ def path_str(path: tuple[Any, ...]) -> str:
     return "/".join(parts)
 
 
-def _spec_for(path: str, shape: Sequence[int], mesh: Mesh, rules: Sequence[tuple[str, Any]]) -> P:
+def is_key(name: str, x: Any) -> bool:
+    """A PRNG key: a typed key array, or a raw uint32 key whose path ends in `rng` or `key`."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return False
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return True
+    return np.dtype(dtype) == np.uint32 and re.search(r"(^|[/_])(rng|key)$", name) is not None
+
+
+def _explicit_spec(name: str, shape: Sequence[int], mesh: Mesh, pattern: str, rule: Any) -> P:
+    """The explicit PartitionSpec `rule` for leaf `name`, checked: one-line ValueErrors."""
+    spec = P(*rule)
+    where = f"config.sharding_rules entry ({pattern!r}, {tuple(rule)!r}) matches {name} of shape {tuple(shape)}"
+    if len(spec) > len(shape):
+        raise ValueError(f"{where}: the rule has {len(spec)} dimensions, the leaf {len(shape)}")
+    for dim, axes in enumerate(spec):
+        if axes is None:
+            continue
+        names = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+        for axis in names:
+            if axis not in mesh.shape:
+                raise ValueError(f"{where}: mesh axis {axis!r} is not in the mesh {dict(mesh.shape)}")
+        size = math.prod(mesh.shape[a] for a in names)
+        if shape[dim] % size:
+            raise ValueError(
+                f"{where}: dimension {dim} ({shape[dim]}) is not divisible by mesh axis "
+                f"{'×'.join(names)} of size {size}"
+            )
+    return spec
+
+
+def _spec_for(
+    path: str, x: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]], min_size: int = 0, zero: bool = False
+) -> P:
+    shape = tuple(getattr(x, "shape", ()))
+    if not shape or is_key(path, x):
+        return P()  # scalars have nothing to split; a key is never split
+    small = math.prod(shape) < min_size
     for pattern, rule in rules:
         if re.search(pattern, path):
-            if rule == "fsdp":
-                return fsdp_spec(shape, mesh)
             if rule == "replicate":
                 return P()
-            spec = P(*rule)
-            if len(spec) > len(shape):
-                return P()  # e.g. a scalar count inside an optimizer state
-            return spec
+            if zero:
+                return P() if small else zero_spec(shape, mesh)
+            if rule == "fsdp":
+                return P() if small else fsdp_spec(shape, mesh)
+            return _explicit_spec(path, shape, mesh, pattern, rule)
     return P()
 
 
-def tree_shardings(tree: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]], prefix: str = "") -> Any:
-    """NamedShardings for every leaf of an (abstract) pytree, by the rules on its path."""
+def tree_shardings(
+    tree: Any,
+    mesh: Mesh,
+    rules: Sequence[tuple[str, Any]],
+    prefix: str = "",
+    *,
+    min_size: int = 0,
+    zero: Sequence[str] = (),
+) -> Any:
+    """NamedShardings for every leaf of an (abstract) pytree, by the rules on its path.
+
+    `min_size`: leaves with fewer elements stay replicated under 'fsdp' (and ZeRO).
+    `zero`: path prefixes (e.g. 'opt_state') of optimizer-state subtrees, whose leaves get
+    `zero_spec` unless their rule is 'replicate'. Keys and scalars are always replicated.
+    """
 
     def leaf(path: tuple[Any, ...], x: Any) -> NamedSharding:
         name = f"{prefix}/{path_str(path)}" if prefix else path_str(path)
-        return NamedSharding(mesh, _spec_for(name, getattr(x, "shape", ()), mesh, rules))
+        is_zero = any(name == z or name.startswith(f"{z}/") for z in zero)
+        return NamedSharding(mesh, _spec_for(name, x, mesh, rules, min_size, is_zero))
 
     return jax.tree_util.tree_map_with_path(leaf, tree)
 
 
+def constrain_batch(x: jax.Array, dim: int = 0) -> jax.Array:
+    """`x` with dimension `dim` split over the data axes of the current mesh (`jax.set_mesh`),
+    so that a reshape or transpose around it cannot silently gather the batch; unchanged
+    outside a mesh or when the dimension does not divide."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    axes = tuple(a for a in DATA_AXES if a in mesh.axis_names)
+    size = math.prod(mesh.shape[a] for a in axes)
+    if size == 1 or x.shape[dim] % size:
+        return x
+    spec = [None] * x.ndim
+    spec[dim] = axes
+    return jax.lax.with_sharding_constraint(x, P(*spec))
+
+
 def validate_rules(rules: Sequence[Any]) -> None:
+    """One-line errors for a malformed rule list (shapes are checked in `tree_shardings`)."""
     for item in rules:
         ok = isinstance(item, (tuple, list)) and len(item) == 2
         if ok:
@@ -175,3 +277,12 @@ def validate_rules(rules: Sequence[Any]) -> None:
                 f"config.sharding_rules entry {item!r} is malformed; "
                 "allowed: (regex, 'fsdp' | 'replicate' | partition tuple)"
             )
+        if isinstance(rule, (tuple, list)):
+            for axes in rule:
+                names = axes if isinstance(axes, (tuple, list)) else (axes,)
+                bad = [a for a in names if a is not None and a not in MESH_AXES]
+                if bad:
+                    raise ValueError(
+                        f"config.sharding_rules entry {tuple(item)!r} names mesh axis {bad[0]!r}; "
+                        f"allowed: {', '.join(MESH_AXES)} or None"
+                    )

@@ -52,8 +52,14 @@ def test_fsdp_rules_shard_largest_divisible_dim_and_optimizer_state_follows():
     assert shardings["opt_state"][0].count.spec == P()
     # Explicit rules win in order; a replicate rule for norms.
     rules = [("norm/", "replicate"), ("kernel", (("fsdp",), None)), (".*", "fsdp")]
-    explicit = sharding.tree_shardings(params, mesh, rules)
+    wide = {**params, "dense": {**params["dense"], "kernel": jax.ShapeDtypeStruct((8, 16), np.float32)}}
+    explicit = sharding.tree_shardings(wide, mesh, rules)
     assert explicit["dense"]["kernel"].spec == P(("fsdp",), None)
+    assert explicit["norm"]["scale"].spec == P()
+    # An explicit rule that cannot be placed (6 rows over fsdp=4) is a one-line error, not a silent fallback.
+    with pytest.raises(ValueError, match=r"dense/kernel") as err:
+        sharding.tree_shardings(params, mesh, rules)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize(

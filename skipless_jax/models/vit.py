@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from skipless_jax import token_graying
+from skipless_jax import sharding, token_graying
 from skipless_jax.models import init as init_lib
 from skipless_jax.models.attention import ATTENTION_KERNELS, MultiHeadAttention  # noqa: F401 (re-exported)
 from skipless_jax.models.blocks import EncoderBlock
@@ -189,7 +189,8 @@ class _ScannedBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, rate: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
-        return EncoderBlock(**self.block, drop_path=rate, name="block")(x, self.train)
+        x, out = EncoderBlock(**self.block, drop_path=rate, name="block")(x, self.train)
+        return sharding.constrain_batch(x), out
 
 
 def encoder_blocks(
@@ -206,6 +207,9 @@ def encoder_blocks(
     """
     depth = module.depth
     rates = [module.drop_path * layer / max(depth - 1, 1) for layer in range(depth)]
+    # The batch axis stays split over the data axes between blocks (a no-op outside a mesh), so a
+    # reshape in a block cannot silently gather the batch onto every device.
+    x = sharding.constrain_batch(x)
     policy = getattr(module, "remat", None)
     kwargs = _block_kwargs(module)
     if getattr(module, "scan", False):
@@ -225,6 +229,7 @@ def encoder_blocks(
         blocks = []
         for layer in range(depth):
             x, block_out = block_cls(**kwargs, drop_path=rates[layer], name=f"block_{layer}")(x, train)
+            x = sharding.constrain_batch(x)
             blocks.append(block_out)
     if final_norm:
         x = nn.LayerNorm(dtype=module.dtype, name="encoder_norm")(x)

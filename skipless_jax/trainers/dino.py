@@ -353,12 +353,24 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
 # The update step.
 
 
+def _batch_major(views: jax.Array) -> jax.Array:
+    """(B, n, H, W, C) -> (B·n, H, W, C), example-major (row b·n + v): the batch sharding of the
+    leading axis survives the reshape (a crop-major order would gather the batch on every device)."""
+    b, n = views.shape[:2]
+    return sharding.constrain_batch(views.reshape((b * n,) + tuple(views.shape[2:])))
+
+
+def _view_major(out: jax.Array, b: int) -> jax.Array:
+    """(B·n, K) example-major head outputs -> (n, B, K), the batch axis kept split."""
+    per_example = sharding.constrain_batch(out.reshape(b, -1, out.shape[-1]))
+    return sharding.constrain_batch(per_example.swapaxes(0, 1), dim=1)
+
+
 def teacher_outputs(model: dino_head.DINO, teacher: Any, batch: dict[str, jax.Array]) -> jax.Array:
     """(2, B, K) teacher head outputs on the two global crops (no gradient)."""
     b = batch["global"].shape[0]
-    globals_, _ = multicrop.split_views(batch["global"], batch["local"])
-    out, _ = model.apply({"params": teacher}, (globals_,), train=False)
-    return jax.lax.stop_gradient(out.reshape(2, b, -1))
+    out, _ = model.apply({"params": teacher}, (_batch_major(batch["global"]),), train=False)
+    return jax.lax.stop_gradient(_view_major(out, b))
 
 
 def student_loss(
@@ -371,12 +383,20 @@ def student_loss(
     teacher_temp: jax.Array | float,
     rng: jax.Array,
 ) -> jax.Array:
-    """The DINO loss of the student on all 2 + N crops against the centred, sharpened teacher."""
+    """The DINO loss of the student on all 2 + N crops against the centred, sharpened teacher.
+
+    The views enter the model example-major (`_batch_major`), so the student's passes are
+    data-parallel; the outputs are put back in view order (V, B, K) for the loss.
+    """
     b = batch["global"].shape[0]
-    globals_, locals_ = multicrop.split_views(batch["global"], batch["local"])
-    views = (globals_, locals_) if locals_.shape[0] else (globals_,)
+    globals_ = _batch_major(batch["global"])
+    has_local = batch["local"].shape[1] > 0
+    views = (globals_, _batch_major(batch["local"])) if has_local else (globals_,)
     out, _ = model.apply({"params": params}, views, train=True, rngs={"dropout": rng})
-    return dino_loss(out.reshape(-1, b, out.shape[-1]), teacher_out, center, student_temp, teacher_temp)
+    student_out = _view_major(out[: 2 * b], b)
+    if has_local:
+        student_out = jnp.concatenate([student_out, _view_major(out[2 * b:], b)], axis=0)
+    return dino_loss(student_out, teacher_out, center, student_temp, teacher_temp)
 
 
 def guarded_parts(grads: Any, params: Any, opt_state: Any, teacher: Any) -> dict[str, Any]:
@@ -546,8 +566,9 @@ def train_and_evaluate(
                 # The same network at init.
                 run.evaluate(0, evaluators.run_all(evals, ctx, state["teacher"]), prefix="init_")
             for step in range(first_step + 1, total_steps + 1):
-                with jax.profiler.StepTraceAnnotation("train", step_num=step):
-                    state, metrics = p_train_step(state, common.global_batch(next(data), batch_sharding))
+                batch = common.global_batch(next(data), batch_sharding)  # the one explicit host→device copy
+                with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
+                    state, metrics = p_train_step(state, batch)
                 run.train_step_done(step, metrics, state)
                 run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["teacher"], step, total_steps))
     finally:

@@ -70,7 +70,8 @@ def make_train_step(
     model: Any, tx: optax.GradientTransformation, schedule: optax.Schedule, config: ml_collections.ConfigDict
 ):
     """(state, {'image', 'label'}) -> (state, metrics); gradient accumulation over
-    `config.grad_accum_steps` equal micro-batches; a non-finite update is rejected."""
+    `config.grad_accum_steps` equal strided micro-batches (examples j, j + k, ...: each is split
+    over every device like the batch); a non-finite update is rejected."""
     smoothing = config.get("label_smoothing", 0.0)
     microbatches = config.get("grad_accum_steps") or 1
 
@@ -87,7 +88,11 @@ def make_train_step(
         if microbatches == 1:
             (loss, accuracy), grads = grad_fn(params, batch["image"], batch["label"], dropout_rng)
         else:  # gradient accumulation: the mean over equal micro-batches of the global batch
-            split = lambda x: x.reshape(microbatches, -1, *x.shape[1:])
+            # Strided: micro-batch j holds examples j, j + k, j + 2k, ... (k micro-batches), so
+            # each one keeps the batch sharding and every micro-step runs on all the devices.
+            def split(x):
+                strided = x.reshape(-1, microbatches, *x.shape[1:]).swapaxes(0, 1)
+                return sharding.constrain_batch(strided, dim=1)
 
             def accumulate(carry, micro):
                 index, images, labels = micro
@@ -209,8 +214,9 @@ def train_and_evaluate(
             if first_step == 0 and config.get("eval_at_start", False):
                 run.evaluate(0, evaluators.run_all(evals, ctx, state["params"]), prefix="init_")
             for step in range(first_step + 1, total_steps + 1):
-                with jax.profiler.StepTraceAnnotation("train", step_num=step):
-                    state, metrics = p_train_step(state, common.global_batch(next(data), batch_sharding))
+                batch = common.global_batch(next(data), batch_sharding)  # the one explicit host→device copy
+                with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
+                    state, metrics = p_train_step(state, batch)
                 run.train_step_done(step, metrics, state)
                 if probe is not None and common.every(step, config.analysis.every_steps, total_steps):
                     run.writer.write_scalars(step, probe(state["params"]))

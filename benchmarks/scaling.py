@@ -1,0 +1,270 @@
+r"""Per-device FLOPs and memory of the trainers' own update steps on 1/2/4/8 fake CPU devices.
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/scaling.py --output=benchmarks/results/scaling.json
+
+Each step is the trainer's own (`supervised.make_train_step`, `dino.make_train_step`) on its
+own state (built as the trainer builds it, shardings from `common.state_shardings`), jitted
+with the trainer's donation and output shardings, lowered for abstract inputs and compiled;
+nothing runs. XLA's per-device figures: `cost_analysis()["flops"]` and `memory_analysis()`
+(argument and temporary bytes), and the per-device bytes of parameters + optimizer state
+from the shardings. Steps: supervised AdamW, supervised SOAP, supervised AdamW with
+`grad_accum_steps=4`, DINO (AdamW); meshes: data-parallel (`{data: N}`) and FSDP
+(`{fsdp: N}`). The ideal per-device FLOPs ratio against one device is 1/N.
+
+The functions `supervised_program` and `dino_program` are also what tests/test_scaling.py
+compiles.
+"""
+
+from __future__ import annotations
+
+import os
+
+if __name__ == "__main__" and "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+        " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+    ).strip()
+
+import argparse
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from skipless_jax import config_blocks, models, sharding
+from skipless_jax.data import inputs, sources
+from skipless_jax.optim import build_optimizer
+from skipless_jax.trainers import common, dino, supervised
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass
+class Program:
+    """A trainer's jitted step with its abstract (sharded) inputs and the means to run it."""
+
+    step: Any  # jax.jit of the trainer's step (donating the state)
+    mesh: jax.sharding.Mesh
+    abstract_state: Any  # ShapeDtypeStructs with the trainer's shardings
+    abstract_batch: dict[str, jax.ShapeDtypeStruct]
+    init: Callable[[], Any]  # -> the initial state, created sharded
+    shardings: Any
+
+    def lower(self) -> Any:
+        with jax.set_mesh(self.mesh):
+            return self.step.lower(self.abstract_state, self.abstract_batch)
+
+    def compile(self) -> Any:
+        return self.lower().compile()
+
+    def batch(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        return common.global_batch(host, sharding.batch_sharding(self.mesh))
+
+    def run(self, state: Any, batch: dict[str, jax.Array]) -> tuple[Any, Any]:
+        with jax.set_mesh(self.mesh):
+            return self.step(state, batch)
+
+
+def load_config(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
+    return config_blocks.sibling(os.path.join(ROOT, "configs", "x.py"), name).get_config(arg)
+
+
+def supervised_config(opt: str = "adamw", width: int = 64, depth: int = 2, batch: int = 64,
+                      accum: int = 1) -> ml_collections.ConfigDict:
+    """The quickstart (standard ViT on 8×8 digits, 16 tokens) at `width`, `depth` and `batch`."""
+    c = load_config("quickstart", f"skip_sab=True,skip_ffn=True,init=default,opt={opt}")
+    c.model.update(dict(width=width, mlp_dim=2 * width, num_heads=max(width // 32, 1), depth=depth))
+    c.total_epochs, c.total_steps = None, 100
+    c.schedule.warmup_epochs, c.schedule.warmup_steps = None, 2
+    c.input.batch_size = batch
+    c.grad_accum_steps = accum
+    return c
+
+
+def vit_config(variant: str, image_size: int, batch: int, opt: str = "adamw", dtype: str = "float32",
+               skips: bool = True, init: str = "default") -> ml_collections.ConfigDict:
+    """The supervised recipe (configs/quickstart.py: AdamW lr 1e-3 or SOAP lr 3e-3, weight decay
+    0.05, clipping 1.0) for a ViT variant, e.g. 'B/16' at 224 px, with `skips` or without."""
+    c = load_config("quickstart", f"skip_sab={skips},skip_ffn={skips},init={init},opt={opt}")
+    c.model.update(dict(variant=variant, width=None, depth=None, num_heads=None, mlp_dim=None, patch_size=None,
+                        dtype=dtype))
+    c.total_epochs, c.total_steps = None, 100
+    c.schedule.warmup_epochs, c.schedule.warmup_steps = None, 2
+    c.input.image_size, c.input.batch_size = image_size, batch
+    return c
+
+
+def dino_config(opt: str = "adamw", width: int = 64, depth: int = 2, batch: int = 64) -> ml_collections.ConfigDict:
+    """configs/dino_digits.py (2 global 8×8 and 2 local 4×4 crops) at `width`, `depth` and `batch`."""
+    c = load_config("dino_digits", f"opt={opt}")
+    c.model.update(dict(width=width, mlp_dim=2 * width, num_heads=max(width // 32, 1), depth=depth))
+    c.total_epochs, c.total_steps = None, 100
+    c.schedule.warmup_epochs, c.schedule.warmup_steps = None, 2
+    c.input.batch_size = batch
+    c.evals = ml_collections.ConfigDict()
+    return c
+
+
+def _mesh_config(config: ml_collections.ConfigDict, axes: dict[str, int]) -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.mesh = ml_collections.ConfigDict({"data": axes.get("data", 1), "fsdp": axes.get("fsdp", 1)})
+    return config
+
+
+def _program(config, mesh, init_state, make_step, batch_shapes) -> Program:
+    rng, abstract, shardings = common.abstract_state(init_state, config, mesh)
+    step = jax.jit(make_step(), donate_argnums=0, out_shardings=(shardings, sharding.replicated(mesh)))
+    batch_sharding = sharding.batch_sharding(mesh)
+    abstract_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+    )
+    abstract_batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=batch_sharding) for k, v in batch_shapes.items()}
+    return Program(step, mesh, abstract_state, abstract_batch,
+                   lambda: jax.jit(init_state, out_shardings=shardings)(rng), shardings)
+
+
+def supervised_program(config: ml_collections.ConfigDict, axes: dict[str, int],
+                       devices: Sequence[jax.Device] | None = None, num_classes: int | None = None,
+                       channels: int | None = None) -> Program:
+    """The supervised trainer's step and state (as `supervised.train_and_evaluate` builds them).
+
+    `num_classes`/`channels` replace the dataset's (e.g. 1000 classes of RGB images at
+    `config.input.image_size` for the ViT benchmarks on random data)."""
+    config = _mesh_config(config, axes)
+    devices = list(devices if devices is not None else jax.devices())[: math.prod(axes.values())]
+    mesh = sharding.make_mesh(config.mesh, devices)
+    info = sources.dataset_info(config.dataset.name)
+    info = dataclasses.replace(info, num_classes=num_classes or info.num_classes,
+                               image_shape=(*info.image_shape[:-1], channels or info.image_shape[-1]))
+    size = inputs.image_size(config)
+    model = models.build(config.model, info.num_classes)
+    tx, schedule = build_optimizer(config, config.total_steps)
+    dummy = jnp.zeros((1, size, size, info.image_shape[-1]), jnp.float32)
+
+    def init_state(rng: jax.Array) -> dict[str, Any]:
+        init_rng, train_rng = jax.random.split(rng)
+        params = model.init({"params": init_rng}, dummy, train=False)["params"]
+        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+                "rng": train_rng, "nonfinite": common.init_nonfinite()}
+
+    b = config.input.batch_size
+    shapes = {"image": (b, size, size, info.image_shape[-1]), "label": (b, info.num_classes)}
+    return _program(config, mesh, init_state, lambda: supervised.make_train_step(model, tx, schedule, config), shapes)
+
+
+def dino_program(config: ml_collections.ConfigDict, axes: dict[str, int],
+                 devices: Sequence[jax.Device] | None = None) -> Program:
+    """The DINO trainer's step and state (as `dino.train_and_evaluate` builds them)."""
+    config = _mesh_config(config, axes)
+    devices = list(devices if devices is not None else jax.devices())[: math.prod(axes.values())]
+    mesh = sharding.make_mesh(config.mesh, devices)
+    info = sources.dataset_info(config.dataset.name)
+    sched = dino.schedules_from_config(config, inputs.num_train_examples(config))
+    g, mc = inputs.image_size(config), config.input.multicrop
+    c = info.image_shape[-1]
+    model = dino.build_model(config)
+    tx = dino.build_dino_optimizer(config, sched)
+    dummy = jnp.zeros((1, g, g, c), jnp.float32)
+    init_state = dino.init_state_fn(model, tx, sched, dummy, config.dino.out_dim)
+    b = config.input.batch_size
+    shapes = {"global": (b, 2, g, g, c), "local": (b, mc.num_local, mc.local_size, mc.local_size, c)}
+    return _program(config, mesh, init_state, lambda: dino.make_train_step(model, tx, sched, config.dino), shapes)
+
+
+def random_batch(program: Program, seed: int = 0) -> dict[str, np.ndarray]:
+    """Host arrays for the program's batch: images N(0, 1), one-hot labels."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k, x in program.abstract_batch.items():
+        if k == "label":
+            out[k] = np.eye(x.shape[1], dtype=np.float32)[rng.integers(0, x.shape[1], x.shape[0])]
+        else:
+            out[k] = rng.standard_normal(x.shape).astype(np.float32)
+    return out
+
+
+def state_bytes_per_device(program: Program, keys: Sequence[str] = ("params", "opt_state")) -> int:
+    """Bytes of `keys` of the state that one device holds (its shard of every leaf)."""
+    total = 0
+    for key in keys:
+        for x in jax.tree.leaves(program.abstract_state[key]):
+            shard = x.sharding.shard_shape(x.shape)
+            total += math.prod(shard) * np.dtype(x.dtype).itemsize
+    return total
+
+
+def figures(program: Program) -> dict[str, float]:
+    """Per-device XLA figures of the compiled step (and its compile time)."""
+    t0 = time.perf_counter()
+    compiled = program.compile()
+    compile_s = time.perf_counter() - t0
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    mem = compiled.memory_analysis()
+    return dict(
+        flops=float(cost["flops"]),
+        argument_bytes=int(mem.argument_size_in_bytes),
+        temp_bytes=int(mem.temp_size_in_bytes),
+        state_bytes=state_bytes_per_device(program),
+        compile_s=compile_s,
+    )
+
+
+STEPS: dict[str, Callable[..., Program]] = {
+    "supervised adamw": lambda axes, **kw: supervised_program(supervised_config("adamw", **kw), axes),
+    "supervised soap": lambda axes, **kw: supervised_program(supervised_config("soap", **kw), axes),
+    "supervised adamw accum 4": lambda axes, **kw: supervised_program(supervised_config("adamw", accum=4, **kw), axes),
+    "dino adamw": lambda axes, **kw: dino_program(dino_config("adamw", **kw), axes),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", default=",".join(STEPS))
+    parser.add_argument("--devices", default="1,2,4,8")
+    parser.add_argument("--meshes", default="data,fsdp")
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--output", default="benchmarks/results/scaling.json")
+    args = parser.parse_args()
+
+    rows = []
+    for name in args.steps.split(","):
+        base = None
+        for n in [int(d) for d in args.devices.split(",")]:
+            for axis in args.meshes.split(","):
+                if n == 1 and axis != args.meshes.split(",")[0]:
+                    continue  # one device: one mesh
+                program = STEPS[name]({axis: n}, width=args.width, depth=args.depth, batch=args.batch)
+                row = dict(step=name, devices=n, mesh=axis if n > 1 else "-", **figures(program))
+                base = base or row
+                for k in ("flops", "argument_bytes", "temp_bytes", "state_bytes"):
+                    row[f"{k}_ratio"] = row[k] / base[k]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+
+    print(f"\nPer-device figures of the trainers' steps (ViT width {args.width}, depth {args.depth}, "
+          f"global batch {args.batch}; ratios to 1 device; ideal 1/N):")
+    print(f"{'step':26} {'N':>2} {'mesh':5} {'GFLOP':>8} {'ratio':>6} {'args MiB':>9} {'ratio':>6} "
+          f"{'temp MiB':>9} {'ratio':>6} {'state MiB':>9} {'ratio':>6} {'compile s':>9}")
+    for r in rows:
+        print(f"{r['step']:26} {r['devices']:>2} {r['mesh']:5} {r['flops'] / 1e9:8.3f} {r['flops_ratio']:6.3f} "
+              f"{r['argument_bytes'] / 2**20:9.2f} {r['argument_bytes_ratio']:6.3f} "
+              f"{r['temp_bytes'] / 2**20:9.2f} {r['temp_bytes_ratio']:6.3f} "
+              f"{r['state_bytes'] / 2**20:9.2f} {r['state_bytes_ratio']:6.3f} {r['compile_s']:9.1f}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump({"rows": rows, "args": vars(args), "device": jax.devices()[0].device_kind}, f, indent=2)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""Every trainer step divides its work over 8 fake CPU devices and equals the 1-device step.
+
+The steps are the trainers' own (`supervised.make_train_step`, `dino.make_train_step`) on the
+state the trainers build, compiled by `benchmarks/scaling.py` for 1 and 8 devices; XLA's
+per-device figures (`cost_analysis()["flops"]`, `memory_analysis()`) are compared:
+  - per-device FLOPs of the data-parallel step ≤ 0.2× the 1-device step (ideal 0.125);
+  - under FSDP (all devices on `fsdp`) per-device parameter + optimizer-state bytes ≤ 0.2×;
+  - gradient accumulation with k = 4 needs ≤ 0.5× the temporary memory of k = 1 (same batch);
+  - two steps on every mesh give the 1-device state and metrics (1e-5).
+The sharding rules' floor, key replication and one-line errors are tested without compiling.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+
+import jax
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from skipless_jax import sharding
+from skipless_jax.trainers import common
+
+_SCALING = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "scaling.py")
+_spec = importlib.util.spec_from_file_location("benchmarks_scaling", _SCALING)
+scaling = sys.modules.setdefault("benchmarks_scaling", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(scaling)
+
+# Big enough that the model's work dominates the replicated bookkeeping (non-finite guard,
+# norms), small enough to compile in seconds: one block. SOAP at width 128, where its factor
+# math is a third of the 1-device step; refreshed every step so that two steps run eigh and QR.
+CONFIGS = {
+    "adamw": lambda: scaling.supervised_config("adamw", width=64, depth=1, batch=256),
+    "accum4": lambda: scaling.supervised_config("adamw", width=64, depth=1, batch=256, accum=4),
+    "soap": lambda: _soap_config(),
+    "dino": lambda: scaling.dino_config("adamw", width=64, depth=1, batch=64),
+}
+MESHES = {"one": {"data": 1}, "data": {"data": 8}, "fsdp": {"fsdp": 8}, "mixed": {"data": 2, "fsdp": 4}}
+
+
+def _soap_config():
+    c = scaling.supervised_config("soap", width=128, depth=1, batch=64)
+    c.optimizer.precondition_frequency = 1
+    return c
+
+
+class Compiled:
+    """A trainer step compiled for one mesh, its XLA figures and the state after two steps."""
+
+    def __init__(self, kind: str, mesh: str):
+        build = scaling.dino_program if kind == "dino" else scaling.supervised_program
+        self.program = build(CONFIGS[kind](), MESHES[mesh])
+        self.compiled = self.program.compile()
+        cost = self.compiled.cost_analysis()
+        self.flops = float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
+        self.memory = self.compiled.memory_analysis()
+        self.state_bytes = scaling.state_bytes_per_device(self.program)
+        self._after = None
+
+    def after_two_steps(self):
+        if self._after is None:
+            state, metrics = self.program.init(), []
+            for seed in range(2):
+                batch = self.program.batch(scaling.random_batch(self.program, seed))
+                with jax.set_mesh(self.program.mesh):
+                    state, m = self.compiled(state, batch)
+                metrics.append(m)
+            self._after = jax.device_get((state, metrics))
+        return self._after
+
+
+_CACHE: dict[tuple[str, str], Compiled] = {}
+
+
+def compiled(kind: str, mesh: str) -> Compiled:
+    if (kind, mesh) not in _CACHE:
+        _CACHE[kind, mesh] = Compiled(kind, mesh)
+    return _CACHE[kind, mesh]
+
+
+# Leaves whose update is rounding noise, so that any two reduction orders (1 vs 8 devices)
+# differ, however the step is partitioned:
+#  - key_bias: its exact gradient is zero (a shift of every key leaves the softmax unchanged);
+#    Adam and SOAP normalize the rounding noise to an lr-sized step;
+#  - head/kernel under SOAP: its factor over the input axis, G Gᵀ with G = featuresᵀ (p − y),
+#    has rank ≤ classes − 1 (softmax gradients sum to zero over classes) < width, and eigh's
+#    basis of the null space is whatever it makes of the noise (replicated SOAP state alike).
+NOISE = ("key_bias",)
+SOAP_NOISE = (*NOISE, "head/kernel")
+
+
+def assert_trees_close(actual, expected, rtol=1e-5, atol=1e-6, skip=NOISE):
+    flat_a = jax.tree_util.tree_flatten_with_path(actual)[0]
+    flat_e = jax.tree.leaves(expected)
+    assert len(flat_a) == len(flat_e)
+    for (path, a), e in zip(flat_a, flat_e):
+        name = sharding.path_str(path)
+        if any(part in name for part in skip):
+            continue
+        np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_data_parallel_step_divides_flops_and_equals_one_device(kind):
+    one, eight = compiled(kind, "one"), compiled(kind, "data")
+    ratio = eight.flops / one.flops
+    assert ratio <= 0.2, f"{kind}: per-device FLOPs on 8 devices are {ratio:.3f}× the 1-device step"
+    assert_trees_close(eight.after_two_steps(), one.after_two_steps(), skip=SOAP_NOISE if kind == "soap" else NOISE)
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_fsdp_state_bytes_per_device(kind):
+    """Parameters + optimizer state per device under FSDP (the shards the shardings give)."""
+    config = CONFIGS[kind]()
+    build = scaling.dino_program if kind == "dino" else scaling.supervised_program
+    one, fsdp = build(config, MESHES["one"]), build(config, MESHES["fsdp"])
+    ratio = scaling.state_bytes_per_device(fsdp) / scaling.state_bytes_per_device(one)
+    assert ratio <= 0.2, f"{kind}: FSDP keeps {ratio:.3f}× the state per device"
+
+
+def test_soap_on_a_mixed_mesh():
+    """data 2 × fsdp 4: parameters split 4 ways, SOAP's state 8 ways (ZeRO), its math partitioned."""
+    one, other = compiled("soap", "one"), compiled("soap", "mixed")
+    assert other.flops / one.flops <= 0.2
+    bytes_ratio = other.memory.argument_size_in_bytes / one.memory.argument_size_in_bytes
+    assert bytes_ratio <= 0.2, f"XLA's per-device argument bytes are {bytes_ratio:.3f}× one device's"
+    assert_trees_close(other.after_two_steps(), one.after_two_steps(), skip=SOAP_NOISE)
+
+
+def test_accumulation_memory_and_gradient():
+    """k = 4 strided micro-batches: ≤ 0.5× the temporaries of k = 1 at the same global batch on
+    8 devices, and the same update as the full batch."""
+    full, accum = compiled("adamw", "data"), compiled("accum4", "data")
+    ratio = accum.memory.temp_size_in_bytes / full.memory.temp_size_in_bytes
+    assert ratio <= 0.5, f"accumulation over 4 micro-batches needs {ratio:.3f}× the temporaries"
+    (state_a, metrics_a), (state_f, metrics_f) = accum.after_two_steps(), full.after_two_steps()
+    assert_trees_close(state_a["params"], state_f["params"])
+    for m_a, m_f in zip(metrics_a, metrics_f):
+        for key in ("loss", "grad_norm"):
+            np.testing.assert_allclose(m_a[key], m_f[key], rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules, without compiling.
+
+
+def _mesh(**axes):
+    mesh = {"data": axes.get("data", 1), "fsdp": axes.get("fsdp", 1)}
+    return sharding.make_mesh(mesh, jax.devices()[: math.prod(mesh.values())])
+
+
+def _shardings(tree, mesh, rules=((".*", "fsdp"),)):
+    config = scaling.supervised_config()
+    config.sharding_rules = list(rules)
+    return common.state_shardings(tree, mesh, config)
+
+
+def test_floor_keys_and_zero_optimizer_state():
+    s = jax.ShapeDtypeStruct
+    params = {"dense": {"kernel": s((64, 48), np.float32), "bias": s((48,), np.float32)}}
+    state = {
+        "params": params,
+        "opt_state": jax.eval_shape(optax.adamw(1e-3).init, params),
+        "rng": s((2,), np.uint32),
+        "typed": jax.eval_shape(lambda: jax.random.key(0)),
+        "step": s((), np.int32),
+    }
+    dp = _shardings(state, _mesh(data=8))
+    assert dp["params"]["dense"]["kernel"].spec == P()  # data-parallel: parameters replicated
+    mu = dp["opt_state"][0].mu
+    assert mu["dense"]["kernel"].spec == P(("data", "fsdp"), None)  # ZeRO: the largest dim over data × fsdp
+    assert mu["dense"]["bias"].spec == P()  # under the floor
+    fsdp = _shardings(state, _mesh(fsdp=2))  # a raw key (2,) would divide: never split
+    assert fsdp["rng"].spec == P() and fsdp["typed"].spec == P() and fsdp["step"].spec == P()
+    assert fsdp["params"]["dense"]["kernel"].spec == P("fsdp", None)
+    assert fsdp["params"]["dense"]["bias"].spec == P()
+    mixed = _shardings(state, _mesh(data=2, fsdp=4))
+    assert mixed["params"]["dense"]["kernel"].spec == P("fsdp", None)
+    assert mixed["opt_state"][0].nu["dense"]["kernel"].spec == P(("data", "fsdp"), None)
+    # An explicit rule never splits a key; "replicate" on the optimizer state is honoured.
+    explicit = _shardings(state, _mesh(fsdp=2), [("rng", ("fsdp",)), ("opt_state", "replicate"), (".*", "fsdp")])
+    assert explicit["rng"].spec == P() and explicit["opt_state"][0].mu["dense"]["kernel"].spec == P()
+    assert sharding.zero_spec((6, 12), _mesh(data=2, fsdp=4)) == P(None, "fsdp")  # 12 % 8 != 0: one axis
+
+
+@pytest.mark.parametrize(
+    "rule, match",
+    [
+        ((None, None, "fsdp"), r"\('kernel', \(None, None, 'fsdp'\)\) matches params/kernel of shape \(6, 16\): "
+                               r"the rule has 3 dimensions, the leaf 2"),
+        (("fsdp", None), r"matches params/kernel of shape \(6, 16\): dimension 0 \(6\) is not divisible by mesh "
+                         r"axis fsdp of size 4"),
+        ((None, ("data", "fsdp")), r"dimension 1 \(16\) is not divisible by mesh axis data×fsdp of size 32"),
+    ],
+)
+def test_explicit_rule_errors_are_one_line(rule, match):
+    tree = {"params": {"kernel": jax.ShapeDtypeStruct((6, 16), np.float32)}}
+    devices = jax.devices()
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 4}, devices)
+    if rule == (None, ("data", "fsdp")):
+        tree = {"params": {"kernel": jax.ShapeDtypeStruct((6, 20), np.float32)}}
+        match = match.replace("16", "20").replace("32", "8")
+    with pytest.raises(ValueError, match=match) as info:
+        _shardings(tree, mesh, [("kernel", rule)])
+    assert "\n" not in str(info.value)
+
+
+def test_rules_naming_an_unknown_axis_fail_in_the_config_check():
+    with pytest.raises(ValueError, match=r"names mesh axis 'model'; allowed: data, fsdp or None"):
+        sharding.validate_rules([("kernel", (None, "model"))])
+
+
+def test_the_encoder_keeps_the_batch_split_even_from_a_replicated_input():
+    """vit.encoder_blocks constrains the batch axis between blocks: a batch that arrives replicated
+    (as after a careless reshape) is split again, so the blocks' work still divides by 8."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+
+    from skipless_jax.models import vit
+
+    model = vit.ViT(num_classes=10, patch_size=2, width=64, depth=2, mlp_dim=128, num_heads=4)
+    x = jnp.zeros((64, 8, 8, 1))
+    params = model.init(jax.random.PRNGKey(0), x[:1])["params"]
+    forward = lambda p, images: model.apply({"params": p}, images)[0]
+    flops = {}
+    for n in (1, 8):
+        mesh = sharding.make_mesh({"data": n}, jax.devices()[:n])
+        repl = NamedSharding(mesh, P())
+        with jax.set_mesh(mesh):
+            args = jax.device_put((params, x), repl)
+            flops[n] = jax.jit(forward).lower(*args).compile().cost_analysis()["flops"]
+    assert flops[8] <= 0.35 * flops[1], flops
