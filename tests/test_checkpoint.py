@@ -184,7 +184,7 @@ def test_damaged_newest_checkpoint_is_never_resumed_from(saved, tmp_path, caplog
         assert _files(os.path.join(workdir, "checkpoints")) == before
 
         caplog.clear()
-        with caplog.at_level(logging.INFO):
+        with caplog.at_level(logging.INFO, logger="absl"):
             step, state, meta = _restore_latest(workdir, _shardings(MESH, _specs()))
         log = "\n".join(r.getMessage() for r in caplog.records)
         _assert_equal(state, expected[step])  # the values saved at the step it says
@@ -230,14 +230,14 @@ def test_damage_found_by_the_checksums_names_the_array(saved, tmp_path, caplog):
         checkpoint.restore_from_path(os.path.join(workdir, "checkpoints", "2"), _target(_shardings(MESH, _specs())))
     with pytest.raises(checkpoint.CorruptCheckpointError, match=r"step 2 .* params/w"):
         checkpoint.load_raw(workdir, 2)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         step, _, _ = checkpoint.restore_from_path(
             workdir, _target(_shardings(MESH, _specs()))
         )  # another run's: nothing moved
     assert step == 1
     assert "Checkpoint at step 2 is unreadable (corrupt: the values of params/w differ" in caplog.text
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "2"))
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         step, state, _ = _restore_latest(workdir, _shardings(MESH, _specs()))
     assert step == 1
     assert os.path.isdir(os.path.join(workdir, "checkpoints_unreadable", "2"))
@@ -253,7 +253,7 @@ def test_undamaged_checkpoint_verifies_on_another_mesh(saved, tmp_path, caplog):
         "rng": P(),
         "key": P(),
     }
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         step, state, meta = _restore_latest(workdir, _shardings(other, specs))
         assert step == 2 and meta == {"step": 2}
         assert state["params"]["w"].sharding == NamedSharding(other, specs["params"]["w"])
@@ -292,7 +292,7 @@ def test_checkpoint_without_checksums_still_restores(tmp_path, caplog):
             ),
         )
     mngr.close()
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         step, state, meta = _restore_latest(workdir, _shardings(MESH, _specs()))
         assert (step, meta) == (2, {"step": 2})
         _assert_equal(state, _values(2))

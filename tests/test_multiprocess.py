@@ -63,7 +63,7 @@ def _resume_in_one_process(workdir, caplog):
     """Continues `workdir` to step 7 on one device, checking that it resumed at step 5."""
     config = tiny_config(total_steps=7, log_every_steps=1)
     config.mesh = {"data": 1}
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         metrics = supervised.train_and_evaluate(
             config, workdir, devices=jax.devices()[:1], allow_config_change=True
         )  # a longer schedule

@@ -120,8 +120,9 @@ def test_gelu_field_and_variant_conflicts_in_the_config():
     models.build({**cfg, "width": 192}, 10)  # the variant's own value is no conflict
     with pytest.raises(ValueError, match=r"config\.model\.gelu='erf' is unknown; allowed: \['tanh', 'exact'\]"):
         models.check_config({**cfg, "gelu": "erf"}, 32)
-    with pytest.raises(ValueError, match=r"config\.model\.name='swin' is unknown; allowed: \['vit'\]"):
-        models.build({"name": "swin"}, 10)
+    with pytest.raises(ValueError, match=r"config\.model\.name='resnet' is unknown; allowed: \['cait', 'convmixer', "
+                       r"'pvt_v2', 'swin', 'vit'\]"):
+        models.build({"name": "resnet"}, 10)
 
 
 def test_local_crop_position_table_resize_follows_the_antialias_field():
