@@ -9,7 +9,8 @@ mask ratio 0.75 keeps 4 of them; the decoder is 32 wide, 2 blocks, 2 heads. Adam
 lr 3.75e-4 at batch 64 (MAE's rule base × batch / 256 with the base raised tenfold, 1.5e-3, for
 this tiny model), wd 0.05, warm-up 10 % of the 100 epochs, cosine; images as stored
 (8×8, no crop: a random-resized crop of an 8-pixel digit destroys it), no flip (digits are not
-mirror-symmetric). The reconstruction picture goes to <workdir>/reconstruction.png.
+mirror-symmetric). The reconstruction picture goes to <workdir>/reconstruction.png, and to
+<workdir>/reconstructions/step_N.png at every evaluation (every 1,000 steps, with a kNN monitor).
 Hardware: any CPU (2 cores: about 3 minutes, more when loaded). Expected: the encoder's kNN
 accuracy and the fine-tuned accuracies of docs/results.md (section "MAE on digits", 3 seeds).
 
@@ -52,6 +53,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         knn=dict(type="knn", k=20, temperature=0.07, split=placeholder(str), train_split=placeholder(str),
                  prefix="test"),
     ))
-    config_blocks.runtime(c, eval_every=0, checkpoint_every=500, log_every=100, analysis=False)
+    config_blocks.runtime(c, eval_every=1000, checkpoint_every=500, log_every=100, analysis=False)
     c.keep_checkpoints = 2
     return c

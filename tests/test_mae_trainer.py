@@ -66,7 +66,7 @@ def tiny_finetune_config(init_from, **overrides):
 def pretrained(tmp_path_factory):
     """(workdir, final state) of a 4-step tiny MAE run on the 8 fake devices (kNN at the end)."""
     workdir = str(tmp_path_factory.mktemp("mae") / "run")
-    config = tiny_mae_config(checkpoint_every_steps=2, keep_checkpoints=5)
+    config = tiny_mae_config(checkpoint_every_steps=2, keep_checkpoints=5, eval_every_steps=2)
     config.evals = ml_collections.ConfigDict(dict(knn=dict(type="knn", k=5, temperature=0.07, prefix="test")))
     metrics = mae.train_and_evaluate(config, workdir)
     assert metrics["step"] == 4 and 0.1 < metrics["test_knn_accuracy"] <= 1.0
@@ -77,14 +77,15 @@ def test_resume_is_exact_and_the_picture_and_evaluate_command_work(pretrained, t
     workdir, reference, metrics = pretrained
     # The picture, written at the last step.
     assert os.path.getsize(os.path.join(workdir, "reconstruction.png")) > 1000
-    assert os.path.exists(os.path.join(workdir, "reconstructions", "step_000004.png"))
+    for step in (2, 4):  # during (every evaluation) and after pre-training
+        assert os.path.exists(os.path.join(workdir, "reconstructions", f"step_{step:06d}.png"))
     # The evaluate command on the MAE workdir reproduces the run's last evaluation.
     assert evaluate.evaluate(workdir)["test_knn_accuracy"] == pytest.approx(metrics["test_knn_accuracy"], abs=1e-6)
     # Resume: a copy of the run loses step 4 (as if it had died after step 2), reruns, and must
     # end bitwise equal to the uninterrupted run.
     copy = str(tmp_path / "copy")
     shutil.copytree(workdir, copy)
-    config = tiny_mae_config(checkpoint_every_steps=2, keep_checkpoints=5)
+    config = tiny_mae_config(checkpoint_every_steps=2, keep_checkpoints=5, eval_every_steps=2)
     mngr = checkpoint.manager(copy)
     assert mngr.all_steps() == [2, 4]
     mngr.delete(4)
