@@ -161,6 +161,39 @@ def track_nonfinite(
     }
 
 
+def guarded_update(
+    state: Mapping[str, Any], loss: jax.Array, grads: Any, tx: Any, schedule: Callable[[Any], Any],
+    **metrics: jax.Array,
+) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+    """The tail of a single-model step on a {step, params, opt_state, rng, nonfinite} state: the
+    optimizer update, kept only if the loss, gradient, new parameters and optimizer state are all
+    finite (else the state stays as it was; the host stops the run or counts the skipped step),
+    and the standard metrics (loss, grad/param norms, lr, skipped steps) plus `metrics`."""
+    import optax
+
+    step, params = state["step"], state["params"]
+    updates, opt_state = tx.update(grads, state["opt_state"], params)
+    new_params = optax.apply_updates(params, updates)
+    ok, nonfinite = track_nonfinite(
+        loss, {"gradient": grads, "parameter": new_params, "optimizer state": opt_state}, state["nonfinite"], step
+    )
+    new_state = {
+        "step": step + 1,
+        "params": keep_if(ok, new_params, params),
+        "opt_state": keep_if(ok, opt_state, state["opt_state"]),
+        "rng": state["rng"],
+        "nonfinite": nonfinite,
+    }
+    return new_state, {
+        "loss": loss,
+        **metrics,
+        "grad_norm": optax.tree.norm(grads),
+        "param_norm": optax.tree.norm(params),
+        "lr": schedule(step),
+        "nonfinite_steps": nonfinite["count"],
+    }
+
+
 def inexact_names(parts: Mapping[str, Any]) -> list[str]:
     """Names of the floating leaves `track_nonfinite` checks, in its order: "<part> <leaf path>"."""
     return [

@@ -141,27 +141,7 @@ def make_train_step(
     def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
         step, params = state["step"], state["params"]
         (loss, masked), grads = grad_fn(params, batch["image"], jax.random.fold_in(state["rng"], step))
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
-        new_params = optax.apply_updates(params, updates)
-        ok, nonfinite = common.track_nonfinite(
-            loss, {"gradient": grads, "parameter": new_params, "optimizer state": opt_state}, state["nonfinite"], step
-        )
-        new_state = {
-            "step": step + 1,
-            "params": common.keep_if(ok, new_params, params),
-            "opt_state": common.keep_if(ok, opt_state, state["opt_state"]),
-            "rng": state["rng"],
-            "nonfinite": nonfinite,
-        }
-        metrics = {
-            "loss": loss,
-            "masked_fraction": masked,
-            "grad_norm": optax.tree.norm(grads),
-            "param_norm": optax.tree.norm(params),
-            "lr": schedule(step),
-            "nonfinite_steps": nonfinite["count"],
-        }
-        return new_state, metrics
+        return common.guarded_update(state, loss, grads, tx, schedule, masked_fraction=masked)
 
     return train_step
 

@@ -103,30 +103,7 @@ def make_train_step(
             micro = (jnp.arange(microbatches), split(batch["image"]), split(batch["label"]))
             sums, _ = jax.lax.scan(accumulate, zeros, micro)
             loss, accuracy, grads = jax.tree.map(lambda x: x / microbatches, sums)
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
-        new_params = optax.apply_updates(params, updates)
-
-        # A non-finite loss, gradient, new parameter or optimizer state leaves the state as it
-        # was; the host then stops the run (default) or counts the skipped step.
-        ok, nonfinite = common.track_nonfinite(
-            loss, {"gradient": grads, "parameter": new_params, "optimizer state": opt_state}, state["nonfinite"], step
-        )
-        new_state = {
-            "step": step + 1,
-            "params": common.keep_if(ok, new_params, params),
-            "opt_state": common.keep_if(ok, opt_state, state["opt_state"]),
-            "rng": state["rng"],
-            "nonfinite": nonfinite,
-        }
-        metrics = {
-            "loss": loss,
-            "accuracy": accuracy,
-            "grad_norm": optax.tree.norm(grads),
-            "param_norm": optax.tree.norm(params),
-            "lr": schedule(step),
-            "nonfinite_steps": nonfinite["count"],
-        }
-        return new_state, metrics
+        return common.guarded_update(state, loss, grads, tx, schedule, accuracy=accuracy)
 
     return train_step
 
