@@ -237,3 +237,30 @@ def test_grayed_target_reconstructs_the_token_grayed_patches():
     np.testing.assert_allclose(loss, mae_lib.patch_loss(grayed, prediction, mask, False), rtol=1e-6)
     raw = mae_lib.reconstruction_loss(images, prediction, mask, 2, False)
     assert abs(float(raw) - float(loss)) > 1e-4  # the two targets differ
+
+
+def test_mae_step_divides_its_flops_over_eight_devices():
+    """The trainer's own MAE step, compiled for 1 and 8 fake devices: per-device FLOPs ≤ 0.2×."""
+    from skipless_jax import sharding
+    from skipless_jax.optim import build_optimizer
+
+    config = tiny_mae_config()
+    config.input.batch_size = 64
+    model = mae.build_model(config)
+    tx, schedule = build_optimizer(config, 10)
+    step = mae.make_train_step(model, tx, schedule, config)
+
+    def init_state(rng):
+        params = model.init({"params": rng, "masking": rng}, jnp.zeros((1, 8, 8, 1)))["params"]
+        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params), "rng": rng,
+                "nonfinite": common.init_nonfinite()}
+
+    flops = {}
+    for n in (1, 8):
+        mesh = sharding.make_mesh({"data": n}, jax.devices()[:n])
+        _, state, shardings = common.abstract_state(init_state, config, mesh)
+        batch = {"image": jax.ShapeDtypeStruct((64, 8, 8, 1), jnp.float32, sharding=sharding.batch_sharding(mesh))}
+        state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings)
+        with jax.set_mesh(mesh):
+            flops[n] = jax.jit(step).lower(state, batch).compile().cost_analysis()["flops"]
+    assert flops[8] <= 0.2 * flops[1], flops
