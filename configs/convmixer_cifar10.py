@@ -20,9 +20,10 @@ Model: ConvMixer-256/8, kernel 5, patch 2 (594,186 parameters), on 32×32 images
 ConvMixer CIFAR-10 reference recipe): 25 epochs, batch 512, AdamW lr 0.05, weight decay 0.005
 (not on biases, norms; docs/method.md §14), gradient clipping 1.0, label smoothing 0.0,
 2 RandAugment ops of torchvision's magnitude 12 (of 30), i.e. RandAugment m4 on this
-project's (timm's) scale of 10, flip, no mixup, no erasing. The reference's triangular lr (0 → 0.05
-at 2/5 of training → 0.0025 at 4/5 → 0) is approximated here by 10 warm-up epochs, cosine to 0
-(the trainers' only schedule, docs/method.md §14); its colour jitter is not reproduced.
+project's (timm's) scale of 10, flip, no mixup, no erasing; the reference's triangular lr
+(`config.schedule.name='triangular'`, docs/method.md §14: 0 → 0.05 at 2/5 of training → 0.0025
+at 4/5 → 0, per step). Its colour jitter is not reproduced. ConvMixer's BatchNorm keeps running
+statistics (the `batch_stats` state entry), evaluated with them, as in torch's eval mode.
 """
 
 import ml_collections
@@ -45,7 +46,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     swin = config_blocks.sibling(__file__, "swin_s_i1k_tg")
     c.model = swin.family_model("convmixer", dict(a, skip_ffn=False), 0.0, variant="256/8")
     c.optimizer = config_blocks.optimizer(a["opt"], lr=0.05, weight_decay=0.005)
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10, end_lr=0.0))
+    c.schedule = ml_collections.ConfigDict(dict(name="triangular", peak_at=0.4, fall_at=0.8, fall_to=0.05,
+                                                warmup_epochs=0))
     c.total_epochs = a["epochs"]
     c.grad_clip_norm = 1.0
     c.label_smoothing = 0.0

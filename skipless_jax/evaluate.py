@@ -56,10 +56,10 @@ def evaluate(
     evaluators.check_config(config, trainer.EVALUATOR_TYPES)
     mesh = sharding.make_mesh(config.mesh, devices)
     ctx, key = trainer.evaluation(config, mesh)
-    shapes = checkpoint.param_shapes(workdir, key)
-    del shapes  # read first: a one-line error if the checkpoint lacks the entry
+    for entry in (key,) if isinstance(key, str) else key:
+        checkpoint.param_shapes(workdir, entry)  # read first: a one-line error if the checkpoint lacks the entry
     found_step, state = checkpoint.load_raw(workdir, step)
-    params = jax.device_put(state[key], sharding.replicated(mesh))
+    params = jax.device_put(common.entries(state, key), sharding.replicated(mesh))
     results: dict[str, Any] = {"step": int(found_step)}
     with jax.set_mesh(mesh):
         for prefix, metric, value in evaluators.run_all(evaluators.build(config, ctx), ctx, params):

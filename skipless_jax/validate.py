@@ -101,6 +101,22 @@ def _steps_field(config: Any, name: str) -> str:
     return f"{prefix}{field}={holder.get(field)!r}"
 
 
+def _check_schedule_name(sched: Any) -> None:
+    from skipless_jax.optim import SCHEDULES
+
+    name = sched.get("name", "warmup_cosine")
+    _require(name in SCHEDULES, f"config.schedule.name={name!r} is unknown; allowed: {', '.join(SCHEDULES)}")
+    if name != "triangular":
+        return
+    for field in ("warmup_steps", "warmup_epochs", "end_lr"):
+        _require(not sched.get(field), f"config.schedule.{field}={sched.get(field)!r}: the triangular schedule rises "
+                 "from 0 and ends at 0 by itself; allowed: 0 or None")
+    a, b, f = sched.get("peak_at", 0.4), sched.get("fall_at", 0.8), sched.get("fall_to", 0.05)
+    _require(all(_is_finite(v) for v in (a, b, f)) and 0 < a < b < 1 and f >= 0,
+             f"config.schedule peak_at={a!r}, fall_at={b!r}, fall_to={f!r}: need 0 < peak_at < fall_at < 1 and "
+             "fall_to >= 0")
+
+
 def _check_warmup(config: Any) -> None:
     """The warm-up is not longer than the run, counted in steps as the trainer counts them."""
     uses_epochs = config.get("total_steps") is None or config.schedule.get("warmup_steps") is None
@@ -235,6 +251,7 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
     _count(config, "schedule.warmup_steps", allow_zero=True, allow_none=True)
     _finite(config, "schedule.warmup_epochs", ">= 0", allow_none=True)
     _nonfinite_numbers(config.schedule, "config.schedule")
+    _check_schedule_name(config.schedule)
     _check_warmup(config)
     _finite(config, "grad_clip_norm", allow_none=True, none_means="None: no clipping")
     smoothing = config.get("label_smoothing", 0.0)

@@ -1,6 +1,7 @@
 """Test setup: 8 fake CPU devices, set before JAX initializes its backends."""
 
 import os
+import tempfile
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -10,6 +11,12 @@ os.environ["XLA_FLAGS"] = (
     # Avoids a scheduler deadlock of XLA:CPU on programs with many small factorizations.
     " --xla_cpu_enable_concurrency_optimized_scheduler=false"
 ).strip()
+
+# One compilation cache for the session's workers and the processes the tests start: the same
+# tiny programs are compiled by many tests (and by each process of the multi-process tests).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "skipless_jax_test_xla_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax
 

@@ -3,7 +3,9 @@
 Each family is one module exposing `build(model_config, num_classes, image_size=None)` (a flax
 module whose `__call__(images, train)` returns `(logits or pooled features, out)`, with
 `out['blocks']` the per-layer dicts of ①, ①+②, ③, ③+④ that the κ analysis reads) and
-`check_config(model_config, image_size)` (one-line ValueErrors). Shared parts: `stem.py`
+`check_config(model_config, image_size)` (one-line ValueErrors); a family whose model keeps
+running statistics (ConvMixer's BatchNorm, collection `batch_stats`) sets `RUNNING_STATS = True`.
+Shared parts: `stem.py`
 (patchify → Token Graying → projection), `attention.py`, `blocks.py` (the residual switches),
 `common.py` (DropPath, MLP, position embeddings), `init.py` (the skipless init).
 """
@@ -36,6 +38,12 @@ def family(model_config: Any) -> ModuleType:
 def build(model_config: Any, num_classes: int, image_size: int | None = None) -> nn.Module:
     """The model `config.model` describes; num_classes=0: a backbone returning pooled features."""
     return family(model_config).build(model_config, num_classes, image_size)
+
+
+def has_running_stats(model_config: Any) -> bool:
+    """Whether the model keeps a `batch_stats` collection (running BatchNorm statistics) that the
+    supervised trainer updates during training and evaluates with."""
+    return bool(getattr(family(model_config), "RUNNING_STATS", False))
 
 
 def check_config(model_config: Any, image_size: int) -> None:

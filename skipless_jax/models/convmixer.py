@@ -33,6 +33,7 @@ from skipless_jax.models.blocks import residual
 from skipless_jax.models.stem import PatchStem
 
 FAMILY = "convmixer"
+RUNNING_STATS = True  # BatchNorm: `batch_stats` kept and updated by the supervised trainer
 ACTIVATIONS = ("gelu", "relu")
 FIELDS: dict[str, Any] = dict(width=None, depth=None, kernel_size=9, patch_size=7, activation="gelu")
 # timm's convmixer_768_32 / convmixer_1536_20 and the CIFAR-10 reference ConvMixer-256/8.

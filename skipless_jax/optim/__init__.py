@@ -11,11 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from skipless_jax.optim.soap import scale_by_soap, soap
 
-__all__ = ["OPTIMIZERS", "build_optimizer", "build_schedule", "decay_mask", "scale_by_soap", "soap", "warmup_cosine"]
+__all__ = [
+    "OPTIMIZERS", "SCHEDULES", "build_optimizer", "build_schedule", "decay_mask", "scale_by_soap", "soap", "triangular",
+    "warmup_cosine",
+]
 
 
 def warmup_cosine(
@@ -31,8 +35,26 @@ def warmup_cosine(
     )
 
 
+SCHEDULES = ("warmup_cosine", "triangular")
+
+
+def triangular(
+    peak_lr: float, total_steps: int, peak_at: float = 0.4, fall_at: float = 0.8, fall_to: float = 0.05
+) -> optax.Schedule:
+    """The ConvMixer CIFAR-10 reference's piecewise-linear lr (docs/method.md §14): update t
+    (0-based) uses lr = interp(t + 1; [0, peak_at·T, fall_at·T, T] → [0, peak, fall_to·peak, 0])."""
+    knots = jnp.array([0.0, peak_at * total_steps, fall_at * total_steps, float(total_steps)])
+    values = jnp.array([0.0, peak_lr, fall_to * peak_lr, 0.0])
+    return lambda count: jnp.interp(count + 1.0, knots, values)
+
+
 def build_schedule(config: Any, total_steps: int) -> optax.Schedule:
+    """`config.schedule.name`: 'warmup_cosine' (default; warmup_steps, end_lr) or 'triangular'
+    (peak_at, fall_at, fall_to); the peak is `config.optimizer.lr`."""
     sched = config.schedule
+    if sched.get("name", "warmup_cosine") == "triangular":
+        return triangular(config.optimizer.lr, total_steps, sched.get("peak_at", 0.4), sched.get("fall_at", 0.8),
+                          sched.get("fall_to", 0.05))
     return warmup_cosine(
         config.optimizer.lr,
         total_steps,

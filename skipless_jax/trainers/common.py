@@ -114,6 +114,12 @@ def abstract_state(
     return rng, abstract, state_shardings(abstract, mesh, config)
 
 
+def entries(state: Mapping[str, Any], key: str | tuple[str, ...]) -> Any:
+    """What a trainer's `evaluation()` names in the state: one entry (`state[key]`) or several
+    ({name: state[name]}, e.g. ('params', 'batch_stats') as flax variables)."""
+    return state[key] if isinstance(key, str) else {k: state[k] for k in key}
+
+
 def leaf_names(tree: Any) -> list[str]:
     return [sharding.path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
@@ -161,22 +167,34 @@ def track_nonfinite(
     }
 
 
+def guarded_parts(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The trees `guarded_update` checks, in its order, for `Run`'s leaf names: the gradient (shaped
+    as the parameters), the parameters, the optimizer state, and running statistics if kept."""
+    parts = {"gradient": state["params"], "parameter": state["params"], "optimizer state": state["opt_state"]}
+    if "batch_stats" in state:
+        parts["running statistics"] = state["batch_stats"]
+    return parts
+
+
 def guarded_update(
     state: Mapping[str, Any], loss: jax.Array, grads: Any, tx: Any, schedule: Callable[[Any], Any],
-    **metrics: jax.Array,
+    batch_stats: Any = None, **metrics: jax.Array,
 ) -> tuple[dict[str, Any], dict[str, jax.Array]]:
-    """The tail of a single-model step on a {step, params, opt_state, rng, nonfinite} state: the
-    optimizer update, kept only if the loss, gradient, new parameters and optimizer state are all
-    finite (else the state stays as it was; the host stops the run or counts the skipped step),
-    and the standard metrics (loss, grad/param norms, lr, skipped steps) plus `metrics`."""
+    """The tail of a single-model step on a {step, params, opt_state, rng, nonfinite[, batch_stats]}
+    state: the optimizer update (and the step's new running statistics `batch_stats`, if the
+    state keeps them), kept only if the loss, gradient, new parameters, optimizer state and
+    statistics are all finite (else the state stays as it was; the host stops the run or counts
+    the skipped step), and the standard metrics (loss, grad/param norms, lr, skipped steps) plus
+    `metrics`."""
     import optax
 
     step, params = state["step"], state["params"]
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)
-    ok, nonfinite = track_nonfinite(
-        loss, {"gradient": grads, "parameter": new_params, "optimizer state": opt_state}, state["nonfinite"], step
-    )
+    parts = {"gradient": grads, "parameter": new_params, "optimizer state": opt_state}
+    if "batch_stats" in state:
+        parts["running statistics"] = batch_stats
+    ok, nonfinite = track_nonfinite(loss, parts, state["nonfinite"], step)
     new_state = {
         "step": step + 1,
         "params": keep_if(ok, new_params, params),
@@ -184,6 +202,8 @@ def guarded_update(
         "rng": state["rng"],
         "nonfinite": nonfinite,
     }
+    if "batch_stats" in state:
+        new_state["batch_stats"] = keep_if(ok, batch_stats, state["batch_stats"])
     return new_state, {
         "loss": loss,
         **metrics,

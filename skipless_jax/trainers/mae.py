@@ -316,9 +316,7 @@ def train_and_evaluate(
     picture = picture_fn(config, model, ctx, workdir)
 
     # ---- Loop.
-    a = abstract_state
-    run = common.Run(config, workdir, mngr, total_steps, first_step,
-                     {"gradient": a["params"], "parameter": a["params"], "optimizer state": a["opt_state"]})
+    run = common.Run(config, workdir, mngr, total_steps, first_step, common.guarded_parts(abstract_state))
     batch_sharding = sharding.batch_sharding(mesh)
     data = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count())
     try:  # whatever stops the loop, saves already started are completed

@@ -10,7 +10,7 @@ head keeps its initialization when the source has none.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -71,22 +71,29 @@ def make_train_step(
 ):
     """(state, {'image', 'label'}) -> (state, metrics); gradient accumulation over
     `config.grad_accum_steps` equal strided micro-batches (examples j, j + k, ...: each is split
-    over every device like the batch); a non-finite update is rejected."""
+    over every device like the batch); a non-finite update is rejected. A state with
+    `batch_stats` (running BatchNorm statistics) has them updated by each (micro-)batch in turn,
+    from the batch statistics over the whole global (micro-)batch."""
     smoothing = config.get("label_smoothing", 0.0)
     microbatches = config.get("grad_accum_steps") or 1
 
-    def loss_fn(params, images, labels, rng):
-        logits, _ = model.apply({"params": params}, images, train=True, rngs={"dropout": rng})
+    def loss_fn(params, stats, images, labels, rng):
+        if stats is None:
+            (logits, _), new_stats = model.apply({"params": params}, images, train=True, rngs={"dropout": rng}), None
+        else:
+            (logits, _), updated = model.apply({"params": params, "batch_stats": stats}, images, train=True,
+                                               rngs={"dropout": rng}, mutable=["batch_stats"])
+            new_stats = updated["batch_stats"]
         loss = cross_entropy(logits, labels, smoothing).mean()
-        return loss, (logits.argmax(-1) == labels.argmax(-1)).mean()
+        return loss, ((logits.argmax(-1) == labels.argmax(-1)).mean(), new_stats)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
-        step, params = state["step"], state["params"]
+        step, params, stats = state["step"], state["params"], state.get("batch_stats")
         dropout_rng = jax.random.fold_in(state["rng"], step)
         if microbatches == 1:
-            (loss, accuracy), grads = grad_fn(params, batch["image"], batch["label"], dropout_rng)
+            (loss, (accuracy, stats)), grads = grad_fn(params, stats, batch["image"], batch["label"], dropout_rng)
         else:  # gradient accumulation: the mean over equal micro-batches of the global batch
             # Strided: micro-batch j holds examples j, j + k, j + 2k, ... (k micro-batches), so
             # each one keeps the batch sharding and every micro-step runs on all the devices.
@@ -95,32 +102,48 @@ def make_train_step(
                 return sharding.constrain_batch(strided, dim=1)
 
             def accumulate(carry, micro):
+                sums, micro_stats = carry
                 index, images, labels = micro
-                (micro_loss, micro_acc), g = grad_fn(params, images, labels, jax.random.fold_in(dropout_rng, index))
-                return jax.tree.map(jnp.add, carry, (micro_loss, micro_acc, g)), None
+                (micro_loss, (micro_acc, micro_stats)), g = grad_fn(
+                    params, micro_stats, images, labels, jax.random.fold_in(dropout_rng, index))
+                return (jax.tree.map(jnp.add, sums, (micro_loss, micro_acc, g)), micro_stats), None
 
             zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
             micro = (jnp.arange(microbatches), split(batch["image"]), split(batch["label"]))
-            sums, _ = jax.lax.scan(accumulate, zeros, micro)
+            (sums, stats), _ = jax.lax.scan(accumulate, (zeros, stats), micro)
             loss, accuracy, grads = jax.tree.map(lambda x: x / microbatches, sums)
-        return common.guarded_update(state, loss, grads, tx, schedule, accuracy=accuracy)
+        return common.guarded_update(state, loss, grads, tx, schedule, batch_stats=stats, accuracy=accuracy)
 
     return train_step
 
 
 def evaluation(
     config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None
-) -> tuple[evaluators.Context, str]:
-    """(evaluator context of the classifier, the state entry it evaluates: 'params')."""
+) -> tuple[evaluators.Context, str | tuple[str, ...]]:
+    """(evaluator context of the classifier, the state entries it evaluates: 'params', or
+    ('params', 'batch_stats') for a model with running statistics, then evaluated as flax
+    variables {'params': ..., 'batch_stats': ...})."""
     info = sources.dataset_info(config.dataset.name)
     model = model or models.build(config.model, info.num_classes)
+    key, as_variables = _evaluated(config)
+
+    def apply(tree, images):
+        return model.apply(as_variables(tree), images, train=False)
+
     ctx = evaluators.Context(
         config, mesh, info.num_classes,
-        logits=lambda params, images: model.apply({"params": params}, images, train=False)[0],
-        features=lambda params, images: model.apply({"params": params}, images, train=False)[1]["pre_logits"],
-        outputs=lambda params, images: model.apply({"params": params}, images, train=False)[1],
+        logits=lambda tree, images: apply(tree, images)[0],
+        features=lambda tree, images: apply(tree, images)[1]["pre_logits"],
+        outputs=lambda tree, images: apply(tree, images)[1],
     )
-    return ctx, "params"
+    return ctx, key
+
+
+def _evaluated(config: ml_collections.ConfigDict) -> tuple[str | tuple[str, ...], Callable[[Any], Any]]:
+    """(state entries the evaluators read, their tree -> flax variables)."""
+    if models.has_running_stats(config.model):
+        return ("params", "batch_stats"), lambda tree: tree
+    return "params", lambda params: {"params": params}
 
 
 def train_and_evaluate(
@@ -149,9 +172,13 @@ def train_and_evaluate(
 
     def init_state(rng: jax.Array) -> dict[str, Any]:
         init_rng, train_rng = jax.random.split(rng)
-        params = model.init({"params": init_rng}, dummy, train=False)["params"]
-        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-                "rng": train_rng, "nonfinite": common.init_nonfinite()}
+        variables = model.init({"params": init_rng}, dummy, train=False)
+        params = variables["params"]
+        state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+                 "rng": train_rng, "nonfinite": common.init_nonfinite()}
+        if models.has_running_stats(config.model):
+            state["batch_stats"] = variables["batch_stats"]
+        return state
 
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("Model: %s parameters, %d train steps (%.1f per epoch).",
@@ -176,28 +203,27 @@ def train_and_evaluate(
     # ---- The update step (state donated) and the evaluators.
     p_train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
                            out_shardings=(shardings, sharding.replicated(mesh)))
-    ctx, _ = evaluation(config, mesh, model)
+    ctx, key = evaluation(config, mesh, model)
     evals = evaluators.build(config, ctx)
     probe = _kappa_probe(config, model, ctx)
 
     # ---- Loop.
-    a = abstract_state
-    run = common.Run(config, workdir, mngr, total_steps, first_step,
-                     {"gradient": a["params"], "parameter": a["params"], "optimizer state": a["opt_state"]})
+    run = common.Run(config, workdir, mngr, total_steps, first_step, common.guarded_parts(abstract_state))
     batch_sharding = sharding.batch_sharding(mesh)
     data = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count())
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):
             if first_step == 0 and config.get("eval_at_start", False):
-                run.evaluate(0, evaluators.run_all(evals, ctx, state["params"]), prefix="init_")
+                run.evaluate(0, evaluators.run_all(evals, ctx, common.entries(state, key)), prefix="init_")
             for step in range(first_step + 1, total_steps + 1):
                 batch = common.global_batch(next(data), batch_sharding)  # the one explicit host→device copy
                 with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
                     state, metrics = p_train_step(state, batch)
                 run.train_step_done(step, metrics, state)
                 if probe is not None and common.every(step, config.analysis.every_steps, total_steps):
-                    run.writer.write_scalars(step, probe(state["params"]))
-                run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["params"], step, total_steps))
+                    run.writer.write_scalars(step, probe(common.entries(state, key)))
+                run.end_of_step(step, state, evaluators.run_all(evals, ctx, common.entries(state, key), step,
+                                                                total_steps))
     finally:
         run.close()
     return run.finish()
@@ -210,16 +236,15 @@ def _kappa_probe(config: ml_collections.ConfigDict, model: Any, ctx: evaluators.
         return None
     from skipless_jax import conditioning
 
-    def kappa(params: Any, images: jax.Array) -> dict[str, jax.Array]:
-        _, out = model.apply({"params": params}, images, train=False)
-        return conditioning.embedding_log_kappa(out)
+    def kappa(tree: Any, images: jax.Array) -> dict[str, jax.Array]:
+        return conditioning.embedding_log_kappa(ctx.outputs(tree, images))
 
     batches, _ = ctx.batches(config.dataset.eval_split, batch_size=config.analysis.get("probe_size", 32))
     images = next(batches)["image"]
     fn = jax.jit(kappa)
 
-    def probe(params: Any) -> dict[str, float]:
-        kappas = jax.device_get(fn(params, images))
+    def probe(tree: Any) -> dict[str, float]:
+        kappas = jax.device_get(fn(tree, images))
         return {f"log_kappa/{name}/layer_{layer}": float(v)
                 for name, vals in kappas.items() if name in ("sab", "ffn") for layer, v in enumerate(vals)}
 
