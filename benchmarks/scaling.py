@@ -88,6 +88,15 @@ def supervised_config(opt: str = "adamw", width: int = 64, depth: int = 2, batch
     return c
 
 
+def convmixer_config(width: int = 128, depth: int = 1, batch: int = 256) -> ml_collections.ConfigDict:
+    """`supervised_config`'s recipe with a ConvMixer (kernel 3, patch 2, running BatchNorm
+    statistics in the state) of `width` and `depth` on the 8×8 digits."""
+    c = supervised_config("adamw", batch=batch)
+    c.model = load_config("families_digits", "family=convmixer").model
+    c.model.update(dict(width=width, depth=depth, kernel_size=3, patch_size=2))
+    return c
+
+
 def vit_config(variant: str, image_size: int, batch: int, opt: str = "adamw", dtype: str = "float32",
                skips: bool = True, init: str = "default") -> ml_collections.ConfigDict:
     """The supervised recipe (configs/quickstart.py: AdamW lr 1e-3 or SOAP lr 3e-3, weight decay
@@ -98,6 +107,22 @@ def vit_config(variant: str, image_size: int, batch: int, opt: str = "adamw", dt
     c.total_epochs, c.total_steps = None, 100
     c.schedule.warmup_epochs, c.schedule.warmup_steps = None, 2
     c.input.image_size, c.input.batch_size = image_size, batch
+    return c
+
+
+FAMILY_VARIANTS = "vit:Ti/16,convmixer:768/32,swin:T,cait:XXS24,pvt_v2:b0"  # a Tiny/Small model of each family
+
+
+def family_config(spec: str, image_size: int, batch: int, opt: str = "adamw", dtype: str = "float32",
+                  skips: bool = True, init: str = "default") -> ml_collections.ConfigDict:
+    """`vit_config`'s recipe for 'family:variant' (e.g. 'swin:T'; a bare variant is a ViT's)."""
+    family, _, variant = spec.rpartition(":")
+    c = vit_config(variant if family in ("", "vit") else "Ti/16", image_size, batch, opt, dtype, skips, init)
+    if family not in ("", "vit"):
+        fields = dict(skip_sab=skips, skip_ffn=skips and family != "convmixer", init=init)
+        recipes = config_blocks.sibling(os.path.join(ROOT, "configs", "quickstart.py"), "swin_s_i1k_tg")
+        c.model = recipes.family_model(family, fields, 0.0, variant=variant)
+        c.model.dtype = dtype
     return c
 
 
@@ -146,14 +171,7 @@ def supervised_program(config: ml_collections.ConfigDict, axes: dict[str, int],
     size = inputs.image_size(config)
     model = models.build(config.model, info.num_classes)
     tx, schedule = build_optimizer(config, config.total_steps)
-    dummy = jnp.zeros((1, size, size, info.image_shape[-1]), jnp.float32)
-
-    def init_state(rng: jax.Array) -> dict[str, Any]:
-        init_rng, train_rng = jax.random.split(rng)
-        params = model.init({"params": init_rng}, dummy, train=False)["params"]
-        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-                "rng": train_rng, "nonfinite": common.init_nonfinite()}
-
+    init_state = supervised.make_init_state(model, tx, jnp.zeros((1, size, size, info.image_shape[-1]), jnp.float32))
     b = config.input.batch_size
     shapes = {"image": (b, size, size, info.image_shape[-1]), "label": (b, info.num_classes)}
     return _program(config, mesh, init_state, lambda: supervised.make_train_step(model, tx, schedule, config), shapes)

@@ -1,7 +1,13 @@
-r"""Train-step time, images/s, FLOPs (XLA cost analysis) and MFU of ViT variants.
+r"""Train-step time, images/s, FLOPs (XLA cost analysis) and MFU of ViT variants and of every
+model family.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/train_step.py --variants=Ti/16,S/16,B/16 \
         --batch=8 --output=benchmarks/results/train_step.json [--peak_tflops=989]
+    OPENBLAS_NUM_THREADS=1 python benchmarks/train_step.py --variants=families --batch=4 \
+        --output=benchmarks/results/train_step_families.json
+
+A variant is a ViT's ('B/16') or 'family:variant' ('swin:T', 'convmixer:768/32'); `families` is
+one Tiny/Small model of each family (scaling.FAMILY_VARIANTS).
 
 The supervised trainer's own jitted step (`trainers/supervised.make_train_step`, AdamW or
 `--optimizer=soap`, built by benchmarks/scaling.py as the trainer builds it, data-parallel over
@@ -27,7 +33,7 @@ def bench(variant: str, batch: int, image_size: int, dtype: str, repeats: int, s
           opt: str = "adamw") -> dict:
     """Compile and time the supervised trainer's own step (`supervised.make_train_step`: loss,
     gradient, clipping, optimizer, non-finite guard, metrics) on random 1000-class data."""
-    config = scaling.vit_config(variant, image_size, batch, opt=opt, dtype=dtype, skips=skips, init=init)
+    config = scaling.family_config(variant, image_size, batch, opt=opt, dtype=dtype, skips=skips, init=init)
     program = scaling.supervised_program(config, {"data": jax.device_count()}, num_classes=1000, channels=3)
     state = program.init()
     batch_arrays = program.batch(scaling.random_batch(program))
@@ -68,9 +74,10 @@ def main() -> None:
     parser.add_argument("--output", default="benchmarks/results/train_step.json")
     args = parser.parse_args()
 
+    variants = scaling.FAMILY_VARIANTS if args.variants == "families" else args.variants
     rows = [
         bench(v, args.batch, args.image_size, args.dtype, args.repeats, not args.skipless, args.init, args.optimizer)
-        for v in args.variants.split(",")
+        for v in variants.split(",")
     ]
     devices = jax.device_count()
     for row in rows:
@@ -80,7 +87,7 @@ def main() -> None:
 
     base = rows[0]["step_s"] / rows[0]["flops_per_step"]
     header = (
-        f"{'variant':8} {'batch':>5} {'compile s':>9} {'step ms':>9} {'img/s':>8} {'GFLOP/step':>11} {'TFLOP/s':>8} "
+        f"{'variant':16} {'batch':>5} {'compile s':>9} {'step ms':>9} {'img/s':>8} {'GFLOP/step':>11} {'TFLOP/s':>8} "
         f"{'s/FLOP vs ' + rows[0]['variant']:>16} {'MFU':>6}"
     )
     print(f"devices: {devices} × {rows[0]['device_kind']}, dtype {args.dtype}, image {args.image_size}")
@@ -89,7 +96,7 @@ def main() -> None:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
         ratio = (r["step_s"] / r["flops_per_step"]) / base
         print(
-            f"{r['variant']:8} {r['batch']:>5} {r['compile_s']:>9.1f} {1e3 * r['step_s']:>9.1f} "
+            f"{r['variant']:16} {r['batch']:>5} {r['compile_s']:>9.1f} {1e3 * r['step_s']:>9.1f} "
             f"{r['images_per_s']:>8.1f} {r['flops_per_step'] / 1e9:>11.1f} {r['achieved_tflops']:>8.3f} "
             f"{ratio:>16.2f} {mfu:>6}"
         )

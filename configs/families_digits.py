@@ -6,7 +6,8 @@ Families (docs/families.md): convmixer (width 64, depth 4, kernel 3, patch 1), s
 depths 2+2, heads 2+4, window 4, patch 1), cait (width 64, depth 4 + 2 class-attention blocks,
 4 heads, MLP 128, patch 2), pvt_v2 (widths 32+64, depths 2+2, heads 1+2, SR 2+1, MLP ratio 4,
 stem stride 2). Args: family, skip_sab, skip_ffn (ConvMixer has no FFN residual: ignored there),
-init=default|skipless, opt=adamw|soap, tg=dct|svd|svd_fast|none, eps, seed, epochs.
+init=default|skipless, opt=adamw|soap, tg=dct|svd|svd_fast|none, eps, seed, epochs, depth (ConvMixer and
+CaiT: the number of blocks instead of the size above).
 
 Hardware: any CPU (about 1–2 minutes per run on 2 cores, not measured over seeds).
 Data: 1,437 train / 360 test 8×8 images (the fixed split of skipless_jax/data/sources.py).
@@ -30,9 +31,15 @@ SIZES = {
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(arg, family="swin", skip_sab=True, skip_ffn=True, init="default", opt="adamw", tg="none",
-                          eps=0.95, seed=0, epochs=30)
+                          eps=0.95, seed=0, epochs=30, depth=0)
     if a["family"] not in SIZES:
         raise ValueError(f"config arg family={a['family']!r} is unknown; allowed: {', '.join(SIZES)}")
+    sizes = dict(SIZES[a["family"]])
+    if a["depth"]:
+        if "depth" not in sizes:
+            raise ValueError(f"config arg depth={a['depth']!r}: family={a['family']!r} sets depths per stage; "
+                             "allowed for: " + ", ".join(f for f in SIZES if "depth" in SIZES[f]))
+        sizes["depth"] = a["depth"]
     c = ml_collections.ConfigDict()
     c.trainer = "supervised"
     c.seed = a["seed"]
@@ -42,7 +49,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                              aug=None, num_workers=0))
     args = dict(a, skip_ffn=a["skip_ffn"] and a["family"] != "convmixer")
     swin = config_blocks.sibling(__file__, "swin_s_i1k_tg")
-    c.model = swin.family_model(a["family"], args, 0.0, **SIZES[a["family"]])
+    c.model = swin.family_model(a["family"], args, 0.0, **sizes)
     c.optimizer = config_blocks.optimizer(a["opt"], lr=3e-3 if a["opt"] == "soap" else 1e-3, weight_decay=0.05)
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=3, end_lr=1e-5))
     c.total_epochs = a["epochs"]

@@ -39,6 +39,7 @@ CONFIGS = {
     "accum4": lambda: scaling.supervised_config("adamw", width=64, depth=1, batch=256, accum=4),
     "soap": lambda: _soap_config(),
     "dino": lambda: scaling.dino_config("adamw", width=64, depth=1, batch=64),
+    "convmixer": lambda: scaling.convmixer_config(width=128, depth=1, batch=256),  # BatchNorm over the global batch
 }
 MESHES = {"one": {"data": 1}, "data": {"data": 8}, "fsdp": {"fsdp": 8}, "mixed": {"data": 2, "fsdp": 4}}
 
@@ -235,3 +236,18 @@ def test_the_encoder_keeps_the_batch_split_even_from_a_replicated_input():
             args = jax.device_put((params, x), repl)
             flops[n] = jax.jit(forward).lower(*args).compile().cost_analysis()["flops"]
     assert flops[8] <= 0.35 * flops[1], flops
+
+
+def test_benchmark_family_configs_name_each_family():
+    """benchmarks/train_step.py's `families` preset: one model of every registered family, the
+    ConvMixer without an FFN switch to turn on."""
+    from skipless_jax import models
+
+    specs = scaling.FAMILY_VARIANTS.split(",")
+    assert sorted(s.split(":")[0] for s in specs) == sorted(models.FAMILIES)
+    for spec in specs:
+        config = scaling.family_config(spec, 224, 2)
+        family, variant = spec.split(":")
+        assert (config.model.get("name") or "vit", config.model.variant) == (family, variant)
+        models.check_config(config.model, 224)
+    assert scaling.family_config("convmixer:768/32", 224, 2).model.skip_ffn is False

@@ -66,6 +66,23 @@ def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> A
     return lambda name: name
 
 
+def make_init_state(model: Any, tx: optax.GradientTransformation, dummy: jax.Array) -> Callable[[jax.Array], Any]:
+    """rng -> the trainer's state {step, params, opt_state, rng, nonfinite[, batch_stats]} for
+    inputs shaped like `dummy`; `batch_stats` when the model keeps running statistics."""
+
+    def init_state(rng: jax.Array) -> dict[str, Any]:
+        init_rng, train_rng = jax.random.split(rng)
+        variables = model.init({"params": init_rng}, dummy, train=False)
+        params = variables["params"]
+        state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+                 "rng": train_rng, "nonfinite": common.init_nonfinite()}
+        if "batch_stats" in variables:
+            state["batch_stats"] = variables["batch_stats"]
+        return state
+
+    return init_state
+
+
 def make_train_step(
     model: Any, tx: optax.GradientTransformation, schedule: optax.Schedule, config: ml_collections.ConfigDict
 ):
@@ -170,16 +187,7 @@ def train_and_evaluate(
     tx, schedule = build_optimizer(config, total_steps)
     dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
 
-    def init_state(rng: jax.Array) -> dict[str, Any]:
-        init_rng, train_rng = jax.random.split(rng)
-        variables = model.init({"params": init_rng}, dummy, train=False)
-        params = variables["params"]
-        state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-                 "rng": train_rng, "nonfinite": common.init_nonfinite()}
-        if models.has_running_stats(config.model):
-            state["batch_stats"] = variables["batch_stats"]
-        return state
-
+    init_state = make_init_state(model, tx, dummy)
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("Model: %s parameters, %d train steps (%.1f per epoch).",
                  f"{common.num_parameters(abstract_state['params']):,}", total_steps, steps_per_epoch)
