@@ -35,6 +35,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5"],
-        "timm": ["torch", "timm", "safetensors"],  # optional: timm weight import (models/timm_convert.py)
+        # optional: timm weight import (models/timm_convert.py); tested pins in requirements-timm.txt
+        "timm": ["torch", "torchvision", "timm", "safetensors"],
     },
 )

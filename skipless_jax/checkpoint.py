@@ -521,9 +521,9 @@ def saved_config(workdir_or_checkpoint_dir: str, step: int | None = None) -> dic
         mngr.close()
 
 
-def param_shapes(path: str, key: str = "params") -> dict[str, tuple[int, ...]]:
-    """{'block_0/MlpBlock_0/Dense_0/kernel': shape, ...} of `state[key]` in the newest checkpoint
-    at `path` (a workdir or its checkpoints/ folder), from the metadata alone (no array is read)."""
+def _metadata_tree(path: str) -> Any:
+    """The state tree (shapes, dtypes) of the newest checkpoint at `path` (a workdir or its
+    checkpoints/ folder), from the metadata alone (no array is read)."""
     path = _abs(path)
     directory = os.path.join(path, "checkpoints") if _is_dir(os.path.join(path, "checkpoints")) else path
     if not _is_dir(directory):
@@ -533,11 +533,22 @@ def param_shapes(path: str, key: str = "params") -> dict[str, tuple[int, ...]]:
         steps = mngr.all_steps()
         if not steps:
             raise FileNotFoundError(f"no checkpoint at {path!r}")
-        tree = mngr.item_metadata(max(steps))[STATE].tree
+        return mngr.item_metadata(max(steps))[STATE].tree
     finally:
         mngr.close()
+
+
+def state_entries(path: str) -> list[str]:
+    """The top-level state entries ('params', 'opt_state', 'batch_stats', ...) of the newest checkpoint at `path`."""
+    return sorted(_metadata_tree(path))
+
+
+def param_shapes(path: str, key: str = "params") -> dict[str, tuple[int, ...]]:
+    """{'block_0/MlpBlock_0/Dense_0/kernel': shape, ...} of `state[key]` in the newest checkpoint
+    at `path` (a workdir or its checkpoints/ folder), from the metadata alone (no array is read)."""
+    tree = _metadata_tree(path)
     if key not in tree:
-        raise ValueError(f"the checkpoint at {path!r} has no {key!r} (it has {sorted(tree)})")
+        raise ValueError(f"the checkpoint at {_abs(path)!r} has no {key!r} (it has {sorted(tree)})")
     from skipless_jax.sharding import path_str  # the names trainers and rules use
 
     return {path_str(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree[key])[0]}

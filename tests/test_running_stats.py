@@ -1,6 +1,8 @@
 """ConvMixer's running BatchNorm statistics in the supervised trainer, and the triangular lr
 schedule (docs/method.md §10, §14)."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -81,10 +83,16 @@ def test_the_step_updates_running_statistics_once_per_micro_batch():
         assert min(jax.tree.leaves(moved)) > 0
 
 
-def test_trained_convmixer_is_evaluated_with_its_running_statistics(tmp_path):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("convmixer"))
     config = _convmixer_config()
-    metrics = supervised.train_and_evaluate(config, str(tmp_path))
-    _, state = checkpoint.load_raw(str(tmp_path))
+    return config, workdir, supervised.train_and_evaluate(config, workdir)
+
+
+def test_trained_convmixer_is_evaluated_with_its_running_statistics(trained):
+    config, workdir, metrics = trained
+    _, state = checkpoint.load_raw(workdir)
     assert set(state["batch_stats"]) >= {"embedding_norm", "block_0_depthwise_norm", "block_1_pointwise_norm"}
     assert float(np.abs(state["batch_stats"]["embedding_norm"]["mean"]).max()) > 0  # updated from its zeros
     # The trainer's evaluation equals applying the model with the saved running statistics ...
@@ -98,7 +106,19 @@ def test_trained_convmixer_is_evaluated_with_its_running_statistics(tmp_path):
     accuracy = float((np.asarray(logits).argmax(-1) == batch["label"][keep].argmax(-1)).mean())
     assert metrics["test_accuracy"] == pytest.approx(accuracy, abs=1e-6)
     # ... and so does the evaluate command on the checkpoint.
-    assert evaluate.evaluate(str(tmp_path))["test_accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    assert evaluate.evaluate(workdir)["test_accuracy"] == pytest.approx(accuracy, abs=1e-6)
+
+
+def test_init_from_loads_the_running_statistics(trained, tmp_path):
+    """A run initialized from the trained one evaluates at step 0 exactly as that run ended: its
+    parameters and its running statistics were both loaded."""
+    config, workdir, metrics = trained
+    follow = _convmixer_config(init_from=workdir, eval_at_start=True, total_steps=1)
+    supervised.train_and_evaluate(follow, str(tmp_path))
+    first = json.loads((tmp_path / "history.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0
+    assert first["init_test_loss"] == pytest.approx(metrics["test_loss"], rel=1e-5)
+    assert first["init_test_accuracy"] == pytest.approx(metrics["test_accuracy"], abs=1e-6)
 
 
 def test_triangular_schedule_equals_the_reference_interp():

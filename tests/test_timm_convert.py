@@ -360,20 +360,24 @@ TIMM_MODELS = {  # family -> (timm constructor path, kwargs, our config)
             dict(img_size=IMG, patch_size=P, embed_dim=D, depth=2, num_heads=HEADS, mlp_ratio=MLP / D,
                  num_classes=CLASSES), VIT_CFG),
     "cait": ("timm.models.cait.Cait", dict(img_size=IMG, patch_size=P, embed_dim=D, depth=2, num_heads=HEADS,
-                                           depth_token_only=1, num_classes=CLASSES), CAIT_CFG),
+                                           mlp_ratio=MLP / D, mlp_ratio_token_only=MLP / D, depth_token_only=1,
+                                           num_classes=CLASSES), CAIT_CFG),
     "swin": ("timm.models.swin_transformer.SwinTransformer",
              dict(img_size=IMG, patch_size=2, embed_dim=8, depths=(2, 1), num_heads=(2, 2), window_size=2,
                   num_classes=CLASSES), FAMILY_CASES["swin"][1]),
-    "pvt_v2": ("timm.models.pvt_v2.PyramidVisionTransformerV2", None, FAMILY_CASES["pvt_v2"][1]),
+    # timm's PVTv2 stem has stride 4: its tiny model gets 16×16 images (stage grids 4 and 2).
+    "pvt_v2": ("timm.models.pvt_v2.PyramidVisionTransformerV2",
+               dict(depths=(1, 1), embed_dims=(8, 16), num_heads=(1, 2), sr_ratios=(2, 1), mlp_ratios=(2, 2),
+                    num_classes=CLASSES), dict(FAMILY_CASES["pvt_v2"][1], patch_size=4)),
     "convmixer": ("timm.models.convmixer.ConvMixer",
                   dict(dim=8, depth=2, kernel_size=3, patch_size=2, num_classes=CLASSES), FAMILY_CASES["convmixer"][1]),
 }
 
 
-@pytest.mark.parametrize("family", ["vit", "cait", "swin", "convmixer"])
+@pytest.mark.parametrize("family", sorted(TIMM_MODELS))
 def test_logits_equal_timms_when_timm_is_installed(family):
-    """Runs only with the optional extra (torch, timm); PVTv2's stem stride is fixed at 4 in timm,
-    so its tiny model is not constructible there and it is covered by the tree test above."""
+    """Runs only with the optional extra (torch, timm): the timm model's own random weights,
+    converted, give its logits."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("timm")
     import importlib
@@ -382,10 +386,27 @@ def test_logits_equal_timms_when_timm_is_installed(family):
     module, name = path.rsplit(".", 1)
     net = getattr(importlib.import_module(module), name)(**kwargs).eval()
     sd = {k: v.detach().numpy() for k, v in net.state_dict().items()}
-    result = timm_convert.convert(family, sd, cfg, image_size=IMG)
-    images = _images()
+    size = 16 if family == "pvt_v2" else IMG
+    result = timm_convert.convert(family, sd, cfg, image_size=size)
+    images = np.random.default_rng(0).normal(size=(2, size, size, 3)).astype(np.float32)
     with torch.no_grad():
         want = net(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
     variables = {k: result[k] for k in ("params", "batch_stats") if k in result}
     got = np.asarray(models.build(cfg, CLASSES).apply(variables, jnp.asarray(images), train=False)[0])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_converted_convmixer_checkpoint_holds_its_running_statistics(tmp_path):
+    from skipless_jax import checkpoint
+    from skipless_jax.trainers import common
+
+    make, cfg = FAMILY_CASES["convmixer"]
+    result = timm_convert.convert("convmixer", make(), cfg, image_size=IMG)
+    out = str(tmp_path / "converted")
+    timm_convert.write_checkpoint(result["params"], out, cfg, "synthetic", result["batch_stats"])
+    assert checkpoint.state_entries(out) == ["batch_stats", "params"]
+    fresh = models.build(cfg, CLASSES).init({"params": jax.random.PRNGKey(0)}, jnp.zeros((1, IMG, IMG, 3)),
+                                            train=False)["batch_stats"]
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    loaded = common.init_from(out, fresh, jax.tree.map(lambda _: device, fresh), "batch_stats")
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), loaded, result["batch_stats"])

@@ -363,14 +363,18 @@ def load_state_dict(path: str) -> dict[str, np.ndarray]:
     return {k.removeprefix("module."): v.float().numpy() for k, v in sd.items() if hasattr(v, "numpy")}
 
 
-def write_checkpoint(params: Mapping[str, Any], output: str, model_cfg: Mapping[str, Any], source: str) -> None:
-    """`output` as a checkpoint folder of this project (step 0, state {'params': params})."""
+def write_checkpoint(params: Mapping[str, Any], output: str, model_cfg: Mapping[str, Any], source: str,
+                     batch_stats: Mapping[str, Any] | None = None) -> None:
+    """`output` as a checkpoint folder of this project (step 0, state {'params': params} and, for
+    a model with running statistics, 'batch_stats'; `config.init_from` loads both)."""
     import jax.numpy as jnp
 
     from skipless_jax import checkpoint
 
     mngr = checkpoint.manager(output, keep=1, async_save=False)
     state = {"params": _tree_map(jnp.asarray, params)}
+    if batch_stats is not None:
+        state["batch_stats"] = _tree_map(jnp.asarray, batch_stats)
     config = {"model": dict(model_cfg), "converted_from": source}
     checkpoint.save(mngr, 0, state, {"step": 0, "config": json.dumps(config)})
     mngr.wait_until_finished()
@@ -392,7 +396,7 @@ def main(argv: list[str]) -> None:
         result = convert(f.family, sd, cfg, f.num_classes, f.image_size)
         if os.path.exists(os.path.join(f.output, "checkpoints")):
             raise ValueError(f"--output={f.output!r} already holds checkpoints; choose a new folder")
-        write_checkpoint(result["params"], f.output, cfg, os.path.basename(f.input))
+        write_checkpoint(result["params"], f.output, cfg, os.path.basename(f.input), result.get("batch_stats"))
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     count = sum(int(np.prod(v.shape)) for v in _flat(result["params"]).values())

@@ -202,6 +202,10 @@ def train_and_evaluate(
         rename = init_from_rename(key, checkpoint.saved_config(config.init_from))
         state["params"] = common.init_from(config.init_from, state["params"], shardings["params"], key, rename)
         state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
+        if "batch_stats" in state and "batch_stats" in checkpoint.state_entries(config.init_from):
+            # running statistics: the source's (a converted timm ConvMixer, another run), else fresh
+            state["batch_stats"] = common.init_from(config.init_from, state["batch_stats"], shardings["batch_stats"],
+                                                    "batch_stats")
         return state
 
     state = common.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
