@@ -374,23 +374,46 @@ TIMM_MODELS = {  # family -> (timm constructor path, kwargs, our config)
 }
 
 
+# timm runs in its own process: torch (and the triton it imports) beside this process's jax and
+# TensorFlow can crash at import.
+_TIMM_SCRIPT = """
+import importlib, json, sys
+import numpy as np, torch
+path, kwargs, size, out = json.loads(sys.argv[1])
+module, name = path.rsplit(".", 1)
+torch.manual_seed(0)
+net = getattr(importlib.import_module(module), name)(**kwargs).eval()
+images = np.random.default_rng(0).normal(size=(2, size, size, 3)).astype(np.float32)
+with torch.no_grad():
+    logits = net(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+sd = {k: v.detach().numpy() for k, v in net.state_dict().items()}
+np.savez(out, __images=images, __logits=logits, **sd)
+"""
+
+
+def _timm_available() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "timm"))
+
+
+@pytest.mark.skipif(not _timm_available(), reason="needs the optional timm extra (requirements-timm.txt)")
 @pytest.mark.parametrize("family", sorted(TIMM_MODELS))
-def test_logits_equal_timms_when_timm_is_installed(family):
+def test_logits_equal_timms_when_timm_is_installed(family, tmp_path):
     """Runs only with the optional extra (torch, timm): the timm model's own random weights,
     converted, give its logits."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("timm")
-    import importlib
+    import json
+    import subprocess
+    import sys
 
     path, kwargs, cfg = TIMM_MODELS[family]
-    module, name = path.rsplit(".", 1)
-    net = getattr(importlib.import_module(module), name)(**kwargs).eval()
-    sd = {k: v.detach().numpy() for k, v in net.state_dict().items()}
     size = 16 if family == "pvt_v2" else IMG
-    result = timm_convert.convert(family, sd, cfg, image_size=size)
-    images = np.random.default_rng(0).normal(size=(2, size, size, 3)).astype(np.float32)
-    with torch.no_grad():
-        want = net(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+    out = str(tmp_path / "timm.npz")
+    subprocess.run([sys.executable, "-c", _TIMM_SCRIPT, json.dumps([path, kwargs, size, out])], check=True,
+                   timeout=600)
+    saved = dict(np.load(out))
+    images, want = saved.pop("__images"), saved.pop("__logits")
+    result = timm_convert.convert(family, saved, cfg, image_size=size)
     variables = {k: result[k] for k in ("params", "batch_stats") if k in result}
     got = np.asarray(models.build(cfg, CLASSES).apply(variables, jnp.asarray(images), train=False)[0])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

@@ -92,10 +92,9 @@ class LayerScaleBlock(nn.Module):
         return x, out
 
 
-class CaiT(nn.Module):
+class CaiT(parts.FamilyModel):
     """CaiT on (B, H, W, C) images -> (logits, out); num_classes=0: pooled (class token) features."""
 
-    num_classes: int
     width: int = 384
     depth: int = 24
     num_heads: int = 8
@@ -103,21 +102,9 @@ class CaiT(nn.Module):
     patch_size: int = 16
     depth_token_only: int = 2
     layerscale_init: float = 1e-5
-    skip_sab: bool = True
-    skip_ffn: bool = True
     skip_class_sab: bool = True
     skip_class_ffn: bool = True
-    drop_path: float = 0.0
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
-    token_graying: str | None = None
-    tg_eps: float = 0.95
-    gelu_approximate: bool = False
-    head_zero_init: bool = True
     image_size: int | None = None
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, images: jax.Array, train: bool = False) -> tuple[jax.Array, dict[str, Any]]:
@@ -132,8 +119,7 @@ class CaiT(nn.Module):
         if native != grid:
             pe = resize_posemb(pe, *grid)
         x = x + pe.astype(x.dtype)
-        init = dict(init_scheme=self.init_scheme, init_alpha=self.init_alpha, init_beta=self.init_beta,
-                    init_c=self.init_c, gelu_approximate=self.gelu_approximate, dtype=self.dtype)
+        init = dict(self.init_fields, gelu_approximate=self.gelu_approximate, dtype=self.dtype)
         rates = [self.drop_path] * self.depth  # timm's CaiT: the same rate in every block
         blocks = []
         for layer in range(self.depth):
@@ -153,11 +139,7 @@ class CaiT(nn.Module):
         x = parts.layer_norm(LN_EPS, self.dtype, "encoder_norm")(jnp.concatenate([c, x], axis=1))
         out["encoded"] = x
         x = x[:, 0]
-        out["pre_logits"] = x
-        if not self.num_classes:
-            return x, out
-        out["logits"] = parts.head(self, x, self.num_classes, self.head_zero_init, self.dtype)
-        return out["logits"], out
+        return self.classify(x, out)
 
 
 def resolve(model_config: Any) -> dict[str, Any]:
@@ -186,9 +168,7 @@ def check_config(model_config: Any, image_size: int) -> None:
         raise ValueError(f"config.model.layerscale_init={value!r} must be in (0, 1]")
     if f["width"] % f["num_heads"]:
         raise ValueError(f"config.model.num_heads={f['num_heads']} does not divide config.model.width={f['width']}")
-    if image_size % f["patch_size"]:
-        raise ValueError(f"config.model.patch_size={f['patch_size']} does not divide the image size {image_size}; "
-                         f"allowed: divisors of {image_size}")
+    parts.check_patch_divides(f["patch_size"], image_size)
 
 
 def tiny(model_config: dict[str, Any], image_size: int) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from skipless_jax.models import family_parts as parts
 from skipless_jax.models import init as init_lib
@@ -44,27 +43,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-class ConvMixer(nn.Module):
+class ConvMixer(parts.FamilyModel):
     """ConvMixer on (B, H, W, C) images -> (logits (B, num_classes), out); num_classes=0: pooled features."""
 
-    num_classes: int
     width: int = 256
     depth: int = 8
     kernel_size: int = 5
     patch_size: int = 2
     activation: str = "gelu"
-    skip_sab: bool = True
-    skip_ffn: bool = False
-    drop_path: float = 0.0
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
-    token_graying: str | None = None
-    tg_eps: float = 0.95
-    gelu_approximate: bool = False
-    head_zero_init: bool = True
-    dtype: Any = jnp.float32
+    skip_ffn: bool = False  # its pointwise conv has no residual
 
     def _act(self, x: jax.Array) -> jax.Array:
         return nn.relu(x) if self.activation == "relu" else nn.gelu(x, approximate=self.gelu_approximate)
@@ -100,11 +87,7 @@ class ConvMixer(nn.Module):
         x = x.reshape(b, gh * gw, d)
         out["encoded"] = x
         x = x.mean(axis=1)
-        out["pre_logits"] = x
-        if not self.num_classes:
-            return x, out
-        out["logits"] = parts.head(self, x, self.num_classes, self.head_zero_init, self.dtype)
-        return out["logits"], out
+        return self.classify(x, out)
 
 
 def resolve(model_config: Any) -> dict[str, Any]:
@@ -134,9 +117,7 @@ def check_config(model_config: Any, image_size: int) -> None:
                          "allowed: False (its one switch is skip_sab)")
     if f["activation"] not in ACTIVATIONS:
         raise ValueError(f"config.model.activation={f['activation']!r} is unknown; allowed: {list(ACTIVATIONS)}")
-    if image_size % f["patch_size"]:
-        raise ValueError(f"config.model.patch_size={f['patch_size']} does not divide the image size {image_size}; "
-                         f"allowed: divisors of {image_size}")
+    parts.check_patch_divides(f["patch_size"], image_size)
 
 
 def tiny(model_config: dict[str, Any], image_size: int) -> dict[str, Any]:

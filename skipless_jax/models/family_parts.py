@@ -3,7 +3,10 @@
 - `resolve_fields`: `config.model` → the family's fields, a named variant filling its sizes
   (an explicit size that contradicts the variant, or a field the family does not have, is a
   one-line ValueError).
-- `check_common`: the checks of the fields every family has (switches, rates, init, TG, dtype).
+- `check_common`: the checks of the fields every family has (switches, rates, init, TG, dtype);
+  `check_patch_divides`.
+- `FamilyModel`: the module fields every family has (its models subclass it and add their
+  sizes), `init_fields` for the blocks, and `classify`, the pooled features → head tail.
 - `Attention`: multi-head attention with the ViT's (d, d) kernels `query`, `key`, `value`, `out`
   (same names, same init rules as `attention.MultiHeadAttention`, so the skipless init of
   docs/method.md §3 and the analysis read them alike), generalized for the families: queries and
@@ -139,6 +142,44 @@ def common_kwargs(f: dict[str, Any]) -> dict[str, Any]:
         init_c=float(f["init_c"]), token_graying=f["token_graying"], tg_eps=float(f["tg_eps"]),
         dtype=jnp.dtype(f["dtype"]), gelu_approximate=f["gelu"] == "tanh", head_zero_init=f["head_zero_init"],
     )
+
+
+def check_patch_divides(patch_size: int, image_size: int) -> None:
+    _require(image_size % patch_size == 0, f"config.model.patch_size={patch_size} does not divide the image size "
+             f"{image_size}; allowed: divisors of {image_size}")
+
+
+class FamilyModel(nn.Module):
+    """The fields every family's model has (`common_kwargs` fills them), on (B, H, W, C) images ->
+    (logits, out); num_classes=0: pooled features. Subclasses add their sizes."""
+
+    num_classes: int
+    skip_sab: bool = True
+    skip_ffn: bool = True
+    drop_path: float = 0.0
+    init_scheme: str = "default"
+    init_alpha: float = 1.0
+    init_beta: float = 1.0
+    init_c: float = 1.0
+    token_graying: str | None = None
+    tg_eps: float = 0.95
+    gelu_approximate: bool = False
+    head_zero_init: bool = True
+    dtype: Any = jnp.float32
+
+    @property
+    def init_fields(self) -> dict[str, Any]:
+        """The skipless-init arguments of the blocks (docs/method.md §3)."""
+        return dict(init_scheme=self.init_scheme, init_alpha=self.init_alpha, init_beta=self.init_beta,
+                    init_c=self.init_c)
+
+    def classify(self, pooled: jax.Array, out: dict[str, Any]) -> tuple[jax.Array, dict[str, Any]]:
+        """out['pre_logits'] = pooled; with classes, the zero-initialized `head` → out['logits']."""
+        out["pre_logits"] = pooled
+        if not self.num_classes:
+            return pooled, out
+        out["logits"] = head(self, pooled, self.num_classes, self.head_zero_init, self.dtype)
+        return out["logits"], out
 
 
 def drop_path_rates(rate: float, depth: int) -> list[float]:

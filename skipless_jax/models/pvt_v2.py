@@ -154,28 +154,15 @@ class PVTBlock(nn.Module):
         return x, out
 
 
-class PVTv2(nn.Module):
+class PVTv2(parts.FamilyModel):
     """PVTv2 on (B, H, W, C) images -> (logits, out); num_classes=0: pooled features."""
 
-    num_classes: int
     widths: tuple[int, ...] = (64, 128, 320, 512)
     depths: tuple[int, ...] = (3, 4, 18, 3)
     num_heads: tuple[int, ...] = (1, 2, 5, 8)
     sr_ratios: tuple[int, ...] = (8, 4, 2, 1)
     mlp_ratios: tuple[int, ...] = (8, 8, 4, 4)
     patch_size: int = 4
-    skip_sab: bool = True
-    skip_ffn: bool = True
-    drop_path: float = 0.0
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
-    token_graying: str | None = None
-    tg_eps: float = 0.95
-    gelu_approximate: bool = False
-    head_zero_init: bool = True
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, images: jax.Array, train: bool = False) -> tuple[jax.Array, dict[str, Any]]:
@@ -185,8 +172,7 @@ class PVTv2(nn.Module):
         out["patches"] = patchify(images, t)  # the (grayed) stem-stride patch matrix
         x = images
         rates = parts.drop_path_rates(self.drop_path, sum(self.depths))
-        init = dict(init_scheme=self.init_scheme, init_alpha=self.init_alpha, init_beta=self.init_beta,
-                    init_c=self.init_c)
+        init = self.init_fields
         blocks, index = [], 0
         for stage, depth in enumerate(self.depths):
             if stage == 0:
@@ -210,11 +196,7 @@ class PVTv2(nn.Module):
         x = x.reshape(x.shape[0], -1, x.shape[-1])
         out["encoded"] = x
         x = x.mean(axis=1)
-        out["pre_logits"] = x
-        if not self.num_classes:
-            return x, out
-        out["logits"] = parts.head(self, x, self.num_classes, self.head_zero_init, self.dtype)
-        return out["logits"], out
+        return self.classify(x, out)
 
 
 def resolve(model_config: Any) -> dict[str, Any]:

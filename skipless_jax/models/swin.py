@@ -146,28 +146,15 @@ def patch_merge_inputs(x: jax.Array, grid: tuple[int, int]) -> jax.Array:
     return g.reshape(b, (h // 2) * (w // 2), 4 * c)
 
 
-class Swin(nn.Module):
+class Swin(parts.FamilyModel):
     """Swin on (B, H, W, C) images -> (logits, out); num_classes=0: pooled features."""
 
-    num_classes: int
     width: int = 96
     depths: tuple[int, ...] = (2, 2, 6, 2)
     num_heads: tuple[int, ...] = (3, 6, 12, 24)
     window_size: int = 7
     patch_size: int = 4
     mlp_ratio: int = 4
-    skip_sab: bool = True
-    skip_ffn: bool = True
-    drop_path: float = 0.0
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
-    token_graying: str | None = None
-    tg_eps: float = 0.95
-    gelu_approximate: bool = False
-    head_zero_init: bool = True
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, images: jax.Array, train: bool = False) -> tuple[jax.Array, dict[str, Any]]:
@@ -180,8 +167,7 @@ class Swin(nn.Module):
         out["embedding"] = x
         rates = parts.drop_path_rates(self.drop_path, sum(self.depths))
         blocks, index = [], 0
-        init = dict(init_scheme=self.init_scheme, init_alpha=self.init_alpha, init_beta=self.init_beta,
-                    init_c=self.init_c)
+        init = self.init_fields
         for stage, (depth, heads) in enumerate(zip(self.depths, self.num_heads)):
             if stage:
                 x = patch_merge_inputs(x, grid)
@@ -202,11 +188,7 @@ class Swin(nn.Module):
         x = parts.layer_norm(LN_EPS, self.dtype, "encoder_norm")(x)
         out["encoded"] = x
         x = x.mean(axis=1)
-        out["pre_logits"] = x
-        if not self.num_classes:
-            return x, out
-        out["logits"] = parts.head(self, x, self.num_classes, self.head_zero_init, self.dtype)
-        return out["logits"], out
+        return self.classify(x, out)
 
 
 def resolve(model_config: Any) -> dict[str, Any]:
