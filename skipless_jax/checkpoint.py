@@ -70,6 +70,24 @@ def _is_dir(path: str) -> bool:
     return epath.Path(path).is_dir()  # local folders and buckets alike
 
 
+# Orbax writes a replicated array cooperatively, each replica a slice (replica-parallel), and
+# each slice of a new shape is a compiled program. Only arrays of ≥ 4 MiB per replica are split
+# (the large kernels and optimizer moments, where parallel writing pays); smaller ones are
+# written whole by one replica. The handler is otherwise orbax's default (orbax 0.12.8).
+REPLICA_PARALLEL_MIN_BYTES = 4 << 20
+
+
+def _register_array_handler() -> None:
+    from orbax.checkpoint._src.metadata import array_metadata_store
+
+    handler = ocp.type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store(),
+                                             min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES)
+    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+
+
+_register_array_handler()
+
+
 def manager(workdir: str, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(
         os.path.join(_abs(workdir), "checkpoints"),
@@ -147,6 +165,38 @@ def _checksums_of(leaves: tuple[jax.Array, ...]) -> jax.Array:
     return jnp.stack([_leaf_checksum(x) for x in leaves])
 
 
+def _host_words(x: jax.Array) -> np.ndarray | None:
+    """`_words` in numpy (flattened) for a CPU array held whole by this process with elements of
+    ≤ 4 bytes, else None (computed on the devices instead)."""
+    if not (x.is_fully_addressable and all(d.platform == "cpu" for d in x.devices())):
+        return None
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    a = np.ascontiguousarray(np.asarray(x))
+    if a.dtype == np.bool_:
+        a = a.astype(np.uint8)
+    if a.dtype.kind not in "biuf" and a.dtype.name != "bfloat16" or a.dtype.itemsize > 4:
+        return None
+    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize]
+    return a.reshape(-1).view(unsigned).astype(np.uint32)
+
+
+def _fmix32_np(h: np.ndarray) -> np.ndarray:
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+def _host_checksum(words: np.ndarray) -> np.ndarray:
+    """`_leaf_checksum` of row-major words (uint32 arithmetic wraps as on the devices)."""
+    index = (np.arange(words.size, dtype=np.uint64) % 2**32).astype(np.uint32)
+    with np.errstate(over="ignore"):
+        return np.array([np.sum(_fmix32_np(_fmix32_np(index ^ np.uint32(seed)) + words), dtype=np.uint32)
+                         for seed in _SEEDS])
+
+
 def _key_name(key: Any) -> str:
     for attr in ("key", "name", "idx"):  # DictKey, GetAttrKey (namedtuples), SequenceKey
         if hasattr(key, attr):
@@ -182,12 +232,17 @@ def checksums(tree: Any, prefix: str = "") -> dict[str, str]:
         except TypeError:
             continue
         leaves.append((prefix + _leaf_path(path), x))
-    # One jitted sum per device set (all the arrays of a mesh in one program).
+    # On the host where this process holds a CPU array whole (no compilation); otherwise one
+    # jitted sum per device set (all the arrays of a mesh in one program).
+    sums: list[Any] = [None] * len(leaves)
     groups: dict[Any, list[int]] = {}
     for i, (_, x) in enumerate(leaves):
+        words = _host_words(x)
+        if words is not None:
+            sums[i] = "".join(f"{int(v):08x}" for v in _host_checksum(words))
+            continue
         devices = tuple(sorted(d.id for d in x.sharding.device_set)) if getattr(x, "committed", True) else None
         groups.setdefault(devices, []).append(i)
-    sums: list[Any] = [None] * len(leaves)
     results = [(indices, _checksums_of(tuple(leaves[i][1] for i in indices))) for indices in groups.values()]
     for indices, result in results:
         for i, lanes in zip(indices, np.asarray(jax.device_get(result))):

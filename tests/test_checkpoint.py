@@ -158,6 +158,31 @@ def test_checksums_depend_on_the_value_only():
     assert checkpoint.checksums({"x": w.reshape(256, 128)})["x"] != checkpoint.checksums({"x": w})["x"]
 
 
+def test_host_checksums_equal_the_device_program():
+    """Arrays this process holds whole on the CPU are summed in numpy, the others by the jitted
+    program: both give the same lanes for every dtype the host path takes."""
+    rng = np.random.default_rng(0)
+    leaves = {
+        "f32": jnp.asarray(rng.normal(size=(7, 5)), jnp.float32),
+        "bf16": jnp.asarray(rng.normal(size=(3, 4, 5)), jnp.bfloat16),
+        "f16": jnp.asarray(rng.normal(size=(9,)), jnp.float16),
+        "i8": jnp.asarray(rng.integers(-128, 127, (6, 6)), jnp.int8),
+        "u32": jnp.asarray(rng.integers(0, 2**32, (4, 3), dtype=np.uint64).astype(np.uint32)),
+        "i32_scalar": jnp.asarray(-7, jnp.int32),
+        "bool": jnp.asarray(rng.random((5, 2)) > 0.5),
+        "key": jax.random.key(3),
+        "empty": jnp.zeros((0, 4), jnp.float32),
+    }
+    for name, x in leaves.items():
+        host = checkpoint._host_words(x)
+        assert host is not None, name
+        want = np.asarray(checkpoint._checksums_of((x,)))[0]
+        np.testing.assert_array_equal(checkpoint._host_checksum(host), want, err_msg=name)
+    spanning = jax.device_put(leaves["f32"], NamedSharding(_mesh((8,), ("a",)), P()))
+    assert checkpoint._host_words(spanning) is not None  # replicated on this process's devices
+    assert checkpoint._host_words(jnp.zeros(3, jnp.complex64)) is None  # complex: the device program
+
+
 def test_damaged_newest_checkpoint_is_never_resumed_from(saved, tmp_path, caplog):
     """GARBAGE bytes at the start, middle, end and 8 spread positions of the newest checkpoint's
     largest data file: the restore either falls back to step 1 (the folder of step 2 moved aside,
