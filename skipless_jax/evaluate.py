@@ -6,7 +6,8 @@ The config is the one saved with the workdir's checkpoint (what its parameters a
 `--config` adds or replaces the evaluators (`config.evals`) and data settings, and a config that
 trains another model than the saved one is refused in one line. The trainer's evaluators run
 on the state entry the trainer evaluates (a classifier's parameters, DINO's EMA teacher); the
-metrics are printed and written to `DIR/evaluation[_step<N>].json`.
+metrics are printed and written to `DIR/evaluation[_step<N>].json`; evaluators that draw
+(`feature_pca`, `tokencut`) write `DIR/pictures/<prefix>_step<N>.png`.
 """
 
 from __future__ import annotations
@@ -56,9 +57,11 @@ def evaluate(
     evaluators.check_config(config, trainer.EVALUATOR_TYPES)
     mesh = sharding.make_mesh(config.mesh, devices)
     ctx, key = trainer.evaluation(config, mesh)
+    ctx.picture_dir = workdir
     for entry in (key,) if isinstance(key, str) else key:
         checkpoint.param_shapes(workdir, entry)  # read first: a one-line error if the checkpoint lacks the entry
     found_step, state = checkpoint.load_raw(workdir, step)
+    ctx.step = int(found_step)  # pictures: <workdir>/pictures/<prefix>_step<N>.png
     params = jax.device_put(common.entries(state, key), sharding.replicated(mesh))
     results: dict[str, Any] = {"step": int(found_step)}
     with jax.set_mesh(mesh):

@@ -258,6 +258,10 @@ def test_config_trains_one_step_and_evaluates_on_mock_data(name, tmp_path, monke
     assert all(np.isfinite(v) for v in metrics.values()), metrics
     accuracies = [v for k, v in metrics.items() if k.startswith("test_") and k.endswith("accuracy")]
     assert accuracies and all(0.0 <= v <= 1.0 for v in accuracies), metrics
+    drawn = [e.get("prefix") or k for k, e in c.get("evals", {}).items()
+             if e.get("type") in ("feature_pca", "tokencut")]
+    for prefix in drawn:  # the evaluators that draw wrote their pictures at the last step
+        assert (tmp_path / "workdir" / "pictures" / f"{prefix}_step000001.png").exists(), prefix
     if "test_loss" in metrics:  # after one step a classifier is near chance: loss ≈ ln(classes)
         assert abs(metrics["test_loss"] - math.log(num_classes)) < 0.5 * math.log(num_classes)
 

@@ -13,6 +13,7 @@ import ml_collections
 
 from skipless_jax.evaluators.classification import Classification
 from skipless_jax.evaluators.common import Context, Evaluator, due, run_all  # noqa: F401
+from skipless_jax.evaluators.feature_pca import FeaturePCA
 from skipless_jax.evaluators.knn import KNN
 from skipless_jax.evaluators.linear_probe import LinearProbe
 from skipless_jax.evaluators.segmentation import LinearSegmentation
@@ -24,13 +25,15 @@ EVALUATORS = {
     "linear_probe": LinearProbe,
     "tokencut": TokenCut,
     "linear_segmentation": LinearSegmentation,
+    "feature_pca": FeaturePCA,
 }
 COMMON_FIELDS = ("type", "split", "every_steps", "prefix")
 TYPE_FIELDS = {
     "classification": (),
     "knn": ("train_split", "k", "temperature"),
     "linear_probe": ("train_split", "l2", "steps"),
-    "tokencut": ("block", "tau", "eps", "iou"),
+    "tokencut": ("block", "tau", "eps", "iou", "picture_images"),
+    "feature_pca": ("images",),
     "linear_segmentation": (
         "protocol", "train_split", "steps", "batch_size", "lr", "weight_decay", "warmup", "num_classes",
     ),

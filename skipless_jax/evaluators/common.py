@@ -17,6 +17,7 @@ last batch is padded and masked, so every example counts exactly once.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -44,7 +45,9 @@ class Context:
     logits(params, images) -> (B, K), features(params, images) -> (B, d) and
     outputs(params, images) -> the backbone's `out` dict (patch tokens `encoded`, per-block
     `keys` and ①..④; dense evaluators read it) are pure functions (jitted by the evaluators);
-    any may be None when the trainer has no such output.
+    any may be None when the trainer has no such output. `picture_dir`: where evaluators that
+    draw write their PNGs (`<picture_dir>/pictures/<prefix>_step<N>.png`; None: no pictures),
+    `step`: the step being evaluated (set by `run_all`).
     """
 
     config: ml_collections.ConfigDict
@@ -53,6 +56,8 @@ class Context:
     logits: Callable[[Any, jax.Array], jax.Array] | None = None
     features: Callable[[Any, jax.Array], jax.Array] | None = None
     outputs: Callable[[Any, jax.Array], dict[str, Any]] | None = None
+    picture_dir: str | None = None
+    step: int | None = None
     _cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
     _jitted: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -95,6 +100,13 @@ class Context:
     def new_round(self) -> None:
         self._cache.clear()
 
+    def picture_path(self, prefix: str) -> str | None:
+        """The PNG an evaluator draws this round, on the chief process only (else None)."""
+        if self.picture_dir is None or jax.process_index() != 0:
+            return None
+        step = "" if self.step is None else f"_step{self.step:06d}"
+        return os.path.join(self.picture_dir, "pictures", f"{prefix}{step}.png")
+
 
 def field(entry: ml_collections.ConfigDict, name: str, default: Any) -> Any:
     value = entry.get(name)
@@ -110,6 +122,8 @@ def run_all(evaluators: list[Evaluator], ctx: Context, params: Any, step: int | 
             total_steps: int | None = None) -> Iterator[tuple[str, str, float]]:
     """(prefix, metric, value) of every evaluator due at `step` (None: all of them)."""
     ctx.new_round()
+    if step is not None:
+        ctx.step = step
     for ev in evaluators:
         if step is None or due(ev, step, total_steps):
             for metric, value in ev.run(params):

@@ -316,6 +316,7 @@ class TokenCut:
     tau: float = TAU
     eps: float = EPS
     iou: float = CORLOC_IOU
+    picture_images: int = 8
 
     def __post_init__(self):
         if self.ctx.outputs is None:
@@ -332,6 +333,7 @@ class TokenCut:
                 "boxes": batch["boxes_padded"],
                 "num_boxes": batch["num_boxes"],
                 "mask": batch["mask"],
+                "image": batch["image"],
             }
 
         from skipless_jax import sharding
@@ -339,9 +341,11 @@ class TokenCut:
         self._keys = jax.jit(keys, out_shardings=sharding.replicated(self.ctx.mesh))  # every host reads all rows
 
     def boxes(self, params: Any) -> tuple[np.ndarray, list[np.ndarray]]:
-        """(predicted boxes (n, 4), n ground-truth arrays (k_i, 4)) over every example of the split."""
+        """(predicted boxes (n, 4), n ground-truth arrays (k_i, 4)) over every example of the split;
+        the first `picture_images` images are kept in `self.shown` for the picture."""
         batches, n = self.ctx.batches(self.split)
         preds, gts = [], []
+        self.shown = []
         for batch in batches:
             image_hw = batch["image"].shape[1:3]
             grid = (image_hw[0] // self.patch_size, image_hw[1] // self.patch_size)
@@ -353,13 +357,24 @@ class TokenCut:
                 _, mask, seed = ncut(tokens[i], grid, self.tau, self.eps)
                 preds.append(box(mask, seed, self.patch_size, image_hw))
                 gts.append(np.asarray(out["boxes"][i][: int(out["num_boxes"][i])], np.float64))
+                if len(self.shown) < self.picture_images:
+                    self.shown.append(np.asarray(out["image"][i]))
         if len(preds) != n:  # every example exactly once
             raise AssertionError(f"TokenCut counted {len(preds)} of {n} examples of {self.split!r}")
         return np.asarray(preds, np.float64).reshape(-1, 4), gts
 
     def run(self, params: Any) -> Iterator[tuple[str, float]]:
         preds, gts = self.boxes(params)
-        yield "corloc", corloc_at(preds, gts, self.iou)
+        score = corloc_at(preds, gts, self.iou)
+        path = self.ctx.picture_path(self.prefix)
+        if path is not None and self.shown:
+            from skipless_jax import pictures
+
+            drawn = [[(tuple(p), "red")] + [(tuple(g), "lime") for g in gt] for p, gt in zip(preds, gts)]
+            pictures.image_grid(path, [("TokenCut", pictures.for_display(np.stack(self.shown)))],
+                                f"{self.prefix}: TokenCut box (red), ground truth (green); CorLoc {100 * score:.1f}%",
+                                boxes={0: drawn[: len(self.shown)]})
+        yield "corloc", score
 
     @staticmethod
     def check(name: str, entry: Any) -> None:
@@ -370,6 +385,9 @@ class TokenCut:
             entry.get("iou", CORLOC_IOU),
             where=f"config.evals.{name}",
         )
+        shown = entry.get("picture_images", 8)
+        if not isinstance(shown, int) or isinstance(shown, bool) or not 0 <= shown <= 64:
+            raise ValueError(f"config.evals.{name}.picture_images={shown!r} must be an integer in [0, 64]")
 
     @classmethod
     def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> TokenCut:
@@ -388,6 +406,7 @@ class TokenCut:
             tau=float(entry.get("tau", TAU)),
             eps=float(entry.get("eps", EPS)),
             iou=float(entry.get("iou", CORLOC_IOU)),
+            picture_images=int(entry.get("picture_images", 8)),
             **common,
         )
 

@@ -32,7 +32,7 @@ from skipless_jax.optim import OPTIMIZERS
 from skipless_jax.trainers import common
 
 _HIGHEST = jax.lax.Precision.HIGHEST
-EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation")
+EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca")
 
 # ----------------------------------------------------------------------------------------
 # Schedules: DINO's per-iteration arrays (utils.cosine_scheduler) as closed forms of the step.
@@ -552,6 +552,7 @@ def train_and_evaluate(
     p_train_step = jax.jit(make_train_step(model, tx, sched, config.dino), donate_argnums=0,
                            out_shardings=(shardings, sharding.replicated(mesh)))
     ctx, _ = evaluation(config, mesh, model)
+    ctx.picture_dir = workdir
     evals = evaluators.build(config, ctx)
 
     # ---- Loop.

@@ -25,7 +25,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from skipless_jax import evaluators, models, sharding, validate
+from skipless_jax import evaluators, models, pictures, sharding, validate
 from skipless_jax.data import inputs, sources
 from skipless_jax.models import mae as mae_lib
 from skipless_jax.models import vit
@@ -197,35 +197,6 @@ def reconstruction_rows(
     return to_image(target), to_image(masked), to_image(pasted)
 
 
-def write_picture(path: str, rows: tuple[np.ndarray, np.ndarray, np.ndarray], title: str) -> None:
-    """A PNG: one column per image, rows original / masked (removed patches grey) / reconstruction."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = rows[0].shape[0]
-    fig, axes = plt.subplots(3, n, figsize=(1.2 * n, 3.9), squeeze=False)
-    for r, (label, images) in enumerate(zip(("original", "masked", "reconstruction"), rows)):
-        for i in range(n):
-            ax = axes[r][i]
-            image = images[i]
-            if image.shape[-1] == 1:
-                image = image[..., 0]
-            shown = np.ma.masked_invalid(image)
-            cmap = plt.get_cmap("gray").with_extremes(bad="#7f7fbf")
-            ax.imshow(shown, cmap=cmap if image.ndim == 2 else None, vmin=0, vmax=1, interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if i == 0:
-                ax.set_ylabel(label, fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def picture_fn(config: ml_collections.ConfigDict, model: mae_lib.MAE, ctx: evaluators.Context, workdir: str):
     """params, step -> writes <workdir>/reconstructions/step_<step>.png (and reconstruction.png);
     the first `config.mae.picture_images` eval images, masks from a fixed key (seed, 'picture')."""
@@ -252,9 +223,10 @@ def picture_fn(config: ml_collections.ConfigDict, model: mae_lib.MAE, ctx: evalu
         rows = reconstruction_rows(shown[:count], prediction[:count], mask[:count],
                                    model.patch_size, model.norm_pix_loss, info.mean, info.std)
         title = f"step {step}: original / masked ({model.mask_ratio:.0%}) / reconstruction"
-        folder = os.path.join(workdir, "reconstructions")
-        write_picture(os.path.join(folder, f"step_{step:06d}.png"), rows, title)
-        write_picture(os.path.join(workdir, "reconstruction.png"), rows, title)
+        labelled = list(zip(("original", "masked", "reconstruction"), rows))
+        for path in (os.path.join(workdir, "reconstructions", f"step_{step:06d}.png"),
+                     os.path.join(workdir, "reconstruction.png")):
+            pictures.image_grid(path, labelled, title)
 
     return write
 
@@ -312,6 +284,7 @@ def train_and_evaluate(
     p_train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
                            out_shardings=(shardings, sharding.replicated(mesh)))
     ctx, _ = evaluation(config, mesh)
+    ctx.picture_dir = workdir
     evals = evaluators.build(config, ctx)
     picture = picture_fn(config, model, ctx, workdir)
 

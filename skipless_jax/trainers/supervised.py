@@ -25,7 +25,7 @@ from skipless_jax.evaluators.classification import cross_entropy
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common
 
-EVALUATOR_TYPES = ("classification", "knn", "linear_probe", "tokencut", "linear_segmentation")
+EVALUATOR_TYPES = ("classification", "knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca")
 
 
 def check_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
@@ -216,6 +216,7 @@ def train_and_evaluate(
     p_train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
                            out_shardings=(shardings, sharding.replicated(mesh)))
     ctx, key = evaluation(config, mesh, model)
+    ctx.picture_dir = workdir
     evals = evaluators.build(config, ctx)
     probe = _kappa_probe(config, model, ctx)
 
