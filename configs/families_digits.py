@@ -3,7 +3,8 @@ r"""A small model of each family on scikit-learn's bundled digits (no download),
     python -m skipless_jax.main --config=configs/families_digits.py:family=swin --workdir=/tmp/fam_swin
 
 Families (docs/families.md): convmixer (width 64, depth 4, kernel 3, patch 1), swin (width 32,
-depths 2+2, heads 2+4, window 4, patch 1), cait (width 64, depth 4 + 2 class-attention blocks,
+depths 2+2, heads 2+4, window 2, patch 2: stage 1 on the 4×4 grid in shifted 2×2 windows, stage
+2 one 2×2 window), cait (width 64, depth 4 + 2 class-attention blocks,
 4 heads, MLP 128, patch 2), pvt_v2 (widths 32+64, depths 2+2, heads 1+2, SR 2+1, MLP ratio 4,
 stem stride 2). Args: family, skip_sab, skip_ffn (ConvMixer has no FFN residual: ignored there),
 init=default|skipless, opt=adamw|soap, tg=dct|svd|svd_fast|none, eps, seed, epochs, depth (ConvMixer and
@@ -22,7 +23,7 @@ from skipless_jax import config_args, config_blocks
 
 SIZES = {
     "convmixer": dict(width=64, depth=4, kernel_size=3, patch_size=1),
-    "swin": dict(width=32, depths=(2, 2), num_heads=(2, 4), window_size=4, patch_size=1),
+    "swin": dict(width=32, depths=(2, 2), num_heads=(2, 4), window_size=2, patch_size=2),
     "cait": dict(width=64, depth=4, num_heads=4, mlp_dim=128, patch_size=2, depth_token_only=2),
     "pvt_v2": dict(widths=(32, 64), depths=(2, 2), num_heads=(1, 2), sr_ratios=(2, 1), mlp_ratios=(4, 4),
                    patch_size=2),
