@@ -75,10 +75,13 @@ def main() -> None:
     args = parser.parse_args()
 
     variants = scaling.FAMILY_VARIANTS if args.variants == "families" else args.variants
-    rows = [
-        bench(v, args.batch, args.image_size, args.dtype, args.repeats, not args.skipless, args.init, args.optimizer)
-        for v in variants.split(",")
-    ]
+    rows = []
+    for v in variants.split(","):  # each row as it is measured: a large model takes minutes
+        rows.append(bench(v, args.batch, args.image_size, args.dtype, args.repeats, not args.skipless, args.init,
+                          args.optimizer))
+        r = rows[-1]
+        print(f"measured {v}: compile {r['compile_s']:.1f} s, step {1e3 * r['step_s']:.1f} ms, "
+              f"{r['flops_per_step'] / 1e9:.1f} GFLOP", flush=True)
     devices = jax.device_count()
     for row in rows:
         row["devices"] = devices
