@@ -110,12 +110,16 @@ def vit_config(variant: str, image_size: int, batch: int, opt: str = "adamw", dt
     return c
 
 
-FAMILY_VARIANTS = "vit:Ti/16,convmixer:768/32,swin:T,cait:XXS24,pvt_v2:b0"  # a Tiny/Small model of each family
+# A Tiny/Small model of each family; '@32': its own image size (ConvMixer-256/8 is the CIFAR model).
+FAMILY_VARIANTS = "vit:Ti/16,convmixer:256/8@32,swin:T,cait:XXS24,pvt_v2:b0"
 
 
 def family_config(spec: str, image_size: int, batch: int, opt: str = "adamw", dtype: str = "float32",
                   skips: bool = True, init: str = "default") -> ml_collections.ConfigDict:
-    """`vit_config`'s recipe for 'family:variant' (e.g. 'swin:T'; a bare variant is a ViT's)."""
+    """`vit_config`'s recipe for 'family:variant[@image size]' (e.g. 'swin:T', 'convmixer:256/8@32';
+    a bare variant is a ViT's)."""
+    spec, _, size = spec.partition("@")
+    image_size = int(size) if size else image_size
     family, _, variant = spec.rpartition(":")
     c = vit_config(variant if family in ("", "vit") else "Ti/16", image_size, batch, opt, dtype, skips, init)
     if family not in ("", "vit"):

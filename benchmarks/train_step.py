@@ -6,8 +6,8 @@ model family.
     OPENBLAS_NUM_THREADS=1 python benchmarks/train_step.py --variants=families --batch=4 \
         --output=benchmarks/results/train_step_families.json
 
-A variant is a ViT's ('B/16') or 'family:variant' ('swin:T', 'convmixer:768/32'); `families` is
-one Tiny/Small model of each family (scaling.FAMILY_VARIANTS).
+A variant is a ViT's ('B/16') or 'family:variant[@image size]' ('swin:T', 'convmixer:256/8@32');
+`families` is one Tiny/Small model of each family (scaling.FAMILY_VARIANTS).
 
 The supervised trainer's own jitted step (`trainers/supervised.make_train_step`, AdamW or
 `--optimizer=soap`, built by benchmarks/scaling.py as the trainer builds it, data-parallel over
@@ -54,7 +54,8 @@ def bench(variant: str, batch: int, image_size: int, dtype: str, repeats: int, s
             times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
     return dict(
-        variant=variant, batch=batch, image_size=image_size, dtype=dtype, skips=skips, init=init, optimizer=opt,
+        variant=variant, batch=batch, image_size=config.input.image_size, dtype=dtype, skips=skips, init=init,
+        optimizer=opt,
         compile_s=compile_s, step_s=step_s, step_s_min=min(times), images_per_s=batch / step_s,
         flops_per_step=flops, achieved_tflops=flops / step_s / 1e12,
     )

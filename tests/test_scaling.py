@@ -247,7 +247,8 @@ def test_benchmark_family_configs_name_each_family():
     assert sorted(s.split(":")[0] for s in specs) == sorted(models.FAMILIES)
     for spec in specs:
         config = scaling.family_config(spec, 224, 2)
-        family, variant = spec.split(":")
+        family, variant = spec.partition("@")[0].split(":")
         assert (config.model.get("name") or "vit", config.model.variant) == (family, variant)
-        models.check_config(config.model, 224)
+        models.check_config(config.model, config.input.image_size)
     assert scaling.family_config("convmixer:768/32", 224, 2).model.skip_ffn is False
+    assert scaling.family_config("convmixer:256/8@32", 224, 2).input.image_size == 32
