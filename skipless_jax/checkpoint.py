@@ -34,6 +34,7 @@ verified either.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any
@@ -214,6 +215,20 @@ def _describe(x: Any) -> str:
     return f"{x.dtype if is_key else np.dtype(x.dtype).name}{list(x.shape)}"
 
 
+@functools.cache
+def _has_checksum(dtype: Any) -> bool:
+    """Whether `_words` takes arrays of `dtype` (it depends on the dtype only; traced once each)."""
+    try:
+        jax.eval_shape(_words, jax.ShapeDtypeStruct((1,), dtype))
+    except TypeError:
+        return False
+    return True
+
+
+def _hex(lanes: Any) -> str:
+    return "".join(f"{int(v):08x}" for v in lanes)
+
+
 def checksums(tree: Any, prefix: str = "") -> dict[str, str]:
     """{leaf path: "<dtype>[<shape>]:<16 hex digits>"} of every array of `tree`.
 
@@ -227,9 +242,7 @@ def checksums(tree: Any, prefix: str = "") -> dict[str, str]:
                 x = jnp.asarray(x)
             except (TypeError, ValueError):
                 continue
-        try:
-            jax.eval_shape(_words, jax.ShapeDtypeStruct(x.shape, x.dtype))
-        except TypeError:
+        if not _has_checksum(x.dtype):
             continue
         leaves.append((prefix + _leaf_path(path), x))
     # On the host where this process holds a CPU array whole (no compilation); otherwise one
@@ -239,14 +252,14 @@ def checksums(tree: Any, prefix: str = "") -> dict[str, str]:
     for i, (_, x) in enumerate(leaves):
         words = _host_words(x)
         if words is not None:
-            sums[i] = "".join(f"{int(v):08x}" for v in _host_checksum(words))
+            sums[i] = _hex(_host_checksum(words))
             continue
         devices = tuple(sorted(d.id for d in x.sharding.device_set)) if getattr(x, "committed", True) else None
         groups.setdefault(devices, []).append(i)
     results = [(indices, _checksums_of(tuple(leaves[i][1] for i in indices))) for indices in groups.values()]
     for indices, result in results:
         for i, lanes in zip(indices, np.asarray(jax.device_get(result))):
-            sums[i] = "".join(f"{int(v):08x}" for v in lanes)
+            sums[i] = _hex(lanes)
     return {name: f"{_describe(x)}:{s}" for (name, x), s in zip(leaves, sums)}
 
 
