@@ -55,11 +55,14 @@ def run_grid(
     record: Callable[[dict[str, float], str, Any], dict[str, Any]] = _default_record,
     worker: int = 0,
     workers: int = 1,
+    keep_workdirs: str | None = None,
 ) -> dict[str, dict]:
     """Trains every run of this worker's share that `path` does not hold yet; returns all results.
 
-    configure(config) adjusts each config before training (checkpointing off is always set);
-    record(final metrics, workdir, config) gives what is kept of a run (read the workdir there).
+    configure(config) adjusts each config before training (periodic checkpoints off is always
+    set); record(final metrics, workdir, config) gives what is kept of a run (read the workdir
+    there). keep_workdirs: a folder where each run's workdir (its last checkpoint) is kept as
+    `workdir_of(keep_workdirs, key)`, for evaluations after training; None: temporary workdirs.
     """
     from skipless_jax import trainers
 
@@ -75,12 +78,22 @@ def run_grid(
         if configure is not None:
             configure(config)
         trainer = trainers.get(config.get("trainer", "supervised"))
-        with tempfile.TemporaryDirectory() as workdir:
-            metrics = trainer.train_and_evaluate(config, workdir)
+        if keep_workdirs is None:
+            with tempfile.TemporaryDirectory() as workdir:
+                metrics = trainer.train_and_evaluate(config, workdir)
+                result = record(metrics, workdir, config)
+        else:
+            workdir = workdir_of(keep_workdirs, run.key)
+            metrics = trainer.train_and_evaluate(config, workdir)  # resumes a run cut short
             result = record(metrics, workdir, config)
         print(run.key, {k: round(v, 4) for k, v in result.items() if isinstance(v, float)}, flush=True)
         merge_save(path, run.key, result)
     return load(path)
+
+
+def workdir_of(root: str, key: str) -> str:
+    """The kept workdir of the run `key` under `root` (the key with path-unsafe characters replaced)."""
+    return os.path.join(root, "".join(c if c.isalnum() or c in "-_.=" else "_" for c in key))
 
 
 def add_worker_args(parser: Any) -> None:
