@@ -16,6 +16,7 @@ from skipless_jax import evaluators, models, sharding
 from skipless_jax.data import pipeline, sources
 from skipless_jax.evaluators import segmentation as seg
 from skipless_jax.evaluators import tokencut as tc
+from skipless_jax.evaluators.common import global_rows
 
 from util import tiny_config
 
@@ -139,7 +140,7 @@ def test_sharded_probe_step_equals_the_one_device_step():
     for devices in (None, 1):
         ctx, params, _ = context("tok", devices)
         ev = probe(ctx)
-        batch = next(ev.train_batches())
+        batch = global_rows(ctx.mesh, ev.train_batch(ev.source(ev.train_split), 0))
         state = ev.init(params, batch["image"].shape[1:])
         for _ in range(2):
             state, loss = ev._step(state, params, batch)
@@ -148,11 +149,22 @@ def test_sharded_probe_step_equals_the_one_device_step():
     jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6), *results)
 
 
-def test_miou_equals_a_numpy_recomputation(trained):
+def test_miou_equals_a_numpy_recomputation_from_the_model(trained):
+    """One 32×32 window per scene (crop 32): the test scores are the head's logits on the model's
+    own patch tokens, upsampled; mIoU recounted pixel by pixel."""
     ev, params, head = trained
-    preds, labels = zip(*ev.predictions(params, head))
-    pred, label = np.concatenate(preds), np.concatenate(labels)
-    assert pred.shape == label.shape == (32, 32, 32)
+    _, model, host_params = backbone("tok")
+    source = ev.source(ev.split)
+    records = [source[i] for i in range(len(source))]
+    info = sources.dataset_info("digit_scenes")
+    images = np.stack([pipeline.normalize(r["image"], info.mean, info.std) for r in records])
+    _, out = model.apply({"params": host_params}, images)
+    tokens = np.asarray(out["encoded"])[:, 1:].reshape(len(images), 8, 8, -1)
+    logits, _ = seg.head_logits(jax.device_get(head["params"]), jax.device_get(head["stats"]), tokens)
+    ref = np.asarray(jax.image.resize(logits, (len(images), 32, 32, 11), "bilinear"))
+    scores = np.stack(ev.scores(params, head, [r["image"] for r in records]))
+    np.testing.assert_allclose(scores, ref, atol=2e-4)
+    pred, label = scores.argmax(-1), np.stack([r["segmentation"] for r in records])
     keep = label != 255
     ious = []
     for c in range(11):
@@ -194,7 +206,13 @@ def test_build_and_run_all_report_both_evaluators():
         (dict(type="tokencut", eps=0.0), r"^config\.evals\.e\.eps=0\.0 must be"),
         (dict(type="tokencut", iou=0), r"^config\.evals\.e\.iou=0 must be"),
         (dict(type="tokencut", k=3), r"^config\.evals\.e\.k is not a field of a 'tokencut' evaluator"),
-        (dict(type="linear_segmentation", protocol="ms"), r"^config\.evals\.e\.protocol='ms' .* not implemented yet"),
+        (dict(type="linear_segmentation", crop_size=0), r"^config\.evals\.e\.crop_size=0 must be a positive"),
+        (dict(type="linear_segmentation", flip=1), r"^config\.evals\.e\.flip=1 must be True, False or None"),
+        (
+            dict(type="linear_segmentation", dataset="voc13"),
+            r"^config\.evals\.e\.dataset='voc13' is unknown; allowed: \[.*'voc12_seg'",
+        ),
+        (dict(type="tokencut", data_dr="x"), r"^config\.evals\.e\.data_dr is not a field"),
         (dict(type="linear_segmentation", protocol="lin2"), r"^config\.evals\.e\.protocol='lin2' is unknown"),
         (dict(type="linear_segmentation", steps=0), r"^config\.evals\.e\.steps=0 must be a positive integer"),
         (dict(type="linear_segmentation", batch_size=2.5), r"^config\.evals\.e\.batch_size=2\.5 must be"),
@@ -223,10 +241,132 @@ def test_from_config_errors_need_the_model_and_dataset():
         seg.LinearSegmentation.from_config(
             "e", ml_collections.ConfigDict(dict(batch_size=12)), ctx, **common("e", "test")
         )
+    with pytest.raises(ValueError, match=r"^config\.evals\.e: protocol 'ms' reads the last 4 blocks; the model has 2"):
+        seg.LinearSegmentation.from_config("e", ml_collections.ConfigDict(dict(protocol="ms")), ctx,
+                                           **common("e", "test"))
+    with pytest.raises(ValueError, match=r"^config\.evals\.e: crop_size=30 is not a multiple of the patch size 4"):
+        seg.LinearSegmentation.from_config("e", ml_collections.ConfigDict(dict(crop_size=30)), ctx,
+                                           **common("e", "test"))
+    with pytest.raises(ValueError, match=r"^config\.evals\.e\.train_split is required for the dataset 'voc12_seg'"):
+        seg.LinearSegmentation.from_config("e", ml_collections.ConfigDict(dict(dataset="voc12_seg")), ctx,
+                                           **common("e", "val"))
+    with pytest.raises(ValueError, match=r"^config\.evals\.e: type 'tokencut' needs a dataset with 'boxes' targets; "
+                                         r"'voc12_seg' has \['segmentation'\]"):
+        tc.TokenCut.from_config("e", ml_collections.ConfigDict(dict(dataset="voc12_seg")), ctx, **common("e", "val"))
     ctx.config = tiny_config()  # digits: no boxes, no segmentation
-    with pytest.raises(ValueError, match=r"^config\.evals\.e: type 'tokencut' needs a dataset with 'boxes_padded'"):
+    with pytest.raises(ValueError, match=r"^config\.evals\.e: type 'tokencut' needs a dataset with 'boxes'"):
         tc.TokenCut.from_config("e", ml_collections.ConfigDict(), ctx, **common("e", "test"))
-    ctx.config = scene_config()
-    ctx.config.input.image_size = 16
-    with pytest.raises(ValueError, match=r"needs eval images as stored \(size 32"):
-        seg.LinearSegmentation.from_config("e", ml_collections.ConfigDict(), ctx, **common("e", "test"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The full protocols: multi-layer features, multi-scale + flip windows, images of any size
+# ---------------------------------------------------------------------------------------------
+
+
+def test_multi_layer_features_are_each_blocks_output_through_the_final_norm():
+    import flax.linen as nn
+
+    ctx, params, model = context("tok")
+    ev = probe(ctx, blocks=2)
+    _, _, host = backbone("tok")
+    images = np.random.default_rng(0).normal(size=(2, 32, 32, 1)).astype(np.float32)
+    feats = np.asarray(ev.features(params, jnp.asarray(images)))
+    _, out = model.apply({"params": host}, images)
+    norm = lambda x: nn.LayerNorm().apply({"params": host["encoder_norm"]}, x)
+    ref = np.concatenate([np.asarray(norm(b["output"]))[:, 1:] for b in out["blocks"]], -1).reshape(2, 8, 8, 64)
+    np.testing.assert_allclose(feats, ref, atol=1e-5)
+    np.testing.assert_allclose(ref[..., 32:], np.asarray(out["encoded"])[:, 1:].reshape(2, 8, 8, 32), atol=1e-5)
+
+
+def _reference_scores(ev, model, host, head, image: np.ndarray) -> np.ndarray:
+    """Mean softmax over the test views, one window at a time, written out plainly."""
+    from skipless_jax.data import dense
+
+    info = sources.dataset_info("digit_scenes")
+    pr = ev.protocol
+    probs = []
+    for scale in pr.test_scales:
+        for flip in (False, True):
+            h, w = dense.rescale_hw(image.shape[:2], np.inf, pr.short * scale)
+            x = pipeline.normalize(dense.resize_image(image, (h, w)), info.mean, info.std)
+            if flip:
+                x = x[:, ::-1]
+            total, count = np.zeros((h, w, 11)), np.zeros((h, w, 1))
+            for y0, y1, x0, x1 in dense.windows((h, w), pr.crop, pr.stride):
+                win = x[y0:y1, x0:x1]
+                ph, pw = -(-win.shape[0] // 4) * 4, -(-win.shape[1] // 4) * 4
+                top, left = (ph - win.shape[0]) // 2, (pw - win.shape[1]) // 2
+                padded = np.zeros((ph, pw, 1), np.float32)
+                padded[top : top + win.shape[0], left : left + win.shape[1]] = win
+                _, out = model.apply({"params": host}, padded[None])
+                tokens = np.concatenate([np.asarray(b["normed"])[:, 1:] for b in out["blocks"][-2:]], -1)
+                logits, _ = seg.head_logits(head["params"], head["stats"], tokens.reshape(1, ph // 4, pw // 4, -1))
+                total[y0:y1, x0:x1] += np.asarray(jax.image.resize(logits, (1, *win.shape[:2], 11), "bilinear"))[0]
+                count[y0:y1, x0:x1] += 1
+            logits = dense.resize_bilinear(total / count, image.shape[:2])
+            probs.append(dense.softmax(logits[:, ::-1] if flip else logits))
+    return np.mean(probs, 0)
+
+
+def test_multi_scale_flip_scores_equal_a_plain_loop_over_views_and_windows():
+    ctx, params, model = context("tok")
+    ev = probe(ctx, protocol="ms", blocks=2, steps=6)
+    head = jax.device_get(ev.train(params))
+    _, _, host = backbone("tok")
+    source = ev.source("test[:2]")
+    images = [source[i]["image"] for i in range(2)]
+    assert len(ev.protocol.test_scales) == 5 and ev.protocol.test_flip
+    scores = ev.scores(params, head, images)
+    for image, score in zip(images, scores, strict=True):
+        ref = _reference_scores(ev, model, host, head, image)
+        np.testing.assert_allclose(score / 10, ref, atol=2e-5)  # 10 views summed
+        assert score.shape == (32, 32, 11)
+
+
+def _rgb_context():
+    """A 3-channel tiny ViT (patch 4) over 8 devices, for images of any size."""
+    config = scene_config("tok")
+    model = models.build(config.model, 0, image_size=32)  # its position table resized for other grids
+    params = jax.jit(model.init)(jax.random.PRNGKey(1), jnp.zeros((1, 32, 32, 3)))["params"]
+    mesh = sharding.make_mesh({"data": -1, "fsdp": 1})
+    ctx = evaluators.Context(config, mesh, 10, outputs=lambda p, x: model.apply({"params": p}, x)[1])
+    return ctx, jax.device_put(params, sharding.replicated(mesh)), model, jax.device_get(params)
+
+
+def test_tokencut_on_images_of_several_sizes_equals_a_per_image_loop(tmp_path):
+    from dense_folders import voc_boxes_folder
+
+    gts = voc_boxes_folder(str(tmp_path))
+    ctx, params, model, host = _rgb_context()
+    entry = ml_collections.ConfigDict(dict(type="tokencut", dataset="voc07_boxes", data_dir=str(tmp_path)))
+    ev = tc.TokenCut.from_config("tc", entry, ctx, **common("tc", "trainval"))
+    ev.chunk = 3  # two chunks, each with images of two padded shapes
+    preds, got = ev.boxes(params)
+    source = sources.get_source("voc07_boxes", "trainval", str(tmp_path))
+    mean, std = sources.dataset_info("voc07_boxes").mean, sources.dataset_info("voc07_boxes").std
+    for i in range(len(source)):
+        image = source[i]["image"]
+        x = tc.pad_to_patch_multiple(pipeline.normalize(image, mean, std), 4)
+        _, out = model.apply({"params": host}, x[None])
+        keys = np.asarray(out["blocks"][-1]["keys"])[0, 1:]
+        _, mask, seed = tc.ncut(keys, (x.shape[0] // 4, x.shape[1] // 4))
+        assert tuple(preds[i]) == tc.box(mask, seed, 4, image.shape[:2])
+        np.testing.assert_array_equal(got[i], gts[i])
+    assert dict(ev.run(params))["corloc"] == tc.corloc(preds, got)
+
+
+def test_probe_on_a_segmentation_folder_of_another_dataset(tmp_path):
+    from dense_folders import voc_seg_folder
+
+    voc_seg_folder(str(tmp_path))
+    ctx, params, _, _ = _rgb_context()
+    entry = ml_collections.ConfigDict(dict(type="linear_segmentation", dataset="voc12_seg", data_dir=str(tmp_path),
+                                           train_split="train", crop_size=32, steps=3, warmup=1))
+    ev = seg.LinearSegmentation.from_config("seg", entry, ctx, **common("seg", "val"))
+    assert ev.num_classes == 21 and ev.protocol.crop == 32 and ev.protocol.stride == 21
+    metrics = dict(ev.run(params))
+    assert 0.0 <= metrics["miou"] <= 1.0 and 0.0 <= metrics["pixel_accuracy"] <= 1.0
+    # Every pixel of every val image was scored at its own resolution.
+    source = ev.source("val")
+    conf = ev.confusion(params, ev.train(params, steps=1))
+    assert conf.sum() == sum(int((source[i]["segmentation"] != 255).sum()) for i in range(len(source)))

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from skipless_jax.data import dense
 from skipless_jax.data.sources import _digits_split
 
 MAX_OBJECTS = 3
@@ -44,17 +45,8 @@ DIGIT_SIZE = (12, 20)
 _SPLIT_CODE = {"train": 0, "test": 1}
 
 
-@functools.cache
 def _resize_matrix(out: int, inp: int = 8) -> np.ndarray:
-    """(out, inp) bilinear interpolation matrix, half-pixel centres, edges clamped."""
-    src = np.clip((np.arange(out) + 0.5) * inp / out - 0.5, 0, inp - 1)
-    i0 = np.floor(src).astype(int)
-    i1 = np.minimum(i0 + 1, inp - 1)
-    frac = src - i0
-    r = np.zeros((out, inp))
-    np.add.at(r, (np.arange(out), i0), 1 - frac)
-    np.add.at(r, (np.arange(out), i1), frac)
-    return r
+    return dense.bilinear_matrix(out, inp)
 
 
 @functools.cache

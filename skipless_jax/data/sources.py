@@ -69,6 +69,23 @@ DATASETS: dict[str, DatasetInfo] = {
         (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
     ),
 }
+_IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+# Dense-evaluation sets (data/dense_sources.py): images at their own sizes, read by the dense
+# evaluators only (num_classes: the segmentation classes; box sets: 0).
+DENSE = {
+    "voc12_seg": (21, {"train": 1464, "val": 1449, "train_aug": 10_582}, ("segmentation",)),
+    "ade20k": (150, {"train": 20_210, "val": 2000}, ("segmentation",)),
+    "coco_stuff": (171, {"train": 118_287, "val": 5000}, ("segmentation",)),
+    "coco_stuff27": (27, {"train": 118_287, "val": 5000}, ("segmentation",)),
+    "coco_stuff15": (15, {"train": 118_287, "val": 5000}, ("segmentation",)),
+    "voc07_boxes": (0, {"trainval": 5011, "test": 4952}, ("boxes",)),
+    "voc12_boxes": (0, {"trainval": 11_540}, ("boxes",)),
+    "coco20k": (0, {"train": 19_817}, ("boxes",)),
+}
+DATASETS.update({
+    name: DatasetInfo(k, (512, 512, 3), splits, *_IMAGENET, fixed_size=False, targets=targets)
+    for name, (k, splits, targets) in DENSE.items()
+})
 
 
 def dataset_info(name: str) -> DatasetInfo:
@@ -127,6 +144,10 @@ def get_source(name: str, split: str, data_dir: str | None = None) -> Source:
     info = dataset_info(name)
     if info.tfds_name is not None:
         return _tfds_source(info.tfds_name, split, data_dir)
+    if name in DENSE:
+        from skipless_jax.data import dense_sources
+
+        return dense_sources.get_source(name, split, data_dir)
     if name == "tiny_imagenet":
         from skipless_jax.data import tiny_imagenet
 
@@ -141,12 +162,14 @@ def get_source(name: str, split: str, data_dir: str | None = None) -> Source:
     return source if rows is None else SliceSource(source, *rows(len(source)))
 
 
-def parse_split(split: str, name: str) -> tuple[str, Any]:
-    """'train[10%:]' -> ('train', len -> (start, stop)); a plain name -> (name, None)."""
+def parse_split(split: str, name: str, allowed: list[str] | None = None) -> tuple[str, Any]:
+    """'train[10%:]' -> ('train', len -> (start, stop)); a plain name -> (name, None).
+
+    allowed: the split names (default the embedded digits' 'test', 'train')."""
     import re
 
     match = re.fullmatch(r"(\w+)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?", split or "")
-    allowed = sorted(_digits_split())
+    allowed = sorted(allowed or _digits_split())
     if match is None or match.group(1) not in allowed:
         raise ValueError(f"config.dataset split {split!r} of {name!r} is unknown; allowed: {allowed}, "
                          "optionally sliced like 'train[:10%]' or 'train[100:]'")

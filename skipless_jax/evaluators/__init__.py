@@ -12,7 +12,7 @@ from typing import Any
 import ml_collections
 
 from skipless_jax.evaluators.classification import Classification
-from skipless_jax.evaluators.common import Context, Evaluator, due, run_all  # noqa: F401
+from skipless_jax.evaluators.common import Context, Evaluator, dense_dataset, due, run_all  # noqa: F401
 from skipless_jax.evaluators.feature_pca import FeaturePCA
 from skipless_jax.evaluators.knn import KNN
 from skipless_jax.evaluators.linear_probe import LinearProbe
@@ -32,10 +32,11 @@ TYPE_FIELDS = {
     "classification": (),
     "knn": ("train_split", "k", "temperature"),
     "linear_probe": ("train_split", "l2", "steps"),
-    "tokencut": ("block", "tau", "eps", "iou", "picture_images"),
+    "tokencut": ("dataset", "data_dir", "block", "tau", "eps", "iou", "picture_images"),
     "feature_pca": ("images",),
     "linear_segmentation": (
-        "protocol", "train_split", "steps", "batch_size", "lr", "weight_decay", "warmup", "num_classes",
+        "dataset", "data_dir", "protocol", "train_split", "steps", "batch_size", "lr", "weight_decay", "warmup",
+        "num_classes", "crop_size", "blocks", "flip", "photometric",
     ),
 }
 
@@ -68,21 +69,41 @@ def check_config(config: ml_collections.ConfigDict, allowed_types: tuple[str, ..
             raise ValueError(
                 f"config.evals.{name}.every_steps={period!r} must be an integer >= 0 (0: only the last step)"
             )
-        for f in ("split", "train_split", "prefix"):
+        dataset = entry.get("dataset")
+        if dataset is not None:
+            from skipless_jax.data import sources
+
+            if dataset not in sources.DATASETS:
+                raise ValueError(
+                    f"config.evals.{name}.dataset={dataset!r} is unknown; allowed: {sorted(sources.DATASETS)}"
+                )
+        for f in ("split", "train_split", "prefix", "dataset", "data_dir"):
             value = entry.get(f)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"config.evals.{name}.{f}={value!r} must be a non-empty string")
         EVALUATORS[kind].check(name, entry)
 
 
-def splits(config: ml_collections.ConfigDict) -> list[str]:
-    """Every split the evaluators read (for the missing-data check at start)."""
+def data_needed(config: ml_collections.ConfigDict) -> list[tuple[str, str, str | None]]:
+    """(dataset, split, data_dir) of everything the evaluators read (the missing-data check at start)."""
     out = []
-    for entry in entries(config).values():
-        out.append(entry.get("split") or config.dataset.eval_split)
+    for name, entry in entries(config).items():
+        dataset, data_dir = dense_dataset(name, entry, config)
+        out.append((dataset, entry.get("split") or config.dataset.eval_split, data_dir))
         if entry.get("type") in ("knn", "linear_probe", "linear_segmentation"):
-            out.append(entry.get("train_split") or config.dataset.train_split)
+            out.append((dataset, entry.get("train_split") or config.dataset.train_split, data_dir))
     return out
+
+
+def check_data(config: ml_collections.ConfigDict) -> None:
+    """The one-line missing-dataset error, before anything compiles, for the run's train and eval
+    splits and every split an evaluator reads (of its own dataset where it names one)."""
+    from skipless_jax.data import sources
+
+    needed = [(config.dataset.name, s, config.dataset.get("data_dir"))
+              for s in (config.dataset.train_split, config.dataset.eval_split)] + data_needed(config)
+    for dataset, split, data_dir in dict.fromkeys(needed):
+        sources.check_available(dataset, [split], data_dir)
 
 
 def build(config: ml_collections.ConfigDict, ctx: Context) -> list[Evaluator]:

@@ -129,3 +129,34 @@ def run_all(evaluators: list[Evaluator], ctx: Context, params: Any, step: int | 
             for metric, value in ev.run(params):
                 yield ev.prefix, metric, float(value)
     ctx.new_round()
+
+
+# ---------------------------------------------------------------------------------------------
+# Dense evaluators: records at their own resolution (data/dense.py), on the mesh.
+# ---------------------------------------------------------------------------------------------
+
+
+def dense_dataset(name: str, entry: Any, config: ml_collections.ConfigDict) -> tuple[str, str | None]:
+    """(dataset name, data_dir) of a dense evaluator: its own `dataset` / `data_dir` fields, else
+    the run's dataset (a DINO run on ImageNet evaluates on VOC: `dataset='voc12_seg'`)."""
+    from skipless_jax.data import sources
+
+    dataset = entry.get("dataset") or config.dataset.name
+    sources.dataset_info(dataset)  # one-line error for an unknown name
+    data_dir = entry.get("data_dir")
+    if data_dir is None and dataset == config.dataset.name:
+        data_dir = config.dataset.get("data_dir")
+    return dataset, data_dir
+
+
+def global_rows(mesh: jax.sharding.Mesh, rows: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """Host arrays with a leading row axis (the same on every process) → global arrays split over
+    the mesh's data axes, padded with zero rows to a multiple of the data shards; `mask` (rows,)
+    is 1 on the real rows."""
+    n = len(next(iter(rows.values())))
+    shards = sharding.num_data_shards(mesh)
+    total = -(-n // shards) * shards
+    rows = {**rows, "mask": np.ones((n,), np.float32)}
+    padded = {k: np.concatenate([v, np.zeros((total - n, *v.shape[1:]), v.dtype)]) for k, v in rows.items()}
+    batch = sharding.batch_sharding(mesh)
+    return {k: jax.make_array_from_callback(v.shape, batch, lambda idx, v=v: v[idx]) for k, v in padded.items()}

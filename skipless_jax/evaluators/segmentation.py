@@ -12,12 +12,14 @@ COCO-Stuff 171 classes (80 things + 91 stuff), with the 27-class (coarse) and 15
 variants as options.
 
 `LinearSegmentation` at the end is the evaluator (`config.evals.<name> =
-dict(type='linear_segmentation', ...)`): the DINOv2 `lin` probe trained on frozen features.
+dict(type='linear_segmentation', ...)`): DINOv2's `lin` / `ms` probe trained on frozen
+features, with the train crops and test windows of data/dense.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -196,19 +198,26 @@ def _number(value: Any) -> bool:
     )
 
 
-DEFAULTS = dict(protocol="lin", steps=40_000, batch_size=16, lr=1e-3, weight_decay=1e-4, warmup=1500, num_classes=None)
+DEFAULTS = dict(
+    protocol="lin", steps=40_000, batch_size=16, lr=1e-3, weight_decay=1e-4, warmup=1500, num_classes=None,
+    crop_size=None, blocks=None, flip=None, photometric=None,
+)
 
 
 def validate_linear_segmentation(entry: Any, where: str = "config.evals.seg") -> dict[str, Any]:
     """The entry's fields with defaults; one-line ValueError for the first bad one."""
     f = {k: (entry.get(k) if entry.get(k) is not None else v) for k, v in DEFAULTS.items()}
-    if f["protocol"] == "ms":
-        raise ValueError(f"{where}.protocol='ms' (multi-scale, last 4 blocks) is not implemented yet; use 'lin'")
     if f["protocol"] not in PROTOCOLS:
         raise ValueError(f"{where}.protocol={f['protocol']!r} is unknown; allowed: {list(PROTOCOLS)}")
     for k in ("steps", "batch_size"):
         if not _positive_int(f[k]):
             raise ValueError(f"{where}.{k}={f[k]!r} must be a positive integer")
+    for k in ("crop_size", "blocks"):
+        if f[k] is not None and not _positive_int(f[k]):
+            raise ValueError(f"{where}.{k}={f[k]!r} must be a positive integer (None: the protocol's)")
+    for k in ("flip", "photometric"):
+        if f[k] is not None and not isinstance(f[k], bool):
+            raise ValueError(f"{where}.{k}={f[k]!r} must be True, False or None (the protocol's)")
     if (
         not isinstance(f["warmup"], (int, np.integer))
         or isinstance(f["warmup"], bool)
@@ -224,27 +233,47 @@ def validate_linear_segmentation(entry: Any, where: str = "config.evals.seg") ->
     return f
 
 
+def protocol_of(fields: dict[str, Any], patch_size: int, stored_size: int | None = None) -> Any:
+    """The `data.dense.Protocol` of validated fields: the named protocol at `crop_size` (default:
+    `stored_size` for a dataset stored at one size, e.g. the 32×32 digit scenes, else the
+    protocol's 512 / 640; short side and stride in proportion), with `blocks` / `flip` /
+    `photometric` overrides."""
+    from skipless_jax.data import dense
+
+    base = dense.PROTOCOLS[fields["protocol"]]
+    overrides = {k: fields[k] for k in ("blocks", "flip", "photometric") if fields[k] is not None}
+    protocol = base.scaled(fields["crop_size"] or stored_size or base.crop, **overrides)
+    if protocol.crop % patch_size:
+        raise ValueError(f"crop_size={protocol.crop} is not a multiple of the patch size {patch_size}")
+    return protocol
+
+
 @dataclasses.dataclass
 class LinearSegmentation:
     """config.evals entry `type='linear_segmentation'`: yields ('miou', mIoU) and
-    ('pixel_accuracy', ·) on `split` of a linear head trained on `train_split` (DINOv2 `lin`,
-    docs/method.md §8).
+    ('pixel_accuracy', ·) on `split` of `dataset` (default the run's) of a linear head trained
+    on `train_split` (DINOv2's `lin` / `ms`, docs/method.md §8).
 
-    Features: `ctx.outputs(params, images)['encoded']` (after the final LayerNorm), CLS dropped,
-    on the (h, w) patch grid, frozen (computed inside the head's jitted step, no gradient).
+    Features: the last `protocol.blocks` blocks' outputs through the final LayerNorm
+    (`out['blocks'][l]['normed']`; for 1 block that is `encoded`), CLS dropped, concatenated on
+    the (h, w) patch grid, frozen (computed inside the head's jitted step, no gradient).
     Head: BatchNorm over the global batch (running averages at test time, so the head is affine
-    there) + 1×1 linear to `num_classes`; logits upsampled bilinearly to the label size;
+    there) + 1×1 linear to `num_classes`; logits upsampled bilinearly to the input size;
     cross-entropy over the pixels labelled ≠ 255; AdamW (`lr`, `weight_decay`) with `warmup`
     linear warm-up steps then linear decay to 0 at `steps`. The step runs with the batch
     sharded over the mesh's data axes and the head replicated.
 
-    Train data: the train split's records in order through the eval pipeline (batches of
-    `batch_size`, the last one of each pass padded and masked out of the loss and the BN
-    statistics), cycled until `steps`; deterministic, no augmentation. The 512-crop / flip /
-    photometric augmentation and sliding-window test of §8 are for VOC-size images and are not
-    implemented yet (the images must be at the model's size, as the digit scenes are). mIoU:
-    one confusion matrix summed over the whole eval split at the label's resolution
-    (`confusion_matrix`, `mean_iou`); pixel accuracy = its trace / its sum.
+    Train data: at step s, examples perm_e[(s·B + i) mod N] of the train split (perm_e a
+    permutation drawn from (seed, epoch e)), each through `data.dense.train_example` with its own
+    generator (seed, s, i): resize by a random ratio, crop with the class-ratio retry, flip,
+    photometric distortion, padding (0 after normalization, label 255). Every process builds the
+    whole global batch (the same on all) and places its shards. Test: every record of `split`
+    exactly once at its own resolution: each test view (scales × flips) cut into sliding windows
+    (padded to a multiple of the patch size, centred, as DINOv2's CenterPadding; logits resized
+    to the window), window logits averaged where windows overlap, resized bilinearly to the
+    label's (H, W) (flipped views flipped back); one view: argmax of the logits, several: of the
+    mean softmax. mIoU: one confusion matrix summed over the split (`confusion_matrix`,
+    `mean_iou`); pixel accuracy = its trace / its sum.
     """
 
     name: str
@@ -254,13 +283,16 @@ class LinearSegmentation:
     ctx: Any
     train_split: str
     num_classes: int
+    protocol: Any  # data.dense.Protocol
+    dataset: str = ""
+    data_dir: str | None = None
     steps: int = 40_000
     batch_size: int = 16
     lr: float = 1e-3
     weight_decay: float = 1e-4
     warmup: int = 1500
-    protocol: str = "lin"
     seed: int = 0
+    chunk: int = 64  # test windows per device call
 
     def __post_init__(self):
         if self.ctx.outputs is None:
@@ -268,9 +300,11 @@ class LinearSegmentation:
                 f"config.evals.{self.name}: type 'linear_segmentation' needs a trainer whose context has `outputs`"
             )
         from skipless_jax import sharding
+        from skipless_jax.data import sources
         from skipless_jax.evaluators.tokencut import patch_size_of
 
         self.patch_size = patch_size_of(self.ctx.config)
+        self.info = sources.dataset_info(self.dataset or self.ctx.config.dataset.name)
         self._replicated = sharding.replicated(self.ctx.mesh)
         self.tx = optimizer(self.lr, self.weight_decay, self.warmup, self.steps)
 
@@ -287,20 +321,25 @@ class LinearSegmentation:
                 "opt_state": opt_state,
             }, loss
 
-        def predict(head: dict[str, Any], params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        def window_logits(head: dict[str, Any], params: Any, batch: dict[str, jax.Array], hw: tuple[int, int]):
             logits, _ = head_logits(head["params"], head["stats"], self.features(params, batch["image"]))
-            logits = upsample(logits, batch["segmentation"].shape[1:3])
-            return {"pred": logits.argmax(-1).astype(jnp.int32), "label": batch["segmentation"], "mask": batch["mask"]}
+            return upsample(logits, hw)
 
         self._step = jax.jit(step, out_shardings=(self._replicated, self._replicated))
-        self._predict = jax.jit(predict, out_shardings=self._replicated)  # every host reads all rows
+        # Replicated: every host reads all rows.
+        self._window_logits = jax.jit(window_logits, static_argnums=3, out_shardings=self._replicated)
 
     def features(self, params: Any, images: jax.Array) -> jax.Array:
-        """(B, H, W, C) → frozen (B, h, w, d) float32 patch tokens of the final LayerNorm."""
+        """(B, H, W, C) → frozen (B, h, w, blocks·d) float32 patch tokens of the last `blocks` blocks
+        through the final LayerNorm."""
         from skipless_jax.evaluators.tokencut import patch_tokens
 
-        encoded = self.ctx.outputs(params, images)["encoded"]
-        return jax.lax.stop_gradient(patch_tokens(encoded, images.shape[1:3], self.patch_size).astype(jnp.float32))
+        out = self.ctx.outputs(params, images)
+        if self.protocol.blocks == 1:
+            tokens = out["encoded"]
+        else:
+            tokens = jnp.concatenate([b["normed"] for b in out["blocks"][-self.protocol.blocks :]], axis=-1)
+        return jax.lax.stop_gradient(patch_tokens(tokens, images.shape[1:3], self.patch_size).astype(jnp.float32))
 
     def init(self, params: Any, image_shape: tuple[int, ...]) -> dict[str, Any]:
         """The initial head state (params, stats, opt_state), replicated on the mesh."""
@@ -310,45 +349,94 @@ class LinearSegmentation:
         state = {"params": head, "stats": stats, "opt_state": self.tx.init(head)}
         return jax.device_put(state, self._replicated)
 
-    def train_batches(self) -> Iterator[dict[str, jax.Array]]:
-        """The train split's global batches in order, cycled forever."""
-        while True:
-            batches, n = self.ctx.batches(self.train_split, self.batch_size)
-            if n == 0:
-                raise ValueError(f"config.evals.{self.name}: train_split {self.train_split!r} is empty")
-            yield from batches
+    def source(self, split: str) -> Any:
+        from skipless_jax.data import sources
+
+        return sources.get_source(self.dataset or self.ctx.config.dataset.name, split, self.data_dir)
+
+    def train_batch(self, source: Any, step: int) -> dict[str, np.ndarray]:
+        """The host global batch of probe step `step` (0-based): images normalized, padding 0."""
+        from skipless_jax.data import dense, pipeline
+
+        n, images, labels = len(source), [], []
+        for i in range(self.batch_size):
+            k = step * self.batch_size + i
+            perm = _permutation(self.seed, k // n, n)
+            record = source[int(perm[k % n])]
+            rng = np.random.default_rng([self.seed, step, i, 0x5E6])
+            image, label, valid = dense.train_example(record["image"], record["segmentation"], self.protocol, rng)
+            images.append(np.where(valid[..., None], pipeline.normalize(image, self.info.mean, self.info.std), 0.0))
+            labels.append(label)
+        return {"image": np.stack(images).astype(np.float32), "segmentation": np.stack(labels)}
 
     def train(self, params: Any, steps: int | None = None) -> dict[str, Any]:
         """The head state after `steps` (default `self.steps`) steps from its initialization."""
+        from skipless_jax.evaluators.common import global_rows
+
         steps = self.steps if steps is None else steps
-        state = None
-        batches = self.train_batches()
-        for _ in range(steps):
-            batch = next(batches)
-            if state is None:
-                state = self.init(params, batch["image"].shape[1:])
-            state, _ = self._step(state, params, batch)
-        if state is None:  # 0 steps: the initial head
-            batches, _ = self.ctx.batches(self.train_split, self.batch_size)
-            state = self.init(params, next(iter(batches))["image"].shape[1:])
+        source = self.source(self.train_split)
+        if len(source) == 0:
+            raise ValueError(f"config.evals.{self.name}: train_split {self.train_split!r} is empty")
+        shape = (self.protocol.crop, self.protocol.crop, self.info.image_shape[-1])
+        state = self.init(params, shape)
+        for s in range(steps):
+            state, _ = self._step(state, params, global_rows(self.ctx.mesh, self.train_batch(source, s)))
         return state
 
-    def predictions(self, params: Any, head: dict[str, Any]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(predicted classes (b, H, W) int32, labels (b, H, W)) of the real rows, batch by batch."""
-        batches, n = self.ctx.batches(self.split)
-        count = 0
-        for batch in batches:
-            out = jax.device_get(self._predict(head, params, batch))
-            keep = out["mask"] > 0
-            count += int(keep.sum())
-            yield out["pred"][keep], out["label"][keep]
-        if count != n:  # every example exactly once
-            raise AssertionError(f"segmentation counted {count} of {n} examples of {self.split!r}")
+    def scores(self, params: Any, head: dict[str, Any], images: list[np.ndarray]) -> list[np.ndarray]:
+        """(H, W, K) float64 test scores of each uint8 image: its logits (one test view) or its mean
+        softmax over the views; the windows of all the images batched `chunk` at a time per shape."""
+        from skipless_jax.data import dense, pipeline
+        from skipless_jax.evaluators.common import global_rows
+
+        p, k = self.patch_size, self.num_classes
+        views = []  # (image index, flipped, (h, w), summed logits, counts)
+        jobs: dict[tuple[int, int], list[tuple[int, tuple[int, int, int, int], np.ndarray]]] = {}
+        for i, image in enumerate(images):
+            for _, flipped, resized in dense.test_views(image, self.protocol):
+                hw = resized.shape[:2]
+                views.append((i, flipped, hw, np.zeros((*hw, k)), np.zeros(hw)))
+                x = pipeline.normalize(resized, self.info.mean, self.info.std)
+                for win in dense.windows(hw, self.protocol.crop, self.protocol.stride):
+                    crop = x[win[0] : win[1], win[2] : win[3]]
+                    jobs.setdefault(crop.shape[:2], []).append((len(views) - 1, win, crop))
+        for hw, items in jobs.items():
+            padded_hw = dense.patch_multiple(hw, p)
+            top, left = (padded_hw[0] - hw[0]) // 2, (padded_hw[1] - hw[1]) // 2
+            for start in range(0, len(items), self.chunk):
+                part = items[start : start + self.chunk]
+                crops = np.stack([np.pad(c, ((top, padded_hw[0] - hw[0] - top), (left, padded_hw[1] - hw[1] - left),
+                                             (0, 0))) for _, _, c in part]).astype(np.float32)
+                out = np.asarray(jax.device_get(self._window_logits(
+                    head, params, global_rows(self.ctx.mesh, {"image": crops}), hw)), np.float64)
+                for row, (v, (y0, y1, x0, x1), _) in enumerate(part):
+                    views[v][3][y0:y1, x0:x1] += out[row]
+                    views[v][4][y0:y1, x0:x1] += 1
+        result = [None] * len(images)
+        for i, flipped, _, total, count in views:
+            logits = total / count[..., None]
+            logits = dense.resize_bilinear(logits, images[i].shape[:2])
+            if flipped:
+                logits = logits[:, ::-1]
+            if len(views) == len(images):  # one view per image: the logits themselves
+                result[i] = logits
+            else:
+                prob = dense.softmax(logits)
+                result[i] = prob if result[i] is None else result[i] + prob
+        return result
 
     def confusion(self, params: Any, head: dict[str, Any]) -> np.ndarray:
+        """The (K, K) confusion over every record of `split`, exactly once."""
+        source = self.source(self.split)
         total = np.zeros((self.num_classes, self.num_classes), np.int64)
-        for pred, label in self.predictions(params, head):
-            total += confusion_matrix(pred, label, self.num_classes)
+        count = 0
+        for start in range(0, len(source), self.chunk):
+            records = [source[i] for i in range(start, min(start + self.chunk, len(source)))]
+            for record, score in zip(records, self.scores(params, head, [r["image"] for r in records]), strict=True):
+                total += confusion_matrix(score.argmax(-1), record["segmentation"], self.num_classes)
+                count += 1
+        if count != len(source):  # every example exactly once
+            raise AssertionError(f"segmentation counted {count} of {len(source)} examples of {self.split!r}")
         return total
 
     def evaluate(self, params: Any, head: dict[str, Any]) -> dict[str, float]:
@@ -368,31 +456,56 @@ class LinearSegmentation:
     @classmethod
     def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> LinearSegmentation:
         from skipless_jax import sharding
-        from skipless_jax.evaluators.tokencut import _check_dense_dataset
+        from skipless_jax.data import sources
+        from skipless_jax.evaluators.common import dense_dataset
+        from skipless_jax.evaluators.tokencut import _check_dense_dataset, depth_of, patch_size_of
 
-        f = validate_linear_segmentation(entry, where=f"config.evals.{name}")
-        _check_dense_dataset(name, "linear_segmentation", ctx.config, ("segmentation",))
+        where = f"config.evals.{name}"
+        f = validate_linear_segmentation(entry, where=where)
+        dataset, data_dir = dense_dataset(name, entry, ctx.config)
+        _check_dense_dataset(name, "linear_segmentation", dataset, "segmentation")
         num_classes = f.pop("num_classes")
         if num_classes is None:
-            if ctx.config.dataset.name != "digit_scenes":
-                raise ValueError(
-                    f"config.evals.{name}.num_classes is required for the dataset {ctx.config.dataset.name!r}"
-                )
-            from skipless_jax.data import digit_scenes
+            num_classes = sources.dataset_info(dataset).num_classes
+            if dataset == "digit_scenes":
+                from skipless_jax.data import digit_scenes
 
-            num_classes = digit_scenes.NUM_CLASSES + 1  # background + 10 digits
+                num_classes = digit_scenes.NUM_CLASSES + 1  # background + 10 digits
+        try:
+            info = sources.dataset_info(dataset)
+            protocol = protocol_of(f, patch_size_of(ctx.config), info.image_shape[0] if info.fixed_size else None)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        depth = depth_of(ctx.config)
+        if depth is not None and protocol.blocks > depth:
+            raise ValueError(f"{where}: protocol {f['protocol']!r} reads the last {protocol.blocks} blocks; "
+                             f"the model has {depth} (set {where}.blocks)")
         shards = sharding.num_data_shards(ctx.mesh)
         if f["batch_size"] % shards:
             raise ValueError(
-                f"config.evals.{name}.batch_size={f['batch_size']} does not divide over the mesh's {shards} data shards"
+                f"{where}.batch_size={f['batch_size']} does not divide over the mesh's {shards} data shards"
             )
-        train_split = entry.get("train_split") or ctx.config.dataset.train_split
+        train_split = entry.get("train_split")
+        if train_split is None:
+            if dataset != ctx.config.dataset.name:
+                raise ValueError(f"{where}.train_split is required for the dataset {dataset!r}")
+            train_split = ctx.config.dataset.train_split
+        for k in ("protocol", "crop_size", "blocks", "flip", "photometric"):
+            f.pop(k)
         return cls(
             name=name,
             ctx=ctx,
             train_split=train_split,
             num_classes=int(num_classes),
+            protocol=protocol,
+            dataset=dataset,
+            data_dir=data_dir,
             seed=int(ctx.config.get("seed", 0) or 0),
             **f,
             **common,
         )
+
+
+@functools.cache
+def _permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch, 0x5E6]).permutation(n)

@@ -291,20 +291,16 @@ def validate_tokencut(block: Any, tau: Any, eps: Any, iou: Any, where: str = "co
 @dataclasses.dataclass
 class TokenCut:
     """config.evals entry `type='tokencut'`: yields ('corloc', CorLoc) of TokenCut's boxes on
-    `split` (docs/method.md §7).
+    `split` of `dataset` (default the run's) (docs/method.md §7).
 
-    For every real example (mask > 0) of the split, exactly once: the keys of block `block`
-    (default −1, the last) from `ctx.outputs`, jitted over a global batch with a replicated
-    output, CLS dropped (prefix = tokens − h·w), `ncut` with (tau, eps) on the host in
-    float64, `box`, then CorLoc at `iou` against the ground-truth boxes `boxes_padded[:num_boxes]`.
-
-    Images are evaluated as the eval pipeline gives them (the model's size); their H and W must
-    be multiples of the patch size, which holds for the digit scenes (32×32, patches 2/4/8/16).
-    Full-resolution evaluation of other data (zero padding to a multiple of p after
-    normalization, `pad_to_patch_multiple`) is the caller's: the eval transform crops to the
-    model size and its boxes would have to follow. Multi-process: the keys are replicated, so
-    every process runs the cut on every row (duplicated host work, identical results) —
-    the simplest correct choice.
+    Every record of the split exactly once, at its own resolution: normalized with the
+    dataset's mean/std, zero-padded at the bottom/right to a multiple of the patch size; the
+    keys of block `block` (default −1, the last) from `ctx.outputs`, jitted over the images
+    of one padded shape at a time (`chunk` consecutive records grouped by shape, the rows split
+    over the mesh's data axes, the keys replicated), CLS dropped (prefix = tokens − h·w); `ncut`
+    with (tau, eps) on the host in float64 — process p cuts rows p, p + P, … and the boxes are
+    gathered — `box` clipped to the unpadded image, then CorLoc at `iou` against the record's
+    `boxes` (none: a miss).
     """
 
     name: str
@@ -312,56 +308,79 @@ class TokenCut:
     every_steps: int | None
     split: str
     ctx: Any
+    dataset: str = ""
+    data_dir: str | None = None
     block: int = -1
     tau: float = TAU
     eps: float = EPS
     iou: float = CORLOC_IOU
     picture_images: int = 8
+    chunk: int = 64
 
     def __post_init__(self):
         if self.ctx.outputs is None:
             raise ValueError(
                 f"config.evals.{self.name}: type 'tokencut' needs a trainer whose context has `outputs` (the keys)"
             )
+        from skipless_jax import sharding
+        from skipless_jax.data import sources
+
         self.patch_size = patch_size_of(self.ctx.config)
+        self.info = sources.dataset_info(self.dataset or self.ctx.config.dataset.name)
         block = self.block
 
-        def keys(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-            out = self.ctx.outputs(params, batch["image"])
-            return {
-                "keys": out["blocks"][block]["keys"].astype(jnp.float32),
-                "boxes": batch["boxes_padded"],
-                "num_boxes": batch["num_boxes"],
-                "mask": batch["mask"],
-                "image": batch["image"],
-            }
-
-        from skipless_jax import sharding
+        def keys(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+            return self.ctx.outputs(params, batch["image"])["blocks"][block]["keys"].astype(jnp.float32)
 
         self._keys = jax.jit(keys, out_shardings=sharding.replicated(self.ctx.mesh))  # every host reads all rows
 
+    def records(self) -> Any:
+        from skipless_jax.data import sources
+
+        return sources.get_source(self.dataset or self.ctx.config.dataset.name, self.split, self.data_dir)
+
+    def _cut(self, keys: np.ndarray, image_hw: tuple[int, int]) -> Box:
+        grid = (-(-image_hw[0] // self.patch_size), -(-image_hw[1] // self.patch_size))
+        tokens = keys[keys.shape[0] - grid[0] * grid[1] :]
+        _, mask, seed = ncut(tokens, grid, self.tau, self.eps)
+        return box(mask, seed, self.patch_size, image_hw)
+
     def boxes(self, params: Any) -> tuple[np.ndarray, list[np.ndarray]]:
-        """(predicted boxes (n, 4), n ground-truth arrays (k_i, 4)) over every example of the split;
+        """(predicted boxes (n, 4), n ground-truth arrays (k_i, 4)) over every record of the split;
         the first `picture_images` images are kept in `self.shown` for the picture."""
-        batches, n = self.ctx.batches(self.split)
-        preds, gts = [], []
+        from skipless_jax.data import pipeline
+        from skipless_jax.evaluators.common import global_rows
+
+        source = self.records()
+        n, rank, procs = len(source), jax.process_index(), jax.process_count()
+        preds = np.zeros((n, 4), np.float64)
+        gts: list[np.ndarray] = []
         self.shown = []
-        for batch in batches:
-            image_hw = batch["image"].shape[1:3]
-            grid = (image_hw[0] // self.patch_size, image_hw[1] // self.patch_size)
-            out = jax.device_get(self._keys(params, batch))
-            tokens = patch_tokens(out["keys"], image_hw, self.patch_size).reshape(
-                len(out["mask"]), grid[0] * grid[1], -1
-            )
-            for i in np.flatnonzero(out["mask"] > 0):
-                _, mask, seed = ncut(tokens[i], grid, self.tau, self.eps)
-                preds.append(box(mask, seed, self.patch_size, image_hw))
-                gts.append(np.asarray(out["boxes"][i][: int(out["num_boxes"][i])], np.float64))
+        for start in range(0, n, self.chunk):
+            records = [source[i] for i in range(start, min(start + self.chunk, n))]
+            groups: dict[tuple[int, ...], list[int]] = {}
+            for j, r in enumerate(records):
+                gts.append(np.asarray(r.get("boxes", np.zeros((0, 4))), np.float64).reshape(-1, 4))
+                padded_hw = tuple(-(-d // self.patch_size) * self.patch_size for d in r["image"].shape[:2])
+                groups.setdefault(padded_hw, []).append(j)
                 if len(self.shown) < self.picture_images:
-                    self.shown.append(np.asarray(out["image"][i]))
-        if len(preds) != n:  # every example exactly once
-            raise AssertionError(f"TokenCut counted {len(preds)} of {n} examples of {self.split!r}")
-        return np.asarray(preds, np.float64).reshape(-1, 4), gts
+                    self.shown.append(pipeline.normalize(r["image"], self.info.mean, self.info.std))
+            for members in groups.values():
+                images = np.stack([
+                    pad_to_patch_multiple(pipeline.normalize(records[j]["image"], self.info.mean, self.info.std),
+                                          self.patch_size) for j in members])
+                keys = np.asarray(jax.device_get(self._keys(params, global_rows(self.ctx.mesh, {"image": images}))))
+                for row, j in enumerate(members):
+                    if (start + j) % procs == rank:
+                        preds[start + j] = self._cut(keys[row], records[j]["image"].shape[:2])
+        if procs > 1:  # each process cut its rows; the others are zeros there
+            from jax.experimental import multihost_utils
+
+            gathered = np.asarray(multihost_utils.process_allgather(preds))
+            preds = gathered[np.arange(n) % procs, np.arange(n)]
+        if len(gts) != n:  # every record exactly once
+            raise AssertionError(f"TokenCut counted {len(gts)} of {n} examples of {self.split!r}")
+        return preds, gts
 
     def run(self, params: Any) -> Iterator[tuple[str, float]]:
         preds, gts = self.boxes(params)
@@ -369,7 +388,10 @@ class TokenCut:
         path = self.ctx.picture_path(self.prefix)
         if path is not None and self.shown:
             from skipless_jax import pictures
+            from skipless_jax.data import dense
 
+            hw = tuple(max(x.shape[i] for x in self.shown) for i in (0, 1))  # images of several sizes: padded
+            self.shown = [dense.pad_to(x, hw, 0.0) for x in self.shown]
             drawn = [[(tuple(p), "red")] + [(tuple(g), "lime") for g in gt] for p, gt in zip(preds, gts)]
             pictures.image_grid(path, [("TokenCut", pictures.for_display(np.stack(self.shown)))],
                                 f"{self.prefix}: TokenCut box (red), ground truth (green); CorLoc {100 * score:.1f}%",
@@ -391,8 +413,11 @@ class TokenCut:
 
     @classmethod
     def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> TokenCut:
+        from skipless_jax.evaluators.common import dense_dataset
+
         cls.check(name, entry)
-        _check_dense_dataset(name, "tokencut", ctx.config, ("boxes_padded", "num_boxes"))
+        dataset, data_dir = dense_dataset(name, entry, ctx.config)
+        _check_dense_dataset(name, "tokencut", dataset, "boxes")
         block = int(entry.get("block", -1))
         depth = depth_of(ctx.config)
         if depth is not None and not -depth <= block < depth:
@@ -407,26 +432,22 @@ class TokenCut:
             eps=float(entry.get("eps", EPS)),
             iou=float(entry.get("iou", CORLOC_IOU)),
             picture_images=int(entry.get("picture_images", 8)),
+            dataset=dataset,
+            data_dir=data_dir,
             **common,
         )
 
 
-def _check_dense_dataset(name: str, kind: str, config: Any, targets: tuple[str, ...]) -> None:
-    """One-line ValueError unless the dataset's eval batches carry `targets` aligned with the images."""
-    from skipless_jax.data import inputs, sources
+def _check_dense_dataset(name: str, kind: str, dataset: str, target: str) -> None:
+    """One-line ValueError unless the dataset's records carry `target` ('segmentation' or 'boxes')."""
+    from skipless_jax.data import sources
 
-    info = sources.dataset_info(config.dataset.name)
-    missing = [t for t in targets if t not in info.targets]
-    if missing:
+    info = sources.dataset_info(dataset)
+    available = set(info.targets) | ({"boxes"} if "boxes_padded" in info.targets else set())
+    if target not in available:
+        dense = sorted(n for n, i in sources.DATASETS.items() if target in i.targets or
+                       (target == "boxes" and "boxes_padded" in i.targets))
         raise ValueError(
-            f"config.evals.{name}: type {kind!r} needs a dataset with {missing[0]!r} targets; "
-            f"{config.dataset.name!r} has {list(info.targets) or 'none'}"
-        )
-    size = inputs.image_size(config)
-    aug = "set" if config.input.get("aug") is not None else "None"
-    if not info.fixed_size or size != info.image_shape[0] or config.input.get("aug") is not None:
-        raise ValueError(
-            f"config.evals.{name}: type {kind!r} needs eval images as stored (size {info.image_shape[0]}, "
-            f"config.input.aug=None; got image_size={size}, aug {aug}): "
-            "the eval transform's resize and crop would not move the targets"
+            f"config.evals.{name}: type {kind!r} needs a dataset with {target!r} targets; "
+            f"{dataset!r} has {sorted(available) or 'none'} (set config.evals.{name}.dataset; with {target!r}: {dense})"
         )

@@ -66,4 +66,5 @@ class EncoderBlock(nn.Module):
         z = MlpBlock(self.mlp_dim, self.init_scheme, self.dropout, self.gelu_approximate, self.dtype)(z, train)
         z = nn.Dropout(self.dropout)(z, deterministic=not train)
         x = residual(x, z, self.skip_ffn, self.drop_path, train, out, "ffn")  # ④ the MLP skip
+        out["output"] = x
         return x, out

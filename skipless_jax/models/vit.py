@@ -198,7 +198,9 @@ def encoder_blocks(
 ) -> tuple[jax.Array, list[dict[str, Any]]]:
     """The encoder stack `block_0 … block_{depth-1}` + `encoder_norm` (if `final_norm`) of a module
     with the ViT's fields (called inside its compact method, so the parameter names are the ViT's;
-    MAE's encoder shares them). Drop-path rises linearly with depth. Returns (encoded, per-block outs).
+    MAE's encoder shares them). Drop-path rises linearly with depth. Returns (encoded, per-block outs);
+    each block's out holds its `output` and, with `final_norm`, `normed` = that output through
+    `encoder_norm` (the multi-layer features of the dense probes; the last block's is `encoded`).
 
     `module.remat` wraps each block in jax.checkpoint (REMAT_POLICIES); `module.scan` runs one
     scanned block whose parameters carry a leading layer axis under SCANNED_BLOCKS (the same
@@ -232,7 +234,10 @@ def encoder_blocks(
             x = sharding.constrain_batch(x)
             blocks.append(block_out)
     if final_norm:
-        x = nn.LayerNorm(dtype=module.dtype, name="encoder_norm")(x)
+        norm = nn.LayerNorm(dtype=module.dtype, name="encoder_norm")
+        x = norm(x)
+        for block in blocks:  # each block's output through the final norm (dense probes; dead code otherwise)
+            block["normed"] = norm(block["output"])
     return x, blocks
 
 

@@ -87,8 +87,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
     _require(config.get("evals") is not None,
              "config.evals must list the mae trainer's evaluators (knn, linear_probe); {} for none")
     evaluators.check_config(config, EVALUATOR_TYPES)
-    splits = [config.dataset.train_split, config.dataset.eval_split, *evaluators.splits(config)]
-    sources.check_available(config.dataset.name, list(dict.fromkeys(splits)), config.dataset.get("data_dir"))
+    evaluators.check_data(config)
 
 
 def build_model(config: ml_collections.ConfigDict) -> mae_lib.MAE:

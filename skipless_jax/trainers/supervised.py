@@ -32,8 +32,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
     """Everything that can be wrong with a config or its data fails here, before compiling."""
     validate.validate_config(config, num_devices)
     evaluators.check_config(config, EVALUATOR_TYPES)
-    splits = [config.dataset.train_split, config.dataset.eval_split, *evaluators.splits(config)]
-    sources.check_available(config.dataset.name, list(dict.fromkeys(splits)), config.dataset.get("data_dir"))
+    evaluators.check_data(config)
 
 
 def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> Any:
