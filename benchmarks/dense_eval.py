@@ -7,8 +7,9 @@ Times, on a random-init ViT (default ViT-S/16 at 224, CLS token, float32), per i
   * TokenCut: the jitted keys forward (`TokenCut._keys`, batch 16), and `ncut` + `box` on the
     host in float64 (one image's h·w tokens);
   * the linear segmentation probe: its jitted train step (`LinearSegmentation._step`, batch 16:
-    frozen backbone forward + BatchNorm/linear head forward and backward + AdamW) and its
-    inference (`_predict`);
+    frozen backbone forward + BatchNorm/linear head forward and backward + AdamW), its window
+    inference (`_window_logits`), and the host's train crop (`train_batch`: resize, class-ratio
+    crop, flip, photometric distortion) of 375×500 VOC-like records for `lin` and `ms`;
 and the FLOPs XLA counts for them (`.lower().compile().cost_analysis()`). The VOC12 figures
 are ESTIMATES: those FLOPs at VOC resolutions (compiled, not run) × the protocol's counts, over
 an assumed sustained accelerator throughput, plus the host `ncut` measured here at VOC's token
@@ -29,6 +30,7 @@ import ml_collections
 import numpy as np
 
 from skipless_jax import evaluators, models, sharding
+from skipless_jax.data import dense
 from skipless_jax.evaluators import segmentation as seg
 from skipless_jax.evaluators import tokencut as tc
 
@@ -74,9 +76,34 @@ def batch(n: int, hw: tuple[int, int], rng: np.random.Generator) -> dict[str, ja
         "image": jnp.asarray(rng.normal(size=(n, *hw, 3)), jnp.float32),
         "segmentation": jnp.asarray(rng.integers(0, 21, (n, *hw)), jnp.uint8),
         "mask": jnp.ones((n,), jnp.float32),
-        "boxes_padded": jnp.zeros((n, 3, 4), jnp.float32),
-        "num_boxes": jnp.ones((n,), jnp.int32),
     }
+
+
+class VocLike:
+    """Records shaped like VOC's (375×500 RGB, labels 0..20 in blobs, 255 borders), for the host costs."""
+
+    def __init__(self, n: int = 8):
+        rng = np.random.default_rng(0)
+        self.records = []
+        for _ in range(n):
+            label = np.kron(rng.integers(0, 21, (15, 20)), np.ones((25, 25), int)).astype(np.uint8)
+            label[::25] = 255
+            self.records.append({"image": rng.integers(0, 256, (375, 500, 3)).astype(np.uint8), "segmentation": label})
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.records[i]
+
+
+def host_seconds(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
 
 
 def ncut_seconds(keys: np.ndarray, grid: tuple[int, int], patch: int, reps: int) -> float:
@@ -105,23 +132,31 @@ def main() -> None:
     grid = (args.size // p, args.size // p)
     b = batch(BATCH, hw, rng)
 
-    cut = tc.TokenCut("tc", "tc", None, "x", ctx)
-    probe = seg.LinearSegmentation("seg", "seg", None, "x", ctx, "x", num_classes=21, steps=SEG_STEPS)
+    cut = tc.TokenCut("tc", "tc", None, "x", ctx, dataset="digit_scenes")
+    probe = seg.LinearSegmentation("seg", "seg", None, "x", ctx, "x", num_classes=21,
+                                   protocol=dense.PROTOCOLS["lin"], dataset="voc12_seg", steps=SEG_STEPS)
     state = probe.init(params, b["image"].shape[1:])
+    window = lambda head, x: probe._window_logits(head, params, x, tuple(x["image"].shape[1:3]))
 
     rows: dict[str, dict[str, float]] = {}
     t = timed(lambda: cut._keys(params, b), args.reps)
     gflop = flops(cut._keys, params, b) / BATCH / 1e9
     rows["tokencut keys forward"] = {"s_per_image": t / BATCH, "gflop_per_image": gflop}
-    keys = np.asarray(jax.device_get(cut._keys(params, b))["keys"])[:, 1:]
+    keys = np.asarray(jax.device_get(cut._keys(params, b)))[:, 1:]
     rows["tokencut ncut + box (host, float64)"] = {"s_per_image": ncut_seconds(keys, grid, p, max(args.reps, 5) * 3)}
     t = timed(lambda: probe._step(state, params, b), args.reps)
     gflop = flops(probe._step, state, params, b) / BATCH / 1e9
     rows["probe train step"] = {"s_per_image": t / BATCH, "gflop_per_image": gflop}
     head = {"params": state["params"], "stats": state["stats"]}
-    t = timed(lambda: probe._predict(head, params, b), args.reps)
-    gflop = flops(probe._predict, head, params, b) / BATCH / 1e9
-    rows["probe inference"] = {"s_per_image": t / BATCH, "gflop_per_image": gflop}
+    t = timed(lambda: window(head, b), args.reps)
+    gflop = flops(probe._window_logits, head, params, b, hw) / BATCH / 1e9
+    rows["probe window inference"] = {"s_per_image": t / BATCH, "gflop_per_image": gflop}
+    voc_like = VocLike()
+    for name in ("lin", "ms"):  # the host's share: crops (resize, crop, flip, photometric) per train example
+        probe.protocol = dense.PROTOCOLS[name]
+        rows[f"probe train crop on the host ({name}, 375x500 → {probe.protocol.crop}²)"] = {
+            "s_per_image": host_seconds(lambda: probe.train_batch(voc_like, 0), args.reps) / BATCH}
+    probe.protocol = dense.PROTOCOLS["lin"]
 
     # ---- VOC12 estimate: FLOPs at VOC resolutions (compiled only) and ncut at VOC's token count.
     voc_cut = batch(1, VOC_TOKENCUT_HW, rng)
@@ -130,7 +165,11 @@ def main() -> None:
     voc_head = {"params": voc_state["params"], "stats": voc_state["stats"]}
     f_cut = flops(cut._keys, params, voc_cut)
     f_step = flops(probe._step, voc_state, params, voc_crop)
-    f_window = flops(probe._predict, voc_head, params, voc_crop) / BATCH
+    f_window = flops(probe._window_logits, voc_head, params, voc_crop, (SEG_CROP, SEG_CROP)) / BATCH
+    # Windows per VOC val image (~375×500) for each protocol: all test views' sliding windows.
+    windows = {name: sum(len(dense.windows(hw_v, pr.crop, pr.stride)) * (2 if pr.test_flip else 1)
+                         for hw_v in dense.view_sizes((375, 500), pr))
+               for name, pr in dense.PROTOCOLS.items()}
     voc_grid = (VOC_TOKENCUT_HW[0] // p, VOC_TOKENCUT_HW[1] // p)
     voc_keys = rng.normal(size=(3, voc_grid[0] * voc_grid[1], 384))
     ncut_voc = ncut_seconds(voc_keys, voc_grid, p, 3)
@@ -139,6 +178,7 @@ def main() -> None:
         "tokencut_host_ncut_s": ncut_voc * VOC12_TRAINVAL,  # measured here per image x 11,540
         "probe_train_flops": f_step * SEG_STEPS,
         "probe_test_flops": f_window * SEG_WINDOWS * VOC12_VAL,
+        "windows_per_val_image": windows,
     }
     seconds = {
         name: {
@@ -179,6 +219,8 @@ def main() -> None:
     print(f"  probe train, 40k steps x 16 crops 512^2: {f_step / 1e12:.2f} TFLOP/step, "
           f"{estimate['probe_train_flops']:.3g} total")
     print(f"  probe test, 1,449 val x {SEG_WINDOWS} windows 512^2: {estimate['probe_test_flops']:.3g} total")
+    print(f"  windows per 375x500 val image (all views): lin {windows['lin']} of 512², ms {windows['ms']} of 640² "
+          "(ms windows cost ~1.6x a 512² one: not in the totals above)")
     for name, s in seconds.items():
         print(f"  at {name}: TokenCut forward {s['tokencut_forward_s']:.0f} s, "
               f"probe train {s['probe_train_s'] / 60:.1f} min, probe test {s['probe_test_s']:.0f} s")

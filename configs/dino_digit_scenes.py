@@ -19,9 +19,10 @@ and 4 local 16×16 crops (scale 0.1–0.4), 4×4 patches (64 tokens), no flips, 
 256, batch 32, teacher temperature 0.025, AdamW (or SOAP) 1e-3 after 3 warm-up epochs, weight decay 0.04
 rising to 0.4, 20 epochs.
 Evaluations at the end on the teacher: weighted kNN on the class of each scene's largest digit
-(k 20, T 0.07), `lin` (300 steps of 16 scenes, 30 warm-up steps; the
-train scenes as they are, no augmentation), TokenCut on the last block's keys (τ 0.2), and
-the PCA picture of 8 test scenes; pictures in `<workdir>/pictures/`.
+(k 20, T 0.07), the `lin` probe (300 steps of 16 crops, 30 warm-up steps; DINOv2's `lin`
+protocol at the scenes' 32 px: resize by U(0.5, 2), 32×32 crops, photometric distortion, no
+flips — a mirrored digit is another shape; test at 32 px, one window), TokenCut on the last
+block's keys (τ 0.2), and the PCA picture of 8 test scenes; pictures in `<workdir>/pictures/`.
 
 Args: skip_sab, skip_ffn, depth, seed, init ('default' | 'skipless' | 'mimetic'), opt
 ('adamw' | 'soap'), epochs.
@@ -43,7 +44,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.input.multicrop.update(dict(global_scale=(0.4, 1.0), local_size=16, local_scale=(0.1, 0.4), num_local=4))
     c.evals = ml_collections.ConfigDict(dict(
         knn=dict(type="knn", k=20, temperature=0.07, prefix="test"),
-        seg=dict(type="linear_segmentation", protocol="lin", steps=300, batch_size=16, warmup=30, prefix="test"),
+        seg=dict(type="linear_segmentation", protocol="lin", steps=300, batch_size=16, warmup=30, flip=False,
+                 prefix="test"),
         objects=dict(type="tokencut", block=-1, tau=0.2, prefix="test", picture_images=8),
         pca=dict(type="feature_pca", images=8, prefix="test_pca"),
     ))

@@ -10,18 +10,24 @@ measured; facebookresearch/dino reports 2.6 days on 16 GPUs for its ViT-S/16 300
 this recipe with skips (DINO's figure, not this project's). Data: imagenet2012 prepared by
 tensorflow-datasets (docs/data.md); the run fails at start, in one line, if it is absent.
 
-Expected: not measured here. The paper's numbers (Cutting the Skip, DINO ViT-S/16, 300 epochs; skip → skipless, this
-config is the right-hand number): linear segmentation VOC12 56.3 → 62.3 (single layer) and
-61.6 → 65.4 (multi-scale), COCO-Stuff 24.6 → 24.9, ADE20K 23.7 → 22.5 and 26.0 → 26.3; TokenCut
-CorLoc with SOAP VOC12 49.4 → 63.2, COCO20k 27.5 → 46.7. This project does not compute these
-yet: the dense evaluators (linear segmentation, docs/method.md §8; TokenCut, §7) are a later
-issue; a run here reports the teacher's kNN and linear-probe top-1 (docs/method.md §11).
+Expected: not measured here (no ImageNet, no accelerator). The paper's numbers (Cutting the
+Skip, DINO ViT-S/16, 300 epochs; skip → skipless, this config is the right-hand number), as the
+paper's: linear segmentation mIoU VOC12 56.3 → 62.3 (single layer, `voc_lin`) and 61.6 → 65.4
+(multi-scale, `voc_ms`), COCO-Stuff 24.6 → 24.9 (`cocostuff_lin`), ADE20K 23.7 → 22.5 (`ade_lin`)
+and 26.0 → 26.3 (`ade_ms`); TokenCut CorLoc with SOAP VOC12 49.4 → 63.2 (`voc12_tokencut`),
+COCO20k 27.5 → 46.7 (`coco20k_tokencut`). The dense evaluations (docs/method.md §7-8: DINOv2's
+`lin` / `ms` probes, TokenCut) run at the end of training with `:dense=all,dense_root=DIR` (or
+'+'-joined names, e.g. dense=voc_lin+voc12_tokencut; docs/data.md lays out DIR), or afterwards
+on the checkpoint: python -m skipless_jax.evaluate --workdir=W
+--config=configs/dino_vits_skipless.py:dense=all,dense_root=DIR. Each probe is 40k steps of 16
+crops; a run without `dense` reports the teacher's kNN and linear-probe top-1 (docs/method.md §11).
 DINO's own ViT-S/16 300-epoch run (with skips, last layer not normalized) reaches 73.3 kNN /
 76.0 linear top-1 on ImageNet (facebookresearch/dino; its linear evaluation is not this
 project's probe, §11).
     (no args)                                   skipless, skipless init, AdamW
     :opt=soap                                   skipless, skipless init, SOAP
     :init=default                               skipless, default init (the ablation)
+    :dense=all,dense_root=DIR                   + the dense evaluations at the end (docs/data.md)
 
 Schedule (DINO, boosted): batch 1024, lr 0.0005 per 256 images (linear scaling), 10 warm-up
 epochs then cosine to a min lr of 1e-6, weight decay 0.04 rising to 0.4 (cosine; all parameters
@@ -43,7 +49,8 @@ from skipless_jax import config_args, config_blocks
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(
-        arg, skip_sab=False, skip_ffn=False, init="skipless", opt="adamw", seed=0, variant="S/16", epochs=300
+        arg, skip_sab=False, skip_ffn=False, init="skipless", opt="adamw", seed=0, variant="S/16", epochs=300,
+        dense="none", dense_root="",
     )
     c = ml_collections.ConfigDict()
     c.trainer = "dino"
@@ -112,6 +119,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.skip_nonfinite_steps = False
 
     c.evals = config_blocks.dino_evals(linear_l2=1e-4, linear_steps=1000)
+    c.evals.update(config_blocks.dense_evals(a["dense"], a["dense_root"] or None))
     c.eval_at_start = False
     config_blocks.runtime(c, eval_every=50_000, checkpoint_every=2000, analysis=False)
     return c

@@ -112,6 +112,39 @@ def dino_evals(linear_l2: float, linear_steps: int) -> ml_collections.ConfigDict
     ))
 
 
+# The dense evaluations of "Cutting the Skip" (docs/method.md §7-8) by name: (type, dataset,
+# split, train split, protocol); TokenCut has no train split.
+DENSE_EVALS = {
+    "voc_lin": ("linear_segmentation", "voc12_seg", "val", "train_aug", "lin"),
+    "voc_ms": ("linear_segmentation", "voc12_seg", "val", "train_aug", "ms"),
+    "ade_lin": ("linear_segmentation", "ade20k", "val", "train", "lin"),
+    "ade_ms": ("linear_segmentation", "ade20k", "val", "train", "ms"),
+    "cocostuff_lin": ("linear_segmentation", "coco_stuff", "val", "train", "lin"),
+    "voc07_tokencut": ("tokencut", "voc07_boxes", "trainval", None, None),
+    "voc12_tokencut": ("tokencut", "voc12_boxes", "trainval", None, None),
+    "coco20k_tokencut": ("tokencut", "coco20k", "train", None, None),
+}
+
+
+def dense_evals(selection: str, root: str | None) -> dict[str, ml_collections.ConfigDict]:
+    """Evaluator entries for `selection` ('none', 'all', or names of DENSE_EVALS joined by '+'),
+    each reading its dataset from `root` (the folder that holds the datasets' folders; None: set
+    data_dir per entry, or tfds for the VOC boxes); run at the end of training only."""
+    names = [] if selection in ("", "none") else list(DENSE_EVALS) if selection == "all" else selection.split("+")
+    unknown = [n for n in names if n not in DENSE_EVALS]
+    if unknown:
+        raise ValueError(f"config arg dense={selection!r}: {unknown[0]!r} is unknown; allowed: 'none', 'all' "
+                         f"or '+'-joined names of {list(DENSE_EVALS)}")
+    out = {}
+    for name in names:
+        kind, dataset, split, train_split, protocol = DENSE_EVALS[name]
+        entry = dict(type=kind, dataset=dataset, split=split, data_dir=root, every_steps=0, prefix=name)
+        if kind == "linear_segmentation":
+            entry.update(train_split=train_split, protocol=protocol)
+        out[name] = ml_collections.ConfigDict(entry)
+    return out
+
+
 def mae(**overrides: Any) -> ml_collections.ConfigDict:
     """`config.mae` of facebookresearch/mae's pre-training (docs/method.md §9): mask ratio 0.75,
     decoder 512 wide, 8 blocks, 16 heads (MLP ×4) with its skips, the raw image as the target,

@@ -336,3 +336,33 @@ def test_config_args_round_trip_and_sibling_recipes_agree():
         _module("dino_vits_skipless").get_config().to_dict()
     )
     assert _module("cifar100_vit_tiny").get_config().dataset.name == "cifar100"
+
+
+def test_dino_vits_dense_evaluations_run_on_its_checkpoint(tmp_path, monkeypatch):
+    """configs/dino_vits_skipless.py:dense=all on a (tiny) trained checkpoint through the evaluate
+    command's function, every dataset read from generated folders in the documented layout."""
+    import tensorflow_datasets as tfds
+    from dense_folders import dense_root
+
+    from skipless_jax import evaluate
+
+    root = dense_root(str(tmp_path / "dense"))
+    c = _tiny(_module("dino_vits_skipless").get_config())
+    dense = _tiny(_module("dino_vits_skipless").get_config(f"dense=all,dense_root={root}"))
+    for config in (c, dense):
+        config.model.depth = 4  # the `ms` probes read the last 4 blocks
+    for entry in dense.evals.values():
+        if entry.type == "linear_segmentation":
+            entry.update(crop_size=32, steps=2, warmup=1)
+    workdir = str(tmp_path / "workdir")
+    with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES, policy=tfds.testing.MockPolicy.USE_CODE):
+        monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
+        trainers.get("dino").train_and_evaluate(c, workdir)
+        metrics = evaluate.evaluate(workdir, dense)
+    from skipless_jax import config_blocks
+
+    for name, (kind, *_) in config_blocks.DENSE_EVALS.items():
+        for metric in (("miou", "pixel_accuracy") if kind == "linear_segmentation" else ("corloc",)):
+            assert 0.0 <= metrics[f"{name}_{metric}"] <= 1.0, (name, metric)
+    with pytest.raises(ValueError, match=r"^config arg dense='voc': 'voc' is unknown; allowed: 'none', 'all'"):
+        _module("dino_vits_skipless").get_config("dense=voc")

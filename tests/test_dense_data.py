@@ -127,9 +127,9 @@ def test_photometric_hsv_matches_colorsys_and_distortion_stays_in_range():
     hsv = dense._rgb_to_hsv(pixels)
     for p, (h, s, v) in zip(pixels, hsv):
         rh, rs, rv = colorsys.rgb_to_hsv(*(p / 255.0))
-        assert h == pytest.approx((rh * 180.0) % 180.0, abs=1e-6)
-        assert s == pytest.approx(rs * 255.0, abs=1e-6) and v == pytest.approx(rv * 255.0, abs=1e-6)
-    np.testing.assert_allclose(dense._hsv_to_rgb(hsv), pixels, atol=1e-6)
+        assert h == pytest.approx((rh * 180.0) % 180.0, abs=1e-3)
+        assert s == pytest.approx(rs * 255.0, abs=1e-3) and v == pytest.approx(rv * 255.0, abs=1e-3)
+    np.testing.assert_allclose(dense._hsv_to_rgb(hsv), pixels, atol=1e-3)
     image = rng.integers(0, 256, (16, 16, 3)).astype(np.uint8)
     outs = [dense.photometric_distortion(image, np.random.default_rng(s)) for s in range(16)]
     assert all(o.dtype == np.uint8 and o.shape == image.shape for o in outs)

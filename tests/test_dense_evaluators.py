@@ -370,3 +370,18 @@ def test_probe_on_a_segmentation_folder_of_another_dataset(tmp_path):
     source = ev.source("val")
     conf = ev.confusion(params, ev.train(params, steps=1))
     assert conf.sum() == sum(int((source[i]["segmentation"] != 255).sum()) for i in range(len(source)))
+
+
+def test_train_crops_depend_on_seed_and_step_only():
+    import concurrent.futures
+
+    ctx, _, _ = context("tok")
+    ev = probe(ctx)
+    source = ev.source(ev.train_split)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        threaded = ev.train_batch(source, 5, pool)
+    plain = ev.train_batch(source, 5)
+    for k in ("image", "segmentation"):
+        np.testing.assert_array_equal(threaded[k], plain[k])
+    assert threaded["image"].shape == (16, 32, 32, 1) and threaded["segmentation"].dtype == np.uint8
+    assert not np.array_equal(ev.train_batch(source, 6)["image"], plain["image"])

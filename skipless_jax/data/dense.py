@@ -28,7 +28,7 @@ import numpy as np
 IGNORE_INDEX = 255
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)  # bounded: random train scales make many sizes
 def bilinear_matrix(out: int, inp: int) -> np.ndarray:
     """(out, inp) float64 bilinear interpolation matrix: half-pixel centres, edges clamped, no
     antialiasing. Row i samples the input at (i + ½)·inp/out − ½ (clamped to [0, inp − 1])."""
@@ -43,18 +43,30 @@ def bilinear_matrix(out: int, inp: int) -> np.ndarray:
     return r
 
 
-def resize_bilinear(x: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-    """(H, W, ...) → (h, w, ...) float64 by `bilinear_matrix` along both axes."""
+def resize_bilinear(
+    x: np.ndarray, hw: tuple[int, int], window: tuple[int, int, int, int] | None = None
+) -> np.ndarray:
+    """(H, W, ...) → (h, w, ...) float64 by `bilinear_matrix` along both axes; `window` (y0, y1,
+    x0, x1): only those rows and columns of the result (the same values, computed alone)."""
     x = np.asarray(x, np.float64)
     rows, cols = bilinear_matrix(hw[0], x.shape[0]), bilinear_matrix(hw[1], x.shape[1])
+    if window is not None:
+        rows, cols = rows[window[0] : window[1]], cols[window[2] : window[3]]
+    # Touch only the input rows/columns the window reads.
+    r_used, c_used = np.flatnonzero(rows.any(0)), np.flatnonzero(cols.any(0))
+    x = x[r_used[0] : r_used[-1] + 1, c_used[0] : c_used[-1] + 1]
+    rows, cols = rows[:, r_used[0] : r_used[-1] + 1], cols[:, c_used[0] : c_used[-1] + 1]
     return np.einsum("ih,hw...,jw->ij...", rows, x, cols, optimize=True)
 
 
-def resize_image(image: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-    """uint8 (H, W, C) → uint8 (h, w, C), bilinear, rounded."""
+def resize_image(
+    image: np.ndarray, hw: tuple[int, int], window: tuple[int, int, int, int] | None = None
+) -> np.ndarray:
+    """uint8 (H, W, C) → uint8 (h, w, C) (or its `window`), bilinear, rounded."""
     if tuple(image.shape[:2]) == tuple(hw):
-        return np.asarray(image)
-    return np.clip(np.rint(resize_bilinear(image, hw)), 0, 255).astype(np.uint8)
+        image = np.asarray(image)
+        return image if window is None else image[window[0] : window[1], window[2] : window[3]]
+    return np.clip(np.rint(resize_bilinear(image, hw, window)), 0, 255).astype(np.uint8)
 
 
 def nearest_index(out: int, inp: int) -> np.ndarray:
@@ -98,23 +110,27 @@ HUE_DELTA = 18
 
 
 def _rgb_to_hsv(rgb: np.ndarray) -> np.ndarray:
-    """uint8 RGB → float HSV with OpenCV's 8-bit ranges: H in [0, 180), S and V in [0, 255]."""
-    x = rgb.astype(np.float64)
-    v = x.max(-1)
-    c = v - x.min(-1)
-    s = np.where(v > 0, c / np.maximum(v, 1e-12), 0.0) * 255.0
+    """uint8 RGB → float32 HSV with OpenCV's 8-bit ranges: H in [0, 180), S and V in [0, 255]."""
+    x = rgb.astype(np.float32)
     r, g, b = x[..., 0], x[..., 1], x[..., 2]
+    v = np.maximum(np.maximum(r, g), b)
+    c = v - np.minimum(np.minimum(r, g), b)
+    s = np.where(v > 0, c / np.maximum(v, 1e-12), 0.0) * 255.0
     safe = np.maximum(c, 1e-12)
     h = np.where(v == r, (g - b) / safe, np.where(v == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe))
     h = np.where(c > 0, (h * 30.0) % 180.0, 0.0)  # 60° per unit, halved for 8 bits
-    return np.stack([h, s, v], -1)
+    return np.stack([h, s, v], -1).astype(np.float32)
 
 
 def _hsv_to_rgb(hsv: np.ndarray) -> np.ndarray:
-    h, s, v = hsv[..., 0] * 2.0 / 60.0, hsv[..., 1] / 255.0, hsv[..., 2]
-    k = lambda n: (n + h) % 6
-    f = lambda n: v - v * s * np.clip(np.minimum(k(n), 4 - k(n)), 0, 1)
-    return np.stack([f(5), f(3), f(1)], -1)
+    """The inverse of `_rgb_to_hsv` (float32 RGB in [0, 255])."""
+    h, s, v = hsv[..., 0] / 30.0, hsv[..., 1] / 255.0, hsv[..., 2]
+    vs = v * s
+    out = []
+    for n in (5.0, 3.0, 1.0):
+        k = (n + h) % 6.0
+        out.append(v - vs * np.clip(np.minimum(k, 4.0 - k), 0.0, 1.0))
+    return np.stack(out, -1)
 
 
 def photometric_distortion(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -125,20 +141,20 @@ def photometric_distortion(image: np.ndarray, rng: np.random.Generator) -> np.nd
     in 8-bit HSV (3 channels only); contrast here if it was not first. Values are clipped to
     [0, 255] after each step and rounded to uint8 at the colour-space conversions.
     """
-    x = image.astype(np.float64)
+    x = image.astype(np.float32)
     if rng.integers(2):
-        x = np.clip(x + rng.uniform(-BRIGHTNESS_DELTA, BRIGHTNESS_DELTA), 0, 255)
+        x = np.clip(x + np.float32(rng.uniform(-BRIGHTNESS_DELTA, BRIGHTNESS_DELTA)), 0, 255)
     contrast_first = bool(rng.integers(2))
 
     def contrast(y: np.ndarray) -> np.ndarray:
-        return np.clip(y * rng.uniform(*CONTRAST_RANGE), 0, 255) if rng.integers(2) else y
+        return np.clip(y * np.float32(rng.uniform(*CONTRAST_RANGE)), 0, 255) if rng.integers(2) else y
 
     if contrast_first:
         x = contrast(x)
     if x.shape[-1] == 3:
         if rng.integers(2):
             hsv = _rgb_to_hsv(np.rint(x).astype(np.uint8))
-            hsv[..., 1] = np.clip(hsv[..., 1] * rng.uniform(*SATURATION_RANGE), 0, 255)
+            hsv[..., 1] = np.clip(hsv[..., 1] * np.float32(rng.uniform(*SATURATION_RANGE)), 0, 255)
             x = np.clip(_hsv_to_rgb(hsv), 0, 255)
         if rng.integers(2):
             hsv = _rgb_to_hsv(np.rint(x).astype(np.uint8))
@@ -185,19 +201,22 @@ PROTOCOLS = {
 
 
 def random_crop_box(
-    label: np.ndarray, crop: int, rng: np.random.Generator, cat_max_ratio: float, tries: int = 10
+    label: np.ndarray, crop: int, rng: np.random.Generator, cat_max_ratio: float, tries: int = 10,
+    hw: tuple[int, int] | None = None,
 ) -> tuple[int, int, int, int]:
     """(y0, y1, x0, x1) of a crop×crop window (smaller where the image is): up to `tries` draws
     until no class covers ≥ cat_max_ratio of the crop's labelled pixels (and it holds ≥ 2
-    classes); else the last draw (mmseg RandomCrop)."""
-    h, w = label.shape
+    classes); else the last draw (mmseg RandomCrop). `hw`: the window is drawn on the label
+    resized (nearest) to hw, read through the index maps without building it."""
+    h, w = hw or label.shape
+    rows, cols = nearest_index(h, label.shape[0]), nearest_index(w, label.shape[1])
     for _ in range(tries):
         y0 = int(rng.integers(0, max(h - crop, 0) + 1))
         x0 = int(rng.integers(0, max(w - crop, 0) + 1))
         box = (y0, min(y0 + crop, h), x0, min(x0 + crop, w))
         if cat_max_ratio >= 1.0:
             break
-        values = label[box[0] : box[1], box[2] : box[3]]
+        values = label[rows[box[0] : box[1], None], cols[box[2] : box[3]]]
         _, counts = np.unique(values[values != IGNORE_INDEX], return_counts=True)
         if len(counts) > 1 and counts.max() / counts.sum() < cat_max_ratio:
             break
@@ -217,9 +236,10 @@ def train_example(
     """
     r = rng.uniform(*protocol.ratio)
     hw = rescale_hw(image.shape[:2], protocol.long_factor * protocol.short * r, protocol.short * r)
-    image, label = resize_image(image, hw), resize_nearest(label, hw)
-    y0, y1, x0, x1 = random_crop_box(label, protocol.crop, rng, protocol.cat_max_ratio)
-    image, label = image[y0:y1, x0:x1], label[y0:y1, x0:x1]
+    y0, y1, x0, x1 = random_crop_box(label, protocol.crop, rng, protocol.cat_max_ratio, hw=hw)
+    # Only the crop's pixels are resized (the same values as resizing all, then cropping).
+    image = resize_image(image, hw, (y0, y1, x0, x1))
+    label = label[nearest_index(hw[0], label.shape[0])[y0:y1, None], nearest_index(hw[1], label.shape[1])[x0:x1]]
     if protocol.flip and rng.random() < 0.5:
         image, label = image[:, ::-1], label[:, ::-1]
     if protocol.photometric:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -293,6 +294,7 @@ class LinearSegmentation:
     warmup: int = 1500
     seed: int = 0
     chunk: int = 64  # test windows per device call
+    workers: int = 0  # host threads making the train crops (0: min(16, cores))
 
     def __post_init__(self):
         if self.ctx.outputs is None:
@@ -354,23 +356,30 @@ class LinearSegmentation:
 
         return sources.get_source(self.dataset or self.ctx.config.dataset.name, split, self.data_dir)
 
-    def train_batch(self, source: Any, step: int) -> dict[str, np.ndarray]:
-        """The host global batch of probe step `step` (0-based): images normalized, padding 0."""
+    def train_example(self, source: Any, step: int, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Example i of probe step `step` (0-based): (normalized image with 0 padding, label)."""
         from skipless_jax.data import dense, pipeline
 
-        n, images, labels = len(source), [], []
-        for i in range(self.batch_size):
-            k = step * self.batch_size + i
-            perm = _permutation(self.seed, k // n, n)
-            record = source[int(perm[k % n])]
-            rng = np.random.default_rng([self.seed, step, i, 0x5E6])
-            image, label, valid = dense.train_example(record["image"], record["segmentation"], self.protocol, rng)
-            images.append(np.where(valid[..., None], pipeline.normalize(image, self.info.mean, self.info.std), 0.0))
-            labels.append(label)
+        n = len(source)
+        k = step * self.batch_size + i
+        record = source[int(_permutation(self.seed, k // n, n)[k % n])]
+        rng = np.random.default_rng([self.seed, step, i, 0x5E6])
+        image, label, valid = dense.train_example(record["image"], record["segmentation"], self.protocol, rng)
+        return np.where(valid[..., None], pipeline.normalize(image, self.info.mean, self.info.std), 0.0), label
+
+    def train_batch(self, source: Any, step: int, pool: Any = None) -> dict[str, np.ndarray]:
+        """The host global batch of probe step `step`; `pool` (a thread pool) maps the examples."""
+        run = map if pool is None else pool.map
+        images, labels = zip(*run(lambda i: self.train_example(source, step, i), range(self.batch_size)))
         return {"image": np.stack(images).astype(np.float32), "segmentation": np.stack(labels)}
 
     def train(self, params: Any, steps: int | None = None) -> dict[str, Any]:
-        """The head state after `steps` (default `self.steps`) steps from its initialization."""
+        """The head state after `steps` (default `self.steps`) steps from its initialization.
+
+        The host crops of step s + 1 are made by a thread pool (numpy releases the GIL in its
+        array work) while the device runs step s."""
+        import concurrent.futures
+
         from skipless_jax.evaluators.common import global_rows
 
         steps = self.steps if steps is None else steps
@@ -379,8 +388,15 @@ class LinearSegmentation:
             raise ValueError(f"config.evals.{self.name}: train_split {self.train_split!r} is empty")
         shape = (self.protocol.crop, self.protocol.crop, self.info.image_shape[-1])
         state = self.init(params, shape)
-        for s in range(steps):
-            state, _ = self._step(state, params, global_rows(self.ctx.mesh, self.train_batch(source, s)))
+        workers = self.workers or min(16, os.cpu_count() or 1)
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool, \
+                concurrent.futures.ThreadPoolExecutor(1) as ahead:
+            upcoming = ahead.submit(self.train_batch, source, 0, pool) if steps else None
+            for s in range(steps):
+                batch = upcoming.result()
+                if s + 1 < steps:
+                    upcoming = ahead.submit(self.train_batch, source, s + 1, pool)
+                state, _ = self._step(state, params, global_rows(self.ctx.mesh, batch))
         return state
 
     def scores(self, params: Any, head: dict[str, Any], images: list[np.ndarray]) -> list[np.ndarray]:
