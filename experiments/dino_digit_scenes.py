@@ -1,7 +1,8 @@
 r"""DINO on the digit scenes, with and without skips, AdamW and SOAP, 3 seeds: the dense
 miniature of "Cutting the Skip" (docs/results.md, "Dense evaluation on digit scenes").
 
-    OPENBLAS_NUM_THREADS=1 python experiments/dino_digit_scenes.py [--epochs=20] [--worker=0 --workers=2]
+    OPENBLAS_NUM_THREADS=1 python experiments/dino_digit_scenes.py [--epochs=20 --soap_epochs=20] \
+        [--worker=0 --workers=2] [--phase=all|train|evaluate|summarize]
 
 Runs configs/dino_digit_scenes.py (kNN, the `lin` segmentation probe, TokenCut and the PCA
 picture at the end, on the teacher) for {both skips + default init, no skips + skipless init}
@@ -42,16 +43,17 @@ METRICS = {  # result key -> column title
 }
 
 
-def runs(epochs: int) -> list[grid.Run]:
+def runs(epochs: dict[str, int]) -> list[grid.Run]:
+    """epochs: optimizer -> epochs of its runs."""
     return [
-        grid.Run(f"{name}|{opt}|seed={s}", "dino_digit_scenes", f"{arg},opt={opt},epochs={epochs},seed={s}")
+        grid.Run(f"{name}|{opt}|seed={s}", "dino_digit_scenes", f"{arg},opt={opt},epochs={epochs[opt]},seed={s}")
         for opt in OPTIMIZERS
         for s in SEEDS
         for name, arg in VARIANTS.items()
     ]
 
 
-def train_all(out: str, epochs: int, worker: int = 0, workers: int = 1) -> dict[str, dict]:
+def train_all(out: str, epochs: dict[str, int], worker: int = 0, workers: int = 1) -> dict[str, dict]:
     """Pre-trains every run of this worker's share not yet in `<out>.json`, keeping its last
     checkpoint under `<out>_runs/` (git-ignored); the kNN evaluation only (the dense ones run
     on the kept checkpoints, `evaluate_all`)."""
@@ -73,7 +75,7 @@ def train_all(out: str, epochs: int, worker: int = 0, workers: int = 1) -> dict[
                          worker=worker, workers=workers, keep_workdirs=f"{out}_runs")
 
 
-def evaluate_all(out: str, epochs: int, worker: int = 0, workers: int = 1) -> dict[str, dict]:
+def evaluate_all(out: str, epochs: dict[str, int], worker: int = 0, workers: int = 1) -> dict[str, dict]:
     """Runs the config's evaluators (kNN, `lin`, TokenCut, PCA) with `python -m skipless_jax.evaluate`'s
     function on every kept checkpoint of this worker's share not yet in `<out>_eval.json`."""
     from skipless_jax import evaluate
@@ -116,8 +118,8 @@ def table(results: dict[str, dict], trained: dict[str, dict]) -> str:
     cpu = sum(r["cpu_s"] for r in trained.values()) / 60
     wall = sum(r["wall_s"] for r in trained.values()) / 60
     evals = sum(r["eval_wall_s"] for r in results.values()) / 60
-    epochs = sorted({r["epochs"] for r in trained.values()})
-    lines.append(f"\n{len(results)} runs of {epochs} epochs; pre-training {wall:.0f} min wall-clock "
+    epochs = {opt: sorted({r["epochs"] for k, r in trained.items() if f"|{opt}|" in k}) for opt in OPTIMIZERS}
+    lines.append(f"\n{len(results)} runs, epochs {epochs}; pre-training {wall:.0f} min wall-clock "
                  f"({cpu:.0f} min process CPU), evaluations {evals:.0f} min; mean ± std over seeds.")
     return "\n".join(lines)
 
@@ -149,15 +151,17 @@ def figure(out: str) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="docs/figures/dino_digit_scenes")
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=20, help="epochs of the AdamW runs")
+    parser.add_argument("--soap_epochs", type=int, default=20, help="epochs of the SOAP runs")
     parser.add_argument("--phase", default="all", choices=("all", "train", "evaluate", "summarize"),
                         help="pre-train, evaluate the kept checkpoints, both (then summarize), or only summarize")
     grid.add_worker_args(parser)
     args = parser.parse_args()
+    epochs = {"adamw": args.epochs, "soap": args.soap_epochs}
     if args.phase in ("all", "train"):
-        train_all(args.out, args.epochs, args.worker, args.workers)
+        train_all(args.out, epochs, args.worker, args.workers)
     if args.phase in ("all", "evaluate"):
-        evaluate_all(args.out, args.epochs, args.worker, args.workers)
+        evaluate_all(args.out, epochs, args.worker, args.workers)
     text = table(grid.load(f"{args.out}_eval.json"), grid.load(f"{args.out}.json"))
     with open(f"{args.out}.md", "w") as f:
         f.write(text + "\n")
