@@ -220,9 +220,6 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
         value = opt.get(field)
         _require(value is None or (_is_finite(value) and 0.0 <= value < 1.0),
                  f"config.optimizer.{field}={value!r} must be in [0, 1)")
-    _require(not (config.model.get("scan") and opt.get("name") == "soap"),
-             "config.model.scan=True with config.optimizer.name='soap': SOAP would precondition the stacked layer "
-             "axis (an L×L factor); allowed: scan=False with SOAP")
     decay = opt.get("layer_decay")
     _require(decay is None or (_is_finite(decay) and 0.0 < decay <= 1.0),
              f"config.optimizer.layer_decay={decay!r} must be in (0, 1] (None or 1: off)")

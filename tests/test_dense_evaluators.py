@@ -385,3 +385,23 @@ def test_train_crops_depend_on_seed_and_step_only():
         np.testing.assert_array_equal(threaded[k], plain[k])
     assert threaded["image"].shape == (16, 32, 32, 1) and threaded["segmentation"].dtype == np.uint8
     assert not np.array_equal(ev.train_batch(source, 6)["image"], plain["image"])
+
+
+def test_tokencut_splits_the_cut_over_processes_and_gathers_every_box(monkeypatch):
+    """Two processes simulated in one: each cuts rows p, p + 2, …; the gather puts every box back."""
+    from jax.experimental import multihost_utils
+
+    ctx, params, _ = context("tok")
+    ev = tc.TokenCut.from_config("tc", ml_collections.ConfigDict(), ctx, **common("tc", "test[:11]"))
+    ev.chunk = 4
+    whole, _ = ev.boxes(params)
+    halves = {}
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    for rank in (0, 1):
+        monkeypatch.setattr(jax, "process_index", lambda rank=rank: rank)
+        monkeypatch.setattr(multihost_utils, "process_allgather",
+                            lambda x, rank=rank: np.stack([halves.setdefault(rank, x)] * 2))
+        ev.boxes(params)
+    assert np.all(halves[0][1::2] == 0) and np.all(halves[1][0::2] == 0)  # each cut only its rows
+    gathered = np.stack([halves[0], halves[1]])
+    np.testing.assert_array_equal(gathered[np.arange(11) % 2, np.arange(11)], whole)

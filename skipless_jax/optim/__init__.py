@@ -78,6 +78,15 @@ def decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(leaf, params)
 
 
+def stacked_mask(params: Any) -> Any:
+    """True for the leaves of a scanned encoder (their leading axis stacks the layers)."""
+    from skipless_jax import sharding
+    from skipless_jax.models.common import SCANNED_BLOCKS
+
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: SCANNED_BLOCKS in sharding.path_str(path).split("/"), params)
+
+
 def _adamw(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:
     return optax.adamw(
         lr,
@@ -109,6 +118,7 @@ def _soap(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:
         merge_dims=opt.get("merge_dims", False),
         precondition_1d=opt.get("precondition_1d", False),
         weight_decay_mask=decay_mask,
+        stacked=stacked_mask,  # a scanned encoder: each layer its own factors (no L×L factor)
     )
 
 

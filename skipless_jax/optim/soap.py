@@ -26,6 +26,7 @@ so the trainer's sharding rules apply to them like to parameters.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import string
 from collections.abc import Callable
@@ -340,33 +341,44 @@ def scale_by_soap(
     precondition_1d: bool = False,
     normalize_grads: bool = False,
     correct_bias: bool = True,
+    stacked: Any = None,
 ) -> optax.GradientTransformation:
     """SOAP direction √(1-b2^t)/(1-b1^t)·project_back(m/(√v+eps)) (docs/method.md §5), no lr, no decay.
 
     The first call returns zeros and only builds the preconditioner. Follow with
     `optax.scale_by_learning_rate` (see `soap`). shampoo_beta=None means shampoo_beta = b2.
+    stacked: None, a bool pytree like the parameters or a callable params -> one: leaves whose
+    leading axis stacks L independent layers (a scanned encoder). Each layer is its own tensor
+    (factors (L, s, s), its own normalization), exactly as if the layers were separate leaves.
     """
     validate_soap_hparams(b1, b2, shampoo_beta, eps, 0.0, precondition_frequency, max_precond_dim)
+    _check_mask_type(stacked)
     beta_s = b2 if shampoo_beta is None else shampoo_beta
 
     hp = _Hyper(b1, b2, beta_s, eps, normalize_grads, correct_bias)
 
-    def layout(p: jax.Array) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        return soap_layout(jnp.shape(p), max_precond_dim, merge_dims, precondition_1d)
+    def layout(p: jax.Array, is_stacked: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        shape = jnp.shape(p)[1:] if is_stacked else jnp.shape(p)
+        return soap_layout(shape, max_precond_dim, merge_dims, precondition_1d)
+
+    def stacked_flags(tree: Any) -> Any:
+        return jax.tree.map(lambda _: False, tree) if stacked is None else _resolve_mask(stacked, tree)
 
     def init_fn(params: optax.Params) -> ScaleBySoapState:
-        def factors(p: jax.Array, fill: Callable) -> tuple[jax.Array, ...]:
-            work, axes = layout(p)
+        def factors(p: jax.Array, is_stacked: bool, fill: Callable) -> tuple[jax.Array, ...]:
+            work, axes = layout(p, is_stacked)
             dtype = _state_dtype(p.dtype)
-            return tuple(fill(work[a], dtype) for a in axes)
+            lead = (p.shape[0],) if is_stacked else ()
+            return tuple(jnp.broadcast_to(fill(work[a], dtype), lead + (work[a],) * 2) for a in axes)
 
         zeros = lambda p: jnp.zeros(jnp.shape(p), _state_dtype(p.dtype))
+        flags = stacked_flags(params)
         return ScaleBySoapState(
             count=jnp.zeros([], jnp.int32),
             mu=jax.tree.map(zeros, params),
             nu=jax.tree.map(zeros, params),
-            gg=jax.tree.map(lambda p: factors(p, lambda s, d: jnp.zeros((s, s), d)), params),
-            q=jax.tree.map(lambda p: factors(p, lambda s, d: jnp.eye(s, dtype=d)), params),
+            gg=jax.tree.map(lambda p, f: factors(p, f, lambda s, d: jnp.zeros((s, s), d)), params, flags),
+            q=jax.tree.map(lambda p, f: factors(p, f, lambda s, d: jnp.eye(s, dtype=d)), params, flags),
         )
 
     def update_fn(
@@ -376,15 +388,24 @@ def scale_by_soap(
         grads, treedef = jax.tree.flatten(updates)
         mus, nus = treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu)
         ggs, qs = treedef.flatten_up_to(state.gg), treedef.flatten_up_to(state.q)
+        flags = treedef.flatten_up_to(stacked_flags(updates))
         count = state.count
-        layouts = [layout(g) for g in grads]
+        layouts = [layout(g, f) for g, f in zip(grads, flags)]
+        # Layers per leaf: L for a stacked leaf (its per-layer functions vmapped), else 1.
+        layers = [g.shape[0] if f else 1 for g, f in zip(grads, flags)]
+
+        def per_layer(fn: Callable, i: int) -> Callable:
+            return jax.vmap(fn) if flags[i] else fn
+
+        def work_shape(i: int) -> tuple[int, ...]:
+            return ((layers[i],) if flags[i] else ()) + layouts[i][0]
 
         directions, new_mu, new_nu, new_gg = [], [], [], []
-        for g, mu, nu, gg, q, (work, axes) in zip(grads, mus, nus, ggs, qs, layouts):
-            dtype = _state_dtype(g.dtype)
-            d, m, v, f = tensor_step(
-                g.astype(dtype).reshape(work), mu.reshape(work), nu.reshape(work),
-                tuple(gg), tuple(q), count, axes, hp,
+        for i, (g, mu, nu, gg, q) in enumerate(zip(grads, mus, nus, ggs, qs)):
+            dtype, axes, work = _state_dtype(g.dtype), layouts[i][1], work_shape(i)
+            step = lambda g, mu, nu, gg, q, axes=axes: tensor_step(g, mu, nu, gg, q, count, axes, hp)
+            d, m, v, f = per_layer(step, i)(
+                g.astype(dtype).reshape(work), mu.reshape(work), nu.reshape(work), tuple(gg), tuple(q)
             )
             directions.append(d)
             new_mu.append(m)
@@ -392,17 +413,22 @@ def scale_by_soap(
             new_gg.append(f)
 
         # Leaves with factors enter the conds: eigh on call 0, power iteration + QR on refresh
-        # steps, nothing otherwise.
+        # steps, nothing otherwise. The refresh sees one (s, s) matrix per factor and layer.
         factored = [i for i, (_, axes) in enumerate(layouts) if axes]
-        flat_gg = [f for i in factored for f in new_gg[i]]
-        flat_q = [f for i in factored for f in qs[i]]
+
+        def split(i: int, factors: tuple[jax.Array, ...]) -> list[jax.Array]:
+            return [f[layer] for f in factors for layer in range(layers[i])] if flags[i] else list(factors)
+
+        flat_gg = [f for i in factored for f in split(i, new_gg[i])]
+        flat_q = [f for i in factored for f in split(i, qs[i])]
 
         def regroup(flat: list[Any]) -> list[tuple[Any, ...]]:
             out, k = [], 0
             for i in factored:
-                n = len(layouts[i][1])
-                out.append(tuple(flat[k:k + n]))
-                k += n
+                n, per = len(layouts[i][1]), layers[i]
+                mats = [flat[k + j * per : k + (j + 1) * per] for j in range(n)]
+                out.append(tuple(jnp.stack(m) if flags[i] else m[0] for m in mats))
+                k += n * per
             return out
 
         def keep(ops):
@@ -421,7 +447,8 @@ def scale_by_soap(
             for i, mu, nu, q_o, q_n, order in zip(
                 factored, mu_l, nu_l, regroup(q_flat), regroup(q_new), orders
             ):
-                mu, nu = tensor_rotate(mu, nu, q_o, q_n, order, layouts[i][1])
+                rotate = functools.partial(tensor_rotate, axes=layouts[i][1])
+                mu, nu = per_layer(rotate, i)(mu, nu, q_o, q_n, order)
                 mu_out.append(mu)
                 nu_out.append(nu)
             return q_new, mu_out, nu_out
@@ -433,7 +460,7 @@ def scale_by_soap(
             ops = (flat_gg, flat_q, [new_mu[i] for i in factored], [new_nu[i] for i in factored])
             q_flat, mu_f, nu_f = jax.lax.cond(count == 0, eigh_init, refresh_or_keep, ops)
             new_q = [tuple(q) for q in qs]
-            for i, q, m, v in zip(factored, regroup(q_flat), mu_f, nu_f):
+            for i, q, m, v in zip(factored, regroup(q_flat), mu_f, nu_f, strict=True):
                 new_q[i], new_mu[i], new_nu[i] = q, m, v
         else:
             new_q = [tuple(q) for q in qs]
@@ -503,12 +530,14 @@ def soap(
     normalize_grads: bool = False,
     correct_bias: bool = True,
     weight_decay_mask: Any = None,
+    stacked: Any = None,
 ) -> optax.GradientTransformation:
     """SOAP with learning rate (float or schedule) and decoupled weight decay (docs/method.md §5).
 
     Chain: scale_by_soap → scale by -lr_t → u ← u - lr_t·wd·(p + u), reproducing the reference's
     `p ← p - lr·bc·dir; p ← p - lr·wd·p` exactly. weight_decay_mask=None decays ≥2-D parameters.
     Defaults are the reference's (the paper's Cutting-the-Skip runs use b1=0.9, b2=0.95, freq 10).
+    stacked: leaves whose leading axis stacks independent layers (see `scale_by_soap`).
     """
     validate_soap_hparams(
         b1, b2, shampoo_beta, eps, weight_decay, precondition_frequency, max_precond_dim
@@ -526,6 +555,7 @@ def soap(
             precondition_1d=precondition_1d,
             normalize_grads=normalize_grads,
             correct_bias=correct_bias,
+            stacked=stacked,
         ),
         optax.scale_by_learning_rate(learning_rate),
     ]
