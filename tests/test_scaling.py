@@ -37,11 +37,22 @@ _spec.loader.exec_module(scaling)
 CONFIGS = {
     "adamw": lambda: scaling.supervised_config("adamw", width=64, depth=1, batch=256),
     "accum4": lambda: scaling.supervised_config("adamw", width=64, depth=1, batch=256, accum=4),
+    "mixup": lambda: _mixup_config(),  # mixup/cutmix of the global batch inside the step
     "soap": lambda: _soap_config(),
     "dino": lambda: scaling.dino_config("adamw", width=64, depth=1, batch=64),
     "convmixer": lambda: scaling.convmixer_config(width=128, depth=1, batch=256),  # BatchNorm over the global batch
 }
 MESHES = {"one": {"data": 1}, "data": {"data": 8}, "fsdp": {"fsdp": 8}, "mixed": {"data": 2, "fsdp": 4}}
+
+
+def _mixup_config():
+    import ml_collections
+
+    from skipless_jax import config_blocks
+
+    c = scaling.supervised_config("adamw", width=64, depth=1, batch=256)
+    c.input.aug = ml_collections.ConfigDict(config_blocks.deit_aug(mixup_switch_prob=0.5))
+    return c
 
 
 def _soap_config():

@@ -664,6 +664,7 @@ def mixup_cutmix(
 # ----------------------------------------------------------------------------------------
 # Config validation and the transforms the pipeline maps.
 
+MIX_ON = ("device", "host")
 _AUG_FIELDS = ("randaug", "scale", "flip", "reprob", "mixup", "cutmix", "mixup_switch_prob")
 
 
@@ -698,7 +699,8 @@ def validate_aug_config(aug_config: Any) -> None:
     mixup >= 0, cutmix >= 0, mixup_switch_prob [0, 1]. Optional: ratio
     (0 < lo <= hi; default (3/4, 4/3)), mixup_prob [0, 1] (default 1), crop ('rrc' random
     resized crop, default; 'pad' zero-pad + random crop, CIFAR style), crop_padding (int >= 0,
-    default 4).
+    default 4), mix_on ('device': mixup/cutmix of the global batch inside the train step,
+    data/device_mix.py, default; 'host': of each process's batch in the pipeline).
     """
     randaug = _field(aug_config, "randaug")
     if randaug is not None and not isinstance(randaug, str):
@@ -735,6 +737,9 @@ def validate_aug_config(aug_config: Any) -> None:
     padding = _optional(aug_config, "crop_padding", 4)
     if not isinstance(padding, (int, np.integer)) or isinstance(padding, bool) or padding < 0:
         raise ValueError(f"aug.crop_padding={padding!r}; must be an int >= 0")
+    mix_on = _optional(aug_config, "mix_on", "device")
+    if mix_on not in MIX_ON:
+        raise ValueError(f"aug.mix_on={mix_on!r} is unknown; allowed: {list(MIX_ON)}")
 
 
 def _mean_fill(mean: Sequence[float]) -> tuple[int, int, int]:

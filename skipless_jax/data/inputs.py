@@ -33,7 +33,7 @@ def _transforms(config: Any):
     else:
         train = augment.train_transform(aug, size, info.mean, info.std)
     batch = None
-    if aug is not None and (aug.get("mixup", 0) or aug.get("cutmix", 0)):
+    if aug is not None and (aug.get("mixup", 0) or aug.get("cutmix", 0)) and aug.get("mix_on", "device") == "host":
         mix = augment.batch_transform(aug, info.num_classes)  # mixup/cutmix with aug.mixup_prob
 
         def batch(b: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:

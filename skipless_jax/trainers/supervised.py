@@ -20,7 +20,7 @@ import optax
 from absl import logging
 
 from skipless_jax import checkpoint, evaluators, models, sharding, validate
-from skipless_jax.data import inputs, sources
+from skipless_jax.data import device_mix, inputs, sources
 from skipless_jax.evaluators.classification import cross_entropy
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common
@@ -82,16 +82,21 @@ def make_init_state(model: Any, tx: optax.GradientTransformation, dummy: jax.Arr
     return init_state
 
 
+MIX_TAG = 0x6D6978  # fold_in tag of the mixup/cutmix key ("mix")
+
+
 def make_train_step(
     model: Any, tx: optax.GradientTransformation, schedule: optax.Schedule, config: ml_collections.ConfigDict
 ):
-    """(state, {'image', 'label'}) -> (state, metrics); gradient accumulation over
+    """(state, {'image', 'label'}) -> (state, metrics); mixup/cutmix of the global batch first
+    when `device_mix.enabled(config)`; gradient accumulation over
     `config.grad_accum_steps` equal strided micro-batches (examples j, j + k, ...: each is split
     over every device like the batch); a non-finite update is rejected. A state with
     `batch_stats` (running BatchNorm statistics) has them updated by each (micro-)batch in turn,
     from the batch statistics over the whole global (micro-)batch."""
     smoothing = config.get("label_smoothing", 0.0)
     microbatches = config.get("grad_accum_steps") or 1
+    mix = device_mix.enabled(config)
 
     def loss_fn(params, stats, images, labels, rng):
         if stats is None:
@@ -108,6 +113,10 @@ def make_train_step(
     def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
         step, params, stats = state["step"], state["params"], state.get("batch_stats")
         dropout_rng = jax.random.fold_in(state["rng"], step)
+        if mix:  # mixup/cutmix of the global batch: draws from (seed, step) alone
+            images, labels = device_mix.mixup_cutmix(
+                jax.random.fold_in(dropout_rng, MIX_TAG), batch["image"], batch["label"], config.input.aug)
+            batch = {**batch, "image": sharding.constrain_batch(images), "label": sharding.constrain_batch(labels)}
         if microbatches == 1:
             (loss, (accuracy, stats)), grads = grad_fn(params, stats, batch["image"], batch["label"], dropout_rng)
         else:  # gradient accumulation: the mean over equal micro-batches of the global batch
