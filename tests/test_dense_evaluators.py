@@ -162,7 +162,7 @@ def test_miou_equals_a_numpy_recomputation_from_the_model(trained):
     tokens = np.asarray(out["encoded"])[:, 1:].reshape(len(images), 8, 8, -1)
     logits, _ = seg.head_logits(jax.device_get(head["params"]), jax.device_get(head["stats"]), tokens)
     ref = np.asarray(jax.image.resize(logits, (len(images), 32, 32, 11), "bilinear"))
-    scores = np.stack(ev.scores(params, head, [r["image"] for r in records]))
+    scores = np.stack(list(ev.scores(params, head, [r["image"] for r in records])))
     np.testing.assert_allclose(scores, ref, atol=2e-4)
     pred, label = scores.argmax(-1), np.stack([r["segmentation"] for r in records])
     keep = label != 255
@@ -213,6 +213,11 @@ def test_build_and_run_all_report_both_evaluators():
             r"^config\.evals\.e\.dataset='voc13' is unknown; allowed: \[.*'voc12_seg'",
         ),
         (dict(type="tokencut", data_dr="x"), r"^config\.evals\.e\.data_dr is not a field"),
+        (dict(type="tokencut", dataset="voc07_boxes"),
+         r"^config\.evals\.e\.split is required for its own dataset 'voc07_boxes' \(splits: \['test', 'trainval'\]\)"),
+        (dict(type="linear_segmentation", dataset="ade20k", split="val"),
+         r"^config\.evals\.e\.train_split is required for its own dataset 'ade20k'"),
+        (dict(type="tokencut", dataset=["voc07_boxes"]), r"^config\.evals\.e\.dataset=\['voc07_boxes'\] must be"),
         (dict(type="linear_segmentation", protocol="lin2"), r"^config\.evals\.e\.protocol='lin2' is unknown"),
         (dict(type="linear_segmentation", steps=0), r"^config\.evals\.e\.steps=0 must be a positive integer"),
         (dict(type="linear_segmentation", batch_size=2.5), r"^config\.evals\.e\.batch_size=2\.5 must be"),
@@ -316,11 +321,15 @@ def test_multi_scale_flip_scores_equal_a_plain_loop_over_views_and_windows():
     source = ev.source("test[:2]")
     images = [source[i]["image"] for i in range(2)]
     assert len(ev.protocol.test_scales) == 5 and ev.protocol.test_flip
-    scores = ev.scores(params, head, images)
+    scores = list(ev.scores(params, head, images))
     for image, score in zip(images, scores, strict=True):
         ref = _reference_scores(ev, model, host, head, image)
         np.testing.assert_allclose(score / 10, ref, atol=2e-5)  # 10 views summed
         assert score.shape == (32, 32, 11)
+    # Windows sent 3 at a time and after every image (no view buffer kept): the same scores.
+    ev.chunk, ev.buffer_bytes = 3, 0
+    for a, b in zip(list(ev.scores(params, head, images)), scores, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
 
 
 def _rgb_context():

@@ -4,9 +4,10 @@ numpy only, deterministic. The dense evaluators read a dataset's records (`image
 (H, W, C) of any size, `segmentation` uint8 (H, W) with 255 ignored, `boxes` (k, 4)) straight
 from its source, not through the classification eval transform, and prepare them here:
 
-* `bilinear_matrix` / `resize_bilinear` / `resize_image`: bilinear resizes with half-pixel
+* `bilinear_taps` / `resize_bilinear` / `resize_image`: bilinear resizes with half-pixel
   centres and clamped edges, without antialiasing (torch `align_corners=False`, OpenCV
-  `INTER_LINEAR`); `resize_nearest` for labels (OpenCV's `INTER_NEAREST`: source ⌊i·in/out⌋);
+  `INTER_LINEAR`), two taps per output; `resize_nearest` for labels (OpenCV's `INTER_NEAREST`:
+  source ⌊i·in/out⌋);
 * `rescale_hw`: mmseg's keep-ratio rescale to a (long, short) target: factor
   min(long / max(H, W), short / min(H, W));
 * `Protocol` (`PROTOCOLS['lin']`, `['ms']`): the segmentation probe's train crops and test
@@ -28,14 +29,24 @@ import numpy as np
 IGNORE_INDEX = 255
 
 
-@functools.lru_cache(maxsize=256)  # bounded: random train scales make many sizes
-def bilinear_matrix(out: int, inp: int) -> np.ndarray:
-    """(out, inp) float64 bilinear interpolation matrix: half-pixel centres, edges clamped, no
-    antialiasing. Row i samples the input at (i + ½)·inp/out − ½ (clamped to [0, inp − 1])."""
+@functools.lru_cache(maxsize=4096)
+def bilinear_taps(out: int, inp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(i0, i1, frac) of the bilinear resize inp → out: output i = (1 − frac)·x[i0] + frac·x[i1],
+    sampling the input at (i + ½)·inp/out − ½ clamped to [0, inp − 1] (half-pixel centres,
+    edges clamped, no antialiasing). O(out) memory: two taps per output."""
     src = np.clip((np.arange(out) + 0.5) * inp / out - 0.5, 0, inp - 1)
-    i0 = np.floor(src).astype(int)
+    i0 = np.floor(src).astype(np.intp)
     i1 = np.minimum(i0 + 1, inp - 1)
     frac = src - i0
+    for a in (i0, i1, frac):
+        a.setflags(write=False)
+    return i0, i1, frac
+
+
+@functools.lru_cache(maxsize=1024)
+def bilinear_matrix(out: int, inp: int) -> np.ndarray:
+    """The (out, inp) float64 matrix of `bilinear_taps` (for small sizes: the digit scenes, tests)."""
+    i0, i1, frac = bilinear_taps(out, inp)
     r = np.zeros((out, inp))
     np.add.at(r, (np.arange(out), i0), 1 - frac)
     np.add.at(r, (np.arange(out), i1), frac)
@@ -43,20 +54,25 @@ def bilinear_matrix(out: int, inp: int) -> np.ndarray:
     return r
 
 
+def _resize_axis(x: np.ndarray, out: int, axis: int, start: int = 0, stop: int | None = None,
+                 dtype: np.dtype = np.float64) -> np.ndarray:
+    i0, i1, frac = bilinear_taps(out, x.shape[axis])
+    i0, i1, frac = i0[start:stop], i1[start:stop], frac[start:stop].astype(dtype)
+    shape = [1] * x.ndim
+    shape[axis] = len(frac)
+    frac = frac.reshape(shape)
+    return np.take(x, i0, axis=axis).astype(dtype) * (1 - frac) + np.take(x, i1, axis=axis).astype(dtype) * frac
+
+
 def resize_bilinear(
-    x: np.ndarray, hw: tuple[int, int], window: tuple[int, int, int, int] | None = None
+    x: np.ndarray, hw: tuple[int, int], window: tuple[int, int, int, int] | None = None,
+    dtype: np.dtype = np.float64,
 ) -> np.ndarray:
-    """(H, W, ...) → (h, w, ...) float64 by `bilinear_matrix` along both axes; `window` (y0, y1,
-    x0, x1): only those rows and columns of the result (the same values, computed alone)."""
-    x = np.asarray(x, np.float64)
-    rows, cols = bilinear_matrix(hw[0], x.shape[0]), bilinear_matrix(hw[1], x.shape[1])
-    if window is not None:
-        rows, cols = rows[window[0] : window[1]], cols[window[2] : window[3]]
-    # Touch only the input rows/columns the window reads.
-    r_used, c_used = np.flatnonzero(rows.any(0)), np.flatnonzero(cols.any(0))
-    x = x[r_used[0] : r_used[-1] + 1, c_used[0] : c_used[-1] + 1]
-    rows, cols = rows[:, r_used[0] : r_used[-1] + 1], cols[:, c_used[0] : c_used[-1] + 1]
-    return np.einsum("ih,hw...,jw->ij...", rows, x, cols, optimize=True)
+    """(H, W, ...) → (h, w, ...) bilinear (`bilinear_taps` along both axes) in `dtype`; `window`
+    (y0, y1, x0, x1): only those rows and columns of the result (the same values, computed alone)."""
+    y0, y1, x0, x1 = window or (0, hw[0], 0, hw[1])
+    x = _resize_axis(np.asarray(x), hw[0], 0, y0, y1, dtype)
+    return _resize_axis(x, hw[1], 1, x0, x1, dtype)
 
 
 def resize_image(
@@ -137,32 +153,36 @@ def photometric_distortion(image: np.ndarray, rng: np.random.Generator) -> np.nd
     """uint8 (H, W, C) → uint8: mmseg's PhotoMetricDistortion with its defaults.
 
     In order, each applied with probability ½: brightness + U(−32, 32); (contrast first with
-    probability ½) contrast × U(0.5, 1.5); saturation × U(0.5, 1.5) and hue + U{−18..18} (mod 180)
-    in 8-bit HSV (3 channels only); contrast here if it was not first. Values are clipped to
-    [0, 255] after each step and rounded to uint8 at the colour-space conversions.
+    probability ½) contrast × U(0.5, 1.5); saturation × U(0.5, 1.5) and hue + U{−18..17} (mod 180)
+    in 8-bit HSV (3 channels only); contrast here if it was not first. As mmseg, each step
+    clips to [0, 255] and truncates to uint8.
     """
-    x = image.astype(np.float32)
+    x = np.asarray(image, np.uint8)
+
+    def convert(y: np.ndarray, alpha: float = 1.0, beta: float = 0.0) -> np.ndarray:
+        return np.clip(y.astype(np.float32) * np.float32(alpha) + np.float32(beta), 0, 255).astype(np.uint8)
+
     if rng.integers(2):
-        x = np.clip(x + np.float32(rng.uniform(-BRIGHTNESS_DELTA, BRIGHTNESS_DELTA)), 0, 255)
+        x = convert(x, beta=rng.uniform(-BRIGHTNESS_DELTA, BRIGHTNESS_DELTA))
     contrast_first = bool(rng.integers(2))
 
     def contrast(y: np.ndarray) -> np.ndarray:
-        return np.clip(y * np.float32(rng.uniform(*CONTRAST_RANGE)), 0, 255) if rng.integers(2) else y
+        return convert(y, alpha=rng.uniform(*CONTRAST_RANGE)) if rng.integers(2) else y
 
     if contrast_first:
         x = contrast(x)
     if x.shape[-1] == 3:
         if rng.integers(2):
-            hsv = _rgb_to_hsv(np.rint(x).astype(np.uint8))
-            hsv[..., 1] = np.clip(hsv[..., 1] * np.float32(rng.uniform(*SATURATION_RANGE)), 0, 255)
-            x = np.clip(_hsv_to_rgb(hsv), 0, 255)
+            hsv = np.rint(_rgb_to_hsv(x)).astype(np.uint8)
+            hsv[..., 1] = convert(hsv[..., 1], alpha=rng.uniform(*SATURATION_RANGE))
+            x = np.clip(np.rint(_hsv_to_rgb(hsv.astype(np.float32))), 0, 255).astype(np.uint8)
         if rng.integers(2):
-            hsv = _rgb_to_hsv(np.rint(x).astype(np.uint8))
-            hsv[..., 0] = (hsv[..., 0] + rng.integers(-HUE_DELTA, HUE_DELTA + 1)) % 180
-            x = np.clip(_hsv_to_rgb(hsv), 0, 255)
+            hsv = np.rint(_rgb_to_hsv(x)).astype(np.int32)
+            hsv[..., 0] = (hsv[..., 0] + rng.integers(-HUE_DELTA, HUE_DELTA)) % 180
+            x = np.clip(np.rint(_hsv_to_rgb(hsv.astype(np.float32))), 0, 255).astype(np.uint8)
     if not contrast_first:
         x = contrast(x)
-    return np.rint(x).astype(np.uint8)
+    return x
 
 
 # ---------------------------------------------------------------------------------------------

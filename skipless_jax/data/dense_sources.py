@@ -67,8 +67,7 @@ _FINE_TO_COARSE = (
 COCO_STUFF_27 = np.full(256, 255, np.uint8)
 COCO_STUFF_27[:182] = _FINE_TO_COARSE
 # The 15 coarse stuff classes (coarse ids 12..26 → 0..14; things ignored), IIC's / STEGO's "cocostuff15".
-COCO_STUFF_15 = np.where(COCO_STUFF_27 >= 12, COCO_STUFF_27 - 12, 255).astype(np.uint8)
-COCO_STUFF_15[255] = 255
+COCO_STUFF_15 = np.where((COCO_STUFF_27 >= 12) & (COCO_STUFF_27 != 255), COCO_STUFF_27 - 12, 255).astype(np.uint8)
 COCO_STUFF_TABLES = {171: COCO_STUFF_171, 27: COCO_STUFF_27, 15: COCO_STUFF_15}
 
 
@@ -125,22 +124,28 @@ class _ListSource:
 
 
 def voc_seg(data_dir: str | None, split: str) -> _ListSource:
+    """VOC 2012 segmentation: train.txt / val.txt with SegmentationClass masks; 'train_aug' adds
+    aug.txt's SBD images with SegmentationClassAug masks (mmseg's voc_aug layout)."""
     root = _find_root(data_dir, "voc12_seg", "ImageSets/Segmentation", "VOCdevkit/VOC2012", "VOC2012")
     sets = os.path.join(root, "ImageSets", "Segmentation")
-    if split == "train_aug":
-        ids = list(dict.fromkeys(_ids(os.path.join(sets, "train.txt"), "voc12_seg")
-                                 + _ids(os.path.join(sets, "aug.txt"), "voc12_seg")))
-    else:
-        ids = _ids(os.path.join(sets, f"{split}.txt"), "voc12_seg")
+    lists = [("train.txt", "SegmentationClass"), ("aug.txt", "SegmentationClassAug")] if split == "train_aug" else [
+        (f"{split}.txt", "SegmentationClass")]
+    items: dict[str, str] = {}
+    for name, folder in lists:
+        if not os.path.isdir(os.path.join(root, folder)):
+            raise FileNotFoundError(f"dataset 'voc12_seg' split {split!r}: {os.path.join(root, folder)!r} is missing; "
+                                    f"see {DOCS}")
+        for i in _ids(os.path.join(sets, name), "voc12_seg"):
+            items.setdefault(i, folder)
+    if not os.path.isdir(os.path.join(root, "JPEGImages")):
+        raise FileNotFoundError(f"dataset 'voc12_seg': {os.path.join(root, 'JPEGImages')!r} is missing; see {DOCS}")
 
-    def read(i: str) -> dict[str, Any]:
-        label = os.path.join(root, "SegmentationClass", f"{i}.png")
-        if split == "train_aug" and os.path.exists(os.path.join(root, "SegmentationClassAug", f"{i}.png")):
-            label = os.path.join(root, "SegmentationClassAug", f"{i}.png")
+    def read(item: tuple[str, str]) -> dict[str, Any]:
+        i, folder = item
         return {"image": _read_image(os.path.join(root, "JPEGImages", f"{i}.jpg")),
-                "segmentation": _read_label(label), "label": 0}
+                "segmentation": _read_label(os.path.join(root, folder, f"{i}.png")), "label": 0}
 
-    return _ListSource(ids, read)
+    return _ListSource(list(items.items()), read)
 
 
 def voc_xml_boxes(path: str) -> np.ndarray:

@@ -69,18 +69,23 @@ def check_config(config: ml_collections.ConfigDict, allowed_types: tuple[str, ..
             raise ValueError(
                 f"config.evals.{name}.every_steps={period!r} must be an integer >= 0 (0: only the last step)"
             )
+        for f in ("split", "train_split", "prefix", "dataset", "data_dir"):
+            value = entry.get(f)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"config.evals.{name}.{f}={value!r} must be a non-empty string")
         dataset = entry.get("dataset")
-        if dataset is not None:
+        if dataset is not None and dataset != config.dataset.name:
             from skipless_jax.data import sources
 
             if dataset not in sources.DATASETS:
                 raise ValueError(
                     f"config.evals.{name}.dataset={dataset!r} is unknown; allowed: {sorted(sources.DATASETS)}"
                 )
-        for f in ("split", "train_split", "prefix", "dataset", "data_dir"):
-            value = entry.get(f)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"config.evals.{name}.{f}={value!r} must be a non-empty string")
+            needs = ("split", "train_split") if kind in ("knn", "linear_probe", "linear_segmentation") else ("split",)
+            for f in needs:
+                if entry.get(f) is None:
+                    raise ValueError(f"config.evals.{name}.{f} is required for its own dataset {dataset!r} "
+                                     f"(splits: {sorted(sources.dataset_info(dataset).splits)})")
         EVALUATORS[kind].check(name, entry)
 
 

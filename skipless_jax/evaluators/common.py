@@ -17,6 +17,7 @@ last batch is padded and masked, so every example counts exactly once.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -149,13 +150,16 @@ def dense_dataset(name: str, entry: Any, config: ml_collections.ConfigDict) -> t
     return dataset, data_dir
 
 
-def global_rows(mesh: jax.sharding.Mesh, rows: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+def global_rows(mesh: jax.sharding.Mesh, rows: dict[str, np.ndarray], bucket: bool = False) -> dict[str, jax.Array]:
     """Host arrays with a leading row axis (the same on every process) → global arrays split over
-    the mesh's data axes, padded with zero rows to a multiple of the data shards; `mask` (rows,)
-    is 1 on the real rows."""
+    the mesh's data axes, padded with zero rows to a multiple of the data shards (`bucket`: to
+    the next power of two of that, so that batches of varying size compile a few programs, not
+    one per size); `mask` (rows,) is 1 on the real rows."""
     n = len(next(iter(rows.values())))
     shards = sharding.num_data_shards(mesh)
     total = -(-n // shards) * shards
+    if bucket:
+        total = shards * (1 << max(0, math.ceil(math.log2(max(total // shards, 1)))))
     rows = {**rows, "mask": np.ones((n,), np.float32)}
     padded = {k: np.concatenate([v, np.zeros((total - n, *v.shape[1:]), v.dtype)]) for k, v in rows.items()}
     batch = sharding.batch_sharding(mesh)

@@ -273,7 +273,7 @@ class LinearSegmentation:
     (padded to a multiple of the patch size, centred, as DINOv2's CenterPadding; logits resized
     to the window), window logits averaged where windows overlap, resized bilinearly to the
     label's (H, W) (flipped views flipped back); one view: argmax of the logits, several: of the
-    mean softmax. mIoU: one confusion matrix summed over the split (`confusion_matrix`,
+    mean (here: sum) softmax. mIoU: one confusion matrix summed over the split (`confusion_matrix`,
     `mean_iou`); pixel accuracy = its trace / its sum.
     """
 
@@ -294,6 +294,7 @@ class LinearSegmentation:
     warmup: int = 1500
     seed: int = 0
     chunk: int = 64  # test windows per device call
+    buffer_bytes: int = 1 << 30  # view buffers held before the pending windows are sent
     workers: int = 0  # host threads making the train crops (0: min(16, cores))
 
     def __post_init__(self):
@@ -323,13 +324,14 @@ class LinearSegmentation:
                 "opt_state": opt_state,
             }, loss
 
-        def window_logits(head: dict[str, Any], params: Any, batch: dict[str, jax.Array], hw: tuple[int, int]):
+        def window_logits(head: dict[str, Any], params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+            """(B, h, w, K) logits on each (padded) window's patch grid; the host resizes them."""
             logits, _ = head_logits(head["params"], head["stats"], self.features(params, batch["image"]))
-            return upsample(logits, hw)
+            return logits
 
         self._step = jax.jit(step, out_shardings=(self._replicated, self._replicated))
-        # Replicated: every host reads all rows.
-        self._window_logits = jax.jit(window_logits, static_argnums=3, out_shardings=self._replicated)
+        # Replicated (patch-grid logits: small): every host reads all rows.
+        self._window_logits = jax.jit(window_logits, out_shardings=self._replicated)
 
     def features(self, params: Any, images: jax.Array) -> jax.Array:
         """(B, H, W, C) → frozen (B, h, w, blocks·d) float32 patch tokens of the last `blocks` blocks
@@ -399,47 +401,76 @@ class LinearSegmentation:
                 state, _ = self._step(state, params, global_rows(self.ctx.mesh, batch))
         return state
 
-    def scores(self, params: Any, head: dict[str, Any], images: list[np.ndarray]) -> list[np.ndarray]:
-        """(H, W, K) float64 test scores of each uint8 image: its logits (one test view) or its mean
-        softmax over the views; the windows of all the images batched `chunk` at a time per shape."""
+    def scores(self, params: Any, head: dict[str, Any], images: list[np.ndarray]) -> Iterator[np.ndarray]:
+        """(H, W, K) float32 test scores of each uint8 image, in order: its logits (one test view)
+        or the sum of its views' softmax (same argmax as their mean).
+
+        Windows of consecutive views (of one or more images) go to the device `chunk` at a time
+        per window shape (rows padded to a power of two: few compiles); the device returns
+        patch-grid logits, resized on the host to each window. A view's buffer ((h, w, K)
+        float32, the largest allocation: ~2.9 GB for an ADE20K `ms` view at scale 3) lives until
+        its last window is in, then is resized to the image's size and dropped; the pending
+        windows are all sent once the views waiting for them hold more than `buffer_bytes`. An
+        image's scores are yielded as soon as its views are done."""
         from skipless_jax.data import dense, pipeline
         from skipless_jax.evaluators.common import global_rows
 
         p, k = self.patch_size, self.num_classes
-        views = []  # (image index, flipped, (h, w), summed logits, counts)
-        jobs: dict[tuple[int, int], list[tuple[int, tuple[int, int, int, int], np.ndarray]]] = {}
-        for i, image in enumerate(images):
-            for _, flipped, resized in dense.test_views(image, self.protocol):
-                hw = resized.shape[:2]
-                views.append((i, flipped, hw, np.zeros((*hw, k)), np.zeros(hw)))
-                x = pipeline.normalize(resized, self.info.mean, self.info.std)
-                for win in dense.windows(hw, self.protocol.crop, self.protocol.stride):
-                    crop = x[win[0] : win[1], win[2] : win[3]]
-                    jobs.setdefault(crop.shape[:2], []).append((len(views) - 1, win, crop))
-        for hw, items in jobs.items():
+        pending: dict[tuple[int, int], list[tuple[Any, tuple[int, int, int, int], np.ndarray]]] = {}
+        results: dict[int, np.ndarray] = {}
+        views_left = {}
+
+        class View:
+            def __init__(self, image: int, flipped: bool, hw: tuple[int, int], windows: int):
+                self.image, self.flipped, self.hw, self.left = image, flipped, hw, windows
+                self.total, self.count = np.zeros((*hw, k), np.float32), np.zeros((*hw, 1), np.float32)
+
+        def finish(view: View) -> None:
+            logits = dense.resize_bilinear(view.total / view.count, images[view.image].shape[:2], dtype=np.float32)
+            if view.flipped:
+                logits = logits[:, ::-1]
+            one_view = len(self.protocol.test_scales) == 1 and not self.protocol.test_flip
+            score = logits if one_view else dense.softmax(logits)
+            results[view.image] = score if view.image not in results else results[view.image] + score
+            views_left[view.image] -= 1
+
+        def flush(hw: tuple[int, int]) -> None:
+            items = pending.pop(hw)
             padded_hw = dense.patch_multiple(hw, p)
             top, left = (padded_hw[0] - hw[0]) // 2, (padded_hw[1] - hw[1]) // 2
-            for start in range(0, len(items), self.chunk):
-                part = items[start : start + self.chunk]
-                crops = np.stack([np.pad(c, ((top, padded_hw[0] - hw[0] - top), (left, padded_hw[1] - hw[1] - left),
-                                             (0, 0))) for _, _, c in part]).astype(np.float32)
-                out = np.asarray(jax.device_get(self._window_logits(
-                    head, params, global_rows(self.ctx.mesh, {"image": crops}), hw)), np.float64)
-                for row, (v, (y0, y1, x0, x1), _) in enumerate(part):
-                    views[v][3][y0:y1, x0:x1] += out[row]
-                    views[v][4][y0:y1, x0:x1] += 1
-        result = [None] * len(images)
-        for i, flipped, _, total, count in views:
-            logits = total / count[..., None]
-            logits = dense.resize_bilinear(logits, images[i].shape[:2])
-            if flipped:
-                logits = logits[:, ::-1]
-            if len(views) == len(images):  # one view per image: the logits themselves
-                result[i] = logits
-            else:
-                prob = dense.softmax(logits)
-                result[i] = prob if result[i] is None else result[i] + prob
-        return result
+            crops = np.stack([np.pad(c, ((top, padded_hw[0] - hw[0] - top), (left, padded_hw[1] - hw[1] - left),
+                                         (0, 0))) for _, _, c in items]).astype(np.float32)
+            grid = jax.device_get(self._window_logits(head, params, global_rows(self.ctx.mesh, {"image": crops},
+                                                                              bucket=True)))
+            for row, (view, (y0, y1, x0, x1), _) in enumerate(items):
+                # Logits of the padded window's grid resized to the window (DINOv2's CenterPadding).
+                view.total[y0:y1, x0:x1] += dense.resize_bilinear(np.asarray(grid[row]), hw, dtype=np.float32)
+                view.count[y0:y1, x0:x1] += 1
+                view.left -= 1
+                if view.left == 0:
+                    finish(view)
+
+        next_out = 0
+        for i, image in enumerate(images):
+            views = dense.test_views(image, self.protocol)
+            views_left[i] = len(views)
+            for _, flipped, resized in views:
+                hw = resized.shape[:2]
+                wins = dense.windows(hw, self.protocol.crop, self.protocol.stride)
+                view = View(i, flipped, hw, len(wins))
+                x = pipeline.normalize(resized, self.info.mean, self.info.std)
+                for win in wins:
+                    crop = x[win[0] : win[1], win[2] : win[3]]
+                    pending.setdefault(crop.shape[:2], []).append((view, win, crop))
+                    if len(pending[crop.shape[:2]]) >= self.chunk:
+                        flush(crop.shape[:2])
+            in_flight = {id(v): v.total.nbytes for items in pending.values() for v, _, _ in items}
+            if i == len(images) - 1 or sum(in_flight.values()) > self.buffer_bytes:
+                for hw in list(pending):
+                    flush(hw)
+            while next_out in results and views_left[next_out] == 0:
+                yield results.pop(next_out)
+                next_out += 1
 
     def confusion(self, params: Any, head: dict[str, Any]) -> np.ndarray:
         """The (K, K) confusion over every record of `split`, exactly once."""
@@ -451,6 +482,7 @@ class LinearSegmentation:
             for record, score in zip(records, self.scores(params, head, [r["image"] for r in records]), strict=True):
                 total += confusion_matrix(score.argmax(-1), record["segmentation"], self.num_classes)
                 count += 1
+                record.clear()  # the image and label, once scored
         if count != len(source):  # every example exactly once
             raise AssertionError(f"segmentation counted {count} of {len(source)} examples of {self.split!r}")
         return total
@@ -492,6 +524,12 @@ class LinearSegmentation:
             protocol = protocol_of(f, patch_size_of(ctx.config), info.image_shape[0] if info.fixed_size else None)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
+        model = ctx.config.model
+        no_norm = model.get("name", "vit") not in (None, "vit") or model.get("pool") == "gap_fc_norm"
+        if protocol.blocks > 1 and no_norm:
+            raise ValueError(f"{where}: protocol {f['protocol']!r} reads {protocol.blocks} blocks through the final "
+                             f"LayerNorm, which only a ViT with one has (model.name={model.get('name', 'vit')!r}, "
+                             f"pool={model.get('pool')!r}); set {where}.blocks=1")
         depth = depth_of(ctx.config)
         if depth is not None and protocol.blocks > depth:
             raise ValueError(f"{where}: protocol {f['protocol']!r} reads the last {protocol.blocks} blocks; "

@@ -369,7 +369,8 @@ class TokenCut:
                 images = np.stack([
                     pad_to_patch_multiple(pipeline.normalize(records[j]["image"], self.info.mean, self.info.std),
                                           self.patch_size) for j in members])
-                keys = np.asarray(jax.device_get(self._keys(params, global_rows(self.ctx.mesh, {"image": images}))))
+                batch = global_rows(self.ctx.mesh, {"image": images}, bucket=True)
+                keys = np.asarray(jax.device_get(self._keys(params, batch)))
                 for row, j in enumerate(members):
                     if (start + j) % procs == rank:
                         preds[start + j] = self._cut(keys[row], records[j]["image"].shape[:2])

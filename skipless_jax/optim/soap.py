@@ -20,8 +20,9 @@ Efficiency: the eigendecomposition (call 0) and the QR refresh run inside `lax.c
 other steps do no factorization. On accelerators factors of equal size and dtype are factorized
 by one batched call; on CPU one call per factor compiles faster (see `_per_factor`). Factors,
 eigenbases and moments are kept in float32 at least (float64 stays float64).
-All state leaves are ordinary arrays: moments have the parameter's shape, factors are (s_i, s_i),
-so the trainer's sharding rules apply to them like to parameters.
+All state leaves are ordinary arrays: moments have the parameter's shape, factors are (s_i, s_i)
+((L, s_i, s_i) for a `stacked` leaf of L layers), so the trainer's sharding rules apply to them
+like to parameters.
 """
 
 from __future__ import annotations
@@ -298,24 +299,24 @@ def validate_soap_hparams(
     _check_positive_int("max_precond_dim", max_precond_dim)
 
 
-def _check_mask_type(mask: Any) -> None:
+def _check_mask_type(mask: Any, name: str = "weight_decay_mask") -> None:
     if mask is None or callable(mask):
         return
     leaves = jax.tree.leaves(mask)
     if not leaves or not all(isinstance(x, (bool, np.bool_)) for x in leaves):
         raise ValueError(
-            "SOAP weight_decay_mask must be None, a callable params -> bool pytree, or a pytree of "
+            f"SOAP {name} must be None, a callable params -> bool pytree, or a pytree of "
             f"Python bools; got leaves {[type(x).__name__ for x in leaves[:3]]}"
         )
 
 
-def _resolve_mask(mask: Any, params: optax.Params) -> Any:
+def _resolve_mask(mask: Any, params: optax.Params, name: str = "weight_decay_mask") -> Any:
     """Mask pytree of bools for `params`; one-line ValueError when its structure differs."""
     resolved = mask(params) if callable(mask) else mask
     want, got = jax.tree.structure(params), jax.tree.structure(resolved)
     if want != got:
         raise ValueError(
-            f"SOAP weight_decay_mask does not match the parameters: {got.num_leaves} mask leaves "
+            f"SOAP {name} does not match the parameters: {got.num_leaves} mask leaves "
             f"vs {want.num_leaves} parameter leaves with a different tree structure"
         )
     return resolved
@@ -352,7 +353,7 @@ def scale_by_soap(
     (factors (L, s, s), its own normalization), exactly as if the layers were separate leaves.
     """
     validate_soap_hparams(b1, b2, shampoo_beta, eps, 0.0, precondition_frequency, max_precond_dim)
-    _check_mask_type(stacked)
+    _check_mask_type(stacked, "stacked")
     beta_s = b2 if shampoo_beta is None else shampoo_beta
 
     hp = _Hyper(b1, b2, beta_s, eps, normalize_grads, correct_bias)
@@ -362,7 +363,7 @@ def scale_by_soap(
         return soap_layout(shape, max_precond_dim, merge_dims, precondition_1d)
 
     def stacked_flags(tree: Any) -> Any:
-        return jax.tree.map(lambda _: False, tree) if stacked is None else _resolve_mask(stacked, tree)
+        return jax.tree.map(lambda _: False, tree) if stacked is None else _resolve_mask(stacked, tree, "stacked")
 
     def init_fn(params: optax.Params) -> ScaleBySoapState:
         def factors(p: jax.Array, is_stacked: bool, fill: Callable) -> tuple[jax.Array, ...]:
