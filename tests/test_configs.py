@@ -114,7 +114,17 @@ ARG_FIELDS = {
     "init": lambda c: c.model.init, "opt": lambda c: c.optimizer.name, "seed": lambda c: c.seed,
     "depth": lambda c: c.model.depth, "variant": lambda c: c.model.variant,
     "tg": lambda c: c.model.token_graying, "eps": lambda c: c.model.tg_eps, "epochs": lambda c: c.total_epochs,
+    # The dense evaluations: 'all' when every one of config_blocks.DENSE_EVALS is there; their folder.
+    "dense": lambda c: "all" if set(_dense_names()) <= set(c.evals) else "+".join(n for n in _dense_names()
+                                                                              if n in c.evals) or "none",
+    "dense_root": lambda c: {e.data_dir for n, e in c.evals.items() if n in _dense_names()}.pop(),
 }
+
+
+def _dense_names() -> list[str]:
+    from skipless_jax import config_blocks
+
+    return list(config_blocks.DENSE_EVALS)
 
 
 def _same(documented: object, actual: object) -> bool:

@@ -170,7 +170,8 @@ def test_vit_outputs_and_intermediates(pool, posemb):
     assert len(out["blocks"]) == 3
     tokens = 16 + (pool == "tok")
     for block in out["blocks"]:
-        assert set(block) == {"sab", "sab_skip", "ffn", "ffn_skip", "keys"}  # keys: TokenCut's features
+        # keys: TokenCut's features; output / normed (through the final norm): the dense probes'
+        assert set(block) == {"sab", "sab_skip", "ffn", "ffn_skip", "keys", "output", "normed"}
         assert all(v.shape == (4, tokens, 16) for v in block.values())
 
 
