@@ -138,7 +138,7 @@ def figure(out: str) -> str | None:
     paths = [(os.path.join(pictures, f"{c}.png"), t) for c, t in cells]
     if not all(os.path.exists(p) for p, _ in paths):
         return None
-    fig, axes = plt.subplots(2, 2, figsize=(12, 7))
+    fig, axes = plt.subplots(2, 2, figsize=(13, 4.6))
     for ax, (path, title) in zip(axes.ravel(), paths, strict=True):
         ax.imshow(plt.imread(path), interpolation="nearest")
         ax.set_title(title, fontsize=9)
