@@ -348,7 +348,7 @@ class TokenCut:
     def boxes(self, params: Any) -> tuple[np.ndarray, list[np.ndarray]]:
         """(predicted boxes (n, 4), n ground-truth arrays (k_i, 4)) over every record of the split;
         the first `picture_images` images are kept in `self.shown` for the picture."""
-        from skipless_jax.data import pipeline
+        from skipless_jax.data import dense, pipeline
         from skipless_jax.evaluators.common import global_rows
 
         source = self.records()
@@ -358,17 +358,15 @@ class TokenCut:
         self.shown = []
         for start in range(0, n, self.chunk):
             records = [source[i] for i in range(start, min(start + self.chunk, n))]
-            groups: dict[tuple[int, ...], list[int]] = {}
+            normalized = [pipeline.normalize(r["image"], self.info.mean, self.info.std) for r in records]
+            groups: dict[tuple[int, int], list[int]] = {}
             for j, r in enumerate(records):
                 gts.append(np.asarray(r.get("boxes", np.zeros((0, 4))), np.float64).reshape(-1, 4))
-                padded_hw = tuple(-(-d // self.patch_size) * self.patch_size for d in r["image"].shape[:2])
-                groups.setdefault(padded_hw, []).append(j)
+                groups.setdefault(dense.patch_multiple(r["image"].shape[:2], self.patch_size), []).append(j)
                 if len(self.shown) < self.picture_images:
-                    self.shown.append(pipeline.normalize(r["image"], self.info.mean, self.info.std))
+                    self.shown.append(normalized[j])
             for members in groups.values():
-                images = np.stack([
-                    pad_to_patch_multiple(pipeline.normalize(records[j]["image"], self.info.mean, self.info.std),
-                                          self.patch_size) for j in members])
+                images = np.stack([pad_to_patch_multiple(normalized[j], self.patch_size) for j in members])
                 batch = global_rows(self.ctx.mesh, {"image": images}, bucket=True)
                 keys = np.asarray(jax.device_get(self._keys(params, batch)))
                 for row, j in enumerate(members):
