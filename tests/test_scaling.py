@@ -39,6 +39,7 @@ CONFIGS = {
     "accum4": lambda: scaling.supervised_config("adamw", width=64, depth=1, batch=256, accum=4),
     "mixup": lambda: _mixup_config(),  # mixup/cutmix of the global batch inside the step
     "soap": lambda: _soap_config(),
+    "soap_scan": lambda: _soap_config(scan=True),  # stacked layers: per-layer factors (L, s, s)
     "dino": lambda: scaling.dino_config("adamw", width=64, depth=1, batch=64),
     "convmixer": lambda: scaling.convmixer_config(width=128, depth=1, batch=256),  # BatchNorm over the global batch
 }
@@ -55,9 +56,10 @@ def _mixup_config():
     return c
 
 
-def _soap_config():
+def _soap_config(scan: bool = False):
     c = scaling.supervised_config("soap", width=128, depth=1, batch=64)
     c.optimizer.precondition_frequency = 1
+    c.model.scan = scan
     return c
 
 
@@ -122,7 +124,8 @@ def test_data_parallel_step_divides_flops_and_equals_one_device(kind):
     one, eight = compiled(kind, "one"), compiled(kind, "data")
     ratio = eight.flops / one.flops
     assert ratio <= 0.2, f"{kind}: per-device FLOPs on 8 devices are {ratio:.3f}× the 1-device step"
-    assert_trees_close(eight.after_two_steps(), one.after_two_steps(), skip=SOAP_NOISE if kind == "soap" else NOISE)
+    skip = SOAP_NOISE if kind.startswith("soap") else NOISE
+    assert_trees_close(eight.after_two_steps(), one.after_two_steps(), skip=skip)
 
 
 @pytest.mark.parametrize("kind", list(CONFIGS))
