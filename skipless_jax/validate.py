@@ -167,6 +167,8 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
     image_size = size or info.image_shape[0]
     _count(config, "input.batch_size")
     _count(config, "input.eval_batch_size", allow_none=True)
+    _count(config, "input.num_workers", allow_zero=True, allow_none=True, zero_means="reads in the training process")
+    _count(config, "input.device_prefetch", allow_zero=True, allow_none=True, zero_means="no batch ahead")
 
     # Mesh: sizes vs devices, batch vs data-parallel shards, processes.
     names, sizes = sharding.mesh_shape(config.mesh, num_devices)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,23 +18,39 @@ def image_size(config: Any) -> int:
     return int(size) if size else sources.dataset_info(config.dataset.name).image_shape[0]
 
 
-def _transforms(config: Any):
+@dataclasses.dataclass(frozen=True)
+class _IgnoreRng:
+    """A deterministic transform called as a train transform (picklable, for worker processes)."""
+
+    transform: Callable[[np.ndarray], np.ndarray]
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        del rng
+        return self.transform(image)
+
+
+def _transforms(config: Any, on_device: bool = False):
+    """(train, eval, batch) transforms; `on_device`: they stop at uint8 (the train one also
+    returns its erasing box), normalization and erasing happen in the step (data/device_images.py)."""
     info = sources.dataset_info(config.dataset.name)
     size = image_size(config)
     aug = config.input.get("aug")
+    host_mix = (aug is not None and (aug.get("mixup", 0) or aug.get("cutmix", 0))
+                and aug.get("mix_on", "device") == "host")
+    on_device = on_device and not host_mix  # the host mixes float32 images
     if aug is None and info.fixed_size and size == info.image_shape[0]:  # stored at the model's size
-        plain = functools.partial(pipeline.normalize, mean=info.mean, std=info.std)
-        return (lambda image, rng: plain(image)), plain, None
+        plain = np.asarray if on_device else functools.partial(pipeline.normalize, mean=info.mean, std=info.std)
+        return _IgnoreRng(plain), plain, None
     from skipless_jax.data import augment
 
     crop_pct = config.input.get("crop_pct", 0.875)
-    evaluate = augment.eval_transform(size, crop_pct, info.mean, info.std)
+    evaluate = dataclasses.replace(augment.eval_transform(size, crop_pct, info.mean, info.std), uint8=on_device)
     if aug is None:  # no augmentation: train images go through the eval transform
-        train = lambda image, rng: evaluate(image)
+        train = _IgnoreRng(evaluate)
     else:
-        train = augment.train_transform(aug, size, info.mean, info.std)
+        train = dataclasses.replace(augment.train_transform(aug, size, info.mean, info.std), uint8=on_device)
     batch = None
-    if aug is not None and (aug.get("mixup", 0) or aug.get("cutmix", 0)) and aug.get("mix_on", "device") == "host":
+    if host_mix:
         mix = augment.batch_transform(aug, info.num_classes)  # mixup/cutmix with aug.mixup_prob
 
         def batch(b: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -49,13 +66,15 @@ def train_iterator(
     process_count: int,
     transform: Callable[[np.ndarray, np.random.Generator], Any] | None = None,
     batch_transform: Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]] | None = None,
+    on_device: bool = False,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Process-local train batches from `start_step` on; `transform` (per example) and
-    `batch_transform` replace the config's augmentation (e.g. DINO's multi-crop)."""
+    `batch_transform` replace the config's augmentation (e.g. DINO's multi-crop). `on_device`:
+    uint8 images (+ `erase` boxes) for `device_images.prepare` in the step; else float32, normalized."""
     info = sources.dataset_info(config.dataset.name)
     source = sources.get_source(config.dataset.name, config.dataset.train_split, config.dataset.get("data_dir"))
     if transform is None:
-        transform, _, batch_transform = _transforms(config)
+        transform, _, batch_transform = _transforms(config, on_device)
     return pipeline.train_batches(
         source,
         transform,
@@ -72,18 +91,19 @@ def train_iterator(
 
 
 def eval_iterator(
-    config: Any, process_index: int, process_count: int, split: str | None = None, batch_size: int | None = None
+    config: Any, process_index: int, process_count: int, split: str | None = None, batch_size: int | None = None,
+    on_device: bool = False,
 ) -> tuple[Iterator[dict[str, np.ndarray]], int]:
     """(process-local masked eval batches of `split`, number of real examples in it).
 
     `split` defaults to config.dataset.eval_split, `batch_size` (global) to the eval batch size.
     Images stored at the model's size are only normalized; anything else is resized and
-    centre-cropped (`crop_pct`).
+    centre-cropped (`crop_pct`). `on_device`: uint8 images, normalized on the devices.
     """
     info = sources.dataset_info(config.dataset.name)
     split = split or config.dataset.eval_split
     source = sources.get_source(config.dataset.name, split, config.dataset.get("data_dir"))
-    _, evaluate, _ = _transforms(config)
+    _, evaluate, _ = _transforms(config, on_device)
     batches = pipeline.eval_batches(
         source,
         evaluate,
@@ -92,6 +112,7 @@ def eval_iterator(
         process_index=process_index,
         process_count=process_count,
         targets=info.targets if info.fixed_size else (),
+        num_workers=config.input.get("num_workers", 0),
     )
     return batches, len(source)
 

@@ -3,14 +3,23 @@
 Train: the global example stream is `shuffle(seed) → repeat → random_map(transform)`, so the
 example at global position i (and its augmentation randomness) depends only on (seed, i);
 step s holds positions [s·B, (s+1)·B). Process p of P reads only its contiguous slice of each
-global batch, and a resumed run starts at `start_step` with no iterator state to restore.
+global batch, and a resumed run starts at `start_step` with no iterator state to restore: the
+examples from step s on are the same whatever the number of processes or workers.
 
 Eval: the split in order, cut into global batches of B; the last one is padded and every
 example carries `mask` (1 real, 0 padding), so every example counts exactly once.
+
+Workers (`num_workers` > 0): each example is read, decoded and transformed in one of
+`num_workers` worker processes (grain's `mp_prefetch`: worker w takes this process's examples
+w, w + W, ...; the main process takes them back in order and stacks the batches), so the
+batches are the same with 0 or W workers. Host memory held by the pipeline: about
+`num_workers · (worker_buffer + 1)` examples in flight plus one batch being stacked.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,6 +31,7 @@ from skipless_jax.data import sources
 
 Transform = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 BatchTransform = Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]]
+WORKER_BUFFER = 8  # examples each worker process keeps ready
 
 
 def normalize(image: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
@@ -44,8 +54,108 @@ def _local_slice(global_batch_size: int, process_index: int, process_count: int)
     return process_index * local, local
 
 
-def _read_options(num_workers: int) -> grain.ReadOptions:
-    return grain.ReadOptions(num_threads=max(num_workers, 1), prefetch_buffer_size=max(2 * num_workers, 2))
+def check_num_workers(num_workers: Any) -> int:
+    if not isinstance(num_workers, (int, np.integer)) or isinstance(num_workers, bool) or num_workers < 0:
+        raise ValueError(f"config.input.num_workers={num_workers!r}; must be an int >= 0 (worker processes)")
+    return int(num_workers)
+
+
+def _grain_flags() -> None:
+    """grain's workers read absl flags; outside an absl app (tests, notebooks) nobody parsed them."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Example:
+    """record -> the example the batch holds (picklable, for worker processes)."""
+
+    transform: Transform
+    targets: tuple[str, ...]
+
+    def __call__(self, record: dict[str, Any], rng: np.random.Generator) -> dict[str, np.ndarray]:
+        out = self.transform(record["image"], rng)  # an image, or a dict {'image', ...} (uint8 + erase box)
+        return {**(out if isinstance(out, dict) else {"image": out}), "label": np.int32(record["label"]),
+                **{k: np.asarray(record[k]) for k in self.targets}}
+
+
+class _TrainExamples:
+    """This process's train examples from `start_step` on, as a random-access source: element j
+    is global position (start_step + j // local)·B + offset + j % local of the seeded stream.
+    Pickles without the stream (a worker process rebuilds it on first use)."""
+
+    def __init__(self, source: sources.Source, example: _Example, seed: int, global_batch_size: int,
+                 offset: int, local: int, start_step: int):
+        self.source, self.example, self.seed = source, example, seed
+        self.global_batch_size, self.offset, self.local, self.start_step = global_batch_size, offset, local, start_step
+        self._stream = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_stream": None}
+
+    def __len__(self) -> int:
+        return 2**62
+
+    def position(self, j: int) -> int:
+        step, k = divmod(j, self.local)
+        return (self.start_step + step) * self.global_batch_size + self.offset + k
+
+    def __getitem__(self, j: int) -> dict[str, np.ndarray]:
+        if self._stream is None:
+            self._stream = (grain.MapDataset.source(self.source).shuffle(seed=self.seed).repeat(None)
+                            .random_map(self.example, seed=self.seed))
+        return self._stream[self.position(j)]
+
+
+class _EvalExamples:
+    """This process's eval examples in order, padded to whole global batches: element j is
+    position (j // local)·B + offset + j % local of the split, `mask` 0 past its end (padding
+    repeats example 0)."""
+
+    def __init__(self, source: sources.Source, transform: Callable[[np.ndarray], np.ndarray],
+                 global_batch_size: int, offset: int, local: int, targets: tuple[str, ...]):
+        self.source, self.transform, self.targets = source, transform, targets
+        self.global_batch_size, self.offset, self.local = global_batch_size, offset, local
+
+    def __len__(self) -> int:
+        return num_eval_batches(len(self.source), self.global_batch_size) * self.local
+
+    def __getitem__(self, j: int) -> dict[str, np.ndarray]:
+        b, k = divmod(j, self.local)
+        position = b * self.global_batch_size + self.offset + k
+        real = position < len(self.source)
+        record = self.source[position if real else 0]
+        return {"image": self.transform(record["image"]), "label": np.int32(record["label"]),
+                "mask": np.float32(real), **{t: np.asarray(record[t]) for t in self.targets}}
+
+
+def examples(dataset: Any, num_workers: int) -> Iterator[dict[str, np.ndarray]]:
+    """The elements of a random-access `dataset` in order: read here (0 workers) or by
+    `num_workers` worker processes."""
+    if not check_num_workers(num_workers):
+        return (dataset[j] for j in range(len(dataset)))
+    _grain_flags()
+    stream = (grain.MapDataset.source(dataset)
+              .to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=1))
+              .mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers,
+                                                        per_worker_buffer_size=WORKER_BUFFER)))
+    return _closing(iter(stream))
+
+
+def _closing(iterator: Any) -> Iterator[Any]:
+    try:
+        yield from iterator
+    finally:  # stops the worker processes when the consumer drops the batches
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+
+def stack(records: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-example dicts -> one batch dict (copies out of the workers' shared memory)."""
+    return {k: np.stack([np.asarray(r[k]) for r in records]) for k in records[0]}
 
 
 def train_batches(
@@ -62,43 +172,19 @@ def train_batches(
     num_workers: int = 0,
     targets: tuple[str, ...] = (),
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Process-local train batches {'image': (b, H, W, C) f32, 'label': (b, K) f32, *targets} from
+    """Process-local train batches {'image': (b, H, W, C), 'label': (b, K) f32, *targets} from
     step `start_step` on; b = global_batch_size / process_count. `targets` are record fields
     (e.g. 'segmentation') stacked as they are stored."""
     offset, local = _local_slice(global_batch_size, process_index, process_count)
-
-    def example(record: dict[str, Any], rng: np.random.Generator) -> dict[str, np.ndarray]:
-        return {"image": transform(record["image"], rng), "label": np.int32(record["label"]),
-                **{k: np.asarray(record[k]) for k in targets}}
-
-    stream = (
-        grain.MapDataset.source(source)
-        .shuffle(seed=seed)
-        .repeat(None)
-        .random_map(example, seed=seed)
-    )
-
-    def batch_at(step: int) -> list[int]:
-        start = step * global_batch_size + offset
-        return list(range(start, start + local))
-
-    def collate(step: int) -> dict[str, np.ndarray]:
-        records = [stream[i] for i in batch_at(step)]
-        batch = {
-            "image": np.stack([r["image"] for r in records]),
-            "label": one_hot(np.array([r["label"] for r in records]), num_classes),
-            **{k: np.stack([r[k] for r in records]) for k in targets},
-        }
+    dataset = _TrainExamples(source, _Example(transform, targets), seed, global_batch_size, offset, local,
+                             start_step)
+    stream = examples(dataset, num_workers)
+    for step in itertools.count(start_step):
+        batch = stack([next(stream) for _ in range(local)])
+        batch["label"] = one_hot(batch["label"], num_classes)
         if batch_transform is not None:  # batch-level ops (mixup/cutmix): rng from (seed, step, p)
             batch = batch_transform(batch, np.random.default_rng([seed, step, process_index, 1]))
-        return batch
-
-    steps = grain.MapDataset.range(start_step, 2**62).map(collate)
-    if num_workers > 0:
-        yield from steps.to_iter_dataset(_read_options(num_workers))
-    else:
-        for step in range(start_step, 2**62):
-            yield collate(step)
+        yield batch
 
 
 def num_eval_batches(num_examples: int, global_batch_size: int) -> int:
@@ -114,18 +200,14 @@ def eval_batches(
     process_index: int = 0,
     process_count: int = 1,
     targets: tuple[str, ...] = (),
+    num_workers: int = 0,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Process-local eval batches with `mask`; padding repeats example 0 with mask 0. `targets`
     are record fields stacked as stored (images stored at the model's size keep them aligned)."""
     offset, local = _local_slice(global_batch_size, process_index, process_count)
-    n = len(source)
-    for b in range(num_eval_batches(n, global_batch_size)):
-        positions = np.arange(b * global_batch_size + offset, b * global_batch_size + offset + local)
-        mask = positions < n
-        records = [source[int(i)] if m else source[0] for i, m in zip(positions, mask)]
-        yield {
-            "image": np.stack([transform(r["image"]) for r in records]),
-            "label": one_hot(np.array([r["label"] for r in records]), num_classes),
-            "mask": mask.astype(np.float32),
-            **{k: np.stack([np.asarray(r[k]) for r in records]) for k in targets},
-        }
+    dataset = _EvalExamples(source, transform, global_batch_size, offset, local, targets)
+    stream = examples(dataset, num_workers)
+    for _ in range(num_eval_batches(len(source), global_batch_size)):
+        batch = stack([next(stream) for _ in range(local)])
+        batch["label"] = one_hot(batch["label"], num_classes)
+        yield batch
