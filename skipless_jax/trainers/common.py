@@ -19,11 +19,12 @@ reached its last step; a finished run re-run reports them and changes nothing).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import math
 import signal
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -45,7 +46,8 @@ FINAL_METRICS = "final_metrics.json"
 # executed, logged or evaluated, not what it trains. Everything else must match the saved config.
 RUNTIME_FIELDS = (
     "mesh", "sharding_rules", "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints",
-    "analysis", "evals", "eval", "eval_at_start", "input.num_workers", "input.eval_batch_size", "dataset.data_dir",
+    "analysis", "evals", "eval", "eval_at_start", "input.num_workers", "input.device_prefetch", "input.eval_batch_size",
+    "dataset.data_dir",
     "resume", "init_from", "init_from_key", "model.remat", "model.attention_impl",
 )
 
@@ -131,6 +133,25 @@ def num_parameters(tree: Any) -> int:
 def global_batch(batch: Mapping[str, np.ndarray], batch_sharding: jax.sharding.NamedSharding) -> dict[str, jax.Array]:
     """Process-local host arrays -> global arrays split over the data axes (leading dim)."""
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding, x), dict(batch))
+
+
+def device_batches(
+    local: Iterator[Mapping[str, np.ndarray]], batch_sharding: jax.sharding.NamedSharding, ahead: int
+) -> Iterator[dict[str, jax.Array]]:
+    """Global device batches from process-local host batches, with `ahead` more already copied
+    (the copies are asynchronous, so step s+1's transfer overlaps step s). The loop's one
+    explicit host→device copy; at most `ahead + 1` batches live on the devices."""
+    queue: collections.deque = collections.deque()
+    for batch in local:
+        queue.append(global_batch(batch, batch_sharding))
+        if len(queue) > ahead:
+            yield queue.popleft()
+
+
+def device_prefetch(config: ml_collections.ConfigDict) -> int:
+    """`config.input.device_prefetch` (default 2): batches copied to the devices ahead of the step."""
+    ahead = config.input.get("device_prefetch")
+    return 2 if ahead is None else int(ahead)
 
 
 # ----------------------------------------------------------------------------------------
