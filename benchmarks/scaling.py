@@ -39,7 +39,7 @@ import ml_collections
 import numpy as np
 
 from skipless_jax import config_blocks, models, sharding
-from skipless_jax.data import inputs, sources
+from skipless_jax.data import device_images, inputs, sources
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common, dino, supervised
 
@@ -154,7 +154,8 @@ def _program(config, mesh, init_state, make_step, batch_shapes) -> Program:
     abstract_state = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
     )
-    abstract_batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=batch_sharding) for k, v in batch_shapes.items()}
+    abstract_batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
+                      for k, (shape, dtype) in batch_shapes.items()}
     return Program(step, mesh, abstract_state, abstract_batch,
                    lambda: jax.jit(init_state, out_shardings=shardings)(rng), shardings)
 
@@ -177,7 +178,13 @@ def supervised_program(config: ml_collections.ConfigDict, axes: dict[str, int],
     tx, schedule = build_optimizer(config, config.total_steps)
     init_state = supervised.make_init_state(model, tx, jnp.zeros((1, size, size, info.image_shape[-1]), jnp.float32))
     b = config.input.batch_size
-    shapes = {"image": (b, size, size, info.image_shape[-1]), "label": (b, info.num_classes)}
+    # What the trainer's pipeline ships (inputs.train_iterator(on_device=True)): uint8 images,
+    # one-hot labels, and the random-erasing boxes when the recipe erases.
+    shapes = {"image": ((b, size, size, info.image_shape[-1]), jnp.uint8),
+              "label": ((b, info.num_classes), jnp.float32)}
+    aug = config.input.get("aug")
+    if aug is not None and aug.get("reprob", 0) > 0 and aug.get("mix_on", "device") != "host":
+        shapes["erase"] = ((b, 4), jnp.int32)
     return _program(config, mesh, init_state, lambda: supervised.make_train_step(model, tx, schedule, config), shapes)
 
 
@@ -196,17 +203,28 @@ def dino_program(config: ml_collections.ConfigDict, axes: dict[str, int],
     dummy = jnp.zeros((1, g, g, c), jnp.float32)
     init_state = dino.init_state_fn(model, tx, sched, dummy, config.dino.out_dim)
     b = config.input.batch_size
-    shapes = {"global": (b, 2, g, g, c), "local": (b, mc.num_local, mc.local_size, mc.local_size, c)}
-    return _program(config, mesh, init_state, lambda: dino.make_train_step(model, tx, sched, config.dino), shapes)
+    shapes = {"global": ((b, 2, g, g, c), jnp.uint8),
+              "local": ((b, mc.num_local, mc.local_size, mc.local_size, c), jnp.uint8)}
+    stats = device_images.dataset_stats(config)
+    return _program(config, mesh, init_state, lambda: dino.make_train_step(model, tx, sched, config.dino, stats),
+                    shapes)
 
 
 def random_batch(program: Program, seed: int = 0) -> dict[str, np.ndarray]:
-    """Host arrays for the program's batch: images N(0, 1), one-hot labels."""
+    """Host arrays for the program's batch: uniform uint8 images (float ones N(0, 1)), one-hot
+    labels, random-erasing boxes inside the image (half of them empty)."""
     rng = np.random.default_rng(seed)
     out = {}
     for k, x in program.abstract_batch.items():
         if k == "label":
             out[k] = np.eye(x.shape[1], dtype=np.float32)[rng.integers(0, x.shape[1], x.shape[0])]
+        elif k == "erase":
+            height, width = program.abstract_batch["image"].shape[1:3]
+            h, w = rng.integers(1, height, x.shape[0]), rng.integers(1, width, x.shape[0])
+            top, left = rng.integers(0, height - h + 1), rng.integers(0, width - w + 1)
+            out[k] = np.stack([top, left, h, w], 1).astype(np.int32) * (rng.random(x.shape[0]) < 0.5)[:, None]
+        elif x.dtype == np.uint8:
+            out[k] = rng.integers(0, 256, x.shape, dtype=np.uint8)
         else:
             out[k] = rng.standard_normal(x.shape).astype(np.float32)
     return out

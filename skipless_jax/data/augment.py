@@ -766,8 +766,9 @@ class TrainTransform:
     reprob: float
     crop: str = "rrc"
     crop_padding: int = 4
+    uint8: bool = False  # stop before normalize: {'image': uint8, 'erase': box}, the rest on device
 
-    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray | dict[str, np.ndarray]:
         if self.crop == "pad":
             image = random_pad_crop(image, rng, self.image_size, self.crop_padding)
         else:
@@ -780,6 +781,11 @@ class TrainTransform:
                 np.ascontiguousarray(image), rng, num_layers=ra.num_layers, magnitude=ra.magnitude,
                 magnitude_std=ra.magnitude_std, increasing=ra.increasing,
                 magnitude_max=ra.magnitude_max, fill=_mean_fill(self.mean))
+        if self.uint8:  # the same draws as random_erasing below, without the noise (drawn on device)
+            box = None
+            if self.reprob > 0 and rng.random() <= self.reprob:
+                box = random_erasing_box(image.shape[0], image.shape[1], rng)
+            return {"image": np.ascontiguousarray(image), "erase": np.array(box or (0, 0, 0, 0), np.int32)}
         image = normalize(image, self.mean, self.std)
         if self.reprob > 0:
             image = random_erasing(image, rng, prob=self.reprob)
@@ -794,10 +800,12 @@ class EvalTransform:
     crop_pct: float
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    uint8: bool = False  # the uint8 crop; normalized on device (data/device_images.py)
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         del rng  # deterministic; the argument keeps the train and eval call signatures alike
-        return normalize(resize_center_crop(image, self.image_size, self.crop_pct), self.mean, self.std)
+        crop = resize_center_crop(image, self.image_size, self.crop_pct)
+        return crop if self.uint8 else normalize(crop, self.mean, self.std)
 
 
 @dataclasses.dataclass(frozen=True)

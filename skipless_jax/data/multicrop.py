@@ -74,7 +74,8 @@ def color_jitter(
 
 @dataclasses.dataclass(frozen=True)
 class MultiCrop:
-    """(uint8 (H, W, C) image, rng) -> packed float32 crops; a frozen dataclass so workers can pickle it."""
+    """(uint8 (H, W, C) image, rng) -> packed float32 crops (uint8 ones with `uint8`); a frozen
+    dataclass so workers can pickle it."""
 
     global_size: int
     local_size: int
@@ -91,6 +92,7 @@ class MultiCrop:
     blur_prob: tuple[float, float, float] = (1.0, 0.1, 0.5)  # global 1, global 2, local
     blur_sigma: tuple[float, float] = (0.1, 2.0)
     solarize_prob: float = 0.2  # second global crop only
+    uint8: bool = False  # uint8 crops, normalized on device (data/device_images.py)
 
     def view(
         self,
@@ -115,7 +117,8 @@ class MultiCrop:
             img = img.filter(ImageFilter.GaussianBlur(radius=rng.uniform(*self.blur_sigma)))
         if rng.random() < solarize_p:
             img = ImageOps.solarize(img, threshold=128)
-        return pipeline.normalize(_from_pil(img, image.shape[-1]), self.mean, self.std)
+        crop = _from_pil(img, image.shape[-1])
+        return crop if self.uint8 else pipeline.normalize(crop, self.mean, self.std)
 
     def crops(self, image: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
         """[global 1, global 2, local 1, …, local N], drawn in that order from `rng`."""
@@ -219,10 +222,11 @@ def from_config(config: Any) -> MultiCrop:
 
 
 def train_iterator(
-    config: Any, start_step: int, process_index: int, process_count: int
+    config: Any, start_step: int, process_index: int, process_count: int, on_device: bool = False
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Process-local multi-crop batches {'global', 'local', 'label'} from `start_step` on."""
-    mc = from_config(config)
+    """Process-local multi-crop batches {'global', 'local', 'label'} from `start_step` on;
+    `on_device`: uint8 crops, to be normalized in the step (`device_images.prepare`)."""
+    mc = dataclasses.replace(from_config(config), uint8=on_device)
     return inputs.train_iterator(
         config, start_step, process_index, process_count, transform=mc, batch_transform=mc.unpack
     )

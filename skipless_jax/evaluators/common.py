@@ -28,7 +28,7 @@ import ml_collections
 import numpy as np
 
 from skipless_jax import sharding
-from skipless_jax.data import inputs
+from skipless_jax.data import device_images, inputs
 
 
 class Evaluator(Protocol):
@@ -63,10 +63,19 @@ class Context:
     _jitted: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def batches(self, split: str, batch_size: int | None = None) -> tuple[Iterator[dict[str, jax.Array]], int]:
-        """(global masked eval batches of `split`, number of real examples)."""
-        local, n = inputs.eval_iterator(self.config, jax.process_index(), jax.process_count(), split, batch_size)
+        """(global masked eval batches of `split`, number of real examples); the host ships uint8
+        images, normalized here on the devices."""
+        local, n = inputs.eval_iterator(self.config, jax.process_index(), jax.process_count(), split, batch_size,
+                                        on_device=True)
         batch_sharding = sharding.batch_sharding(self.mesh)
-        to_global = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding, x), b)
+        if "normalize" not in self._jitted:
+            mean, std = device_images.dataset_stats(self.config)
+            self._jitted["normalize"] = jax.jit(lambda b: device_images.prepare(b, mean, std))
+
+        def to_global(b: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+            arrays = jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding, x), b)
+            return self._jitted["normalize"](arrays)
+
         return (to_global(b) for b in local), n
 
     def extract(self, params: Any, split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -25,7 +25,7 @@ import optax
 from absl import logging
 
 from skipless_jax import checkpoint, evaluators, models, sharding, validate
-from skipless_jax.data import inputs, multicrop, sources
+from skipless_jax.data import device_images, inputs, multicrop, sources
 from skipless_jax.models import dino_head
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
@@ -404,18 +404,22 @@ def guarded_parts(grads: Any, params: Any, opt_state: Any, teacher: Any) -> dict
 
 
 def make_train_step(
-    model: dino_head.DINO, tx: optax.GradientTransformation, sched: Schedules, dino_config: Any
+    model: dino_head.DINO, tx: optax.GradientTransformation, sched: Schedules, dino_config: Any,
+    image_stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
 ) -> Callable[[dict[str, Any], dict[str, jax.Array]], tuple[dict[str, Any], dict[str, jax.Array]]]:
     """(state, {'global': (B, 2, G, G, C), 'local': (B, N, L, L, C)}) -> (state, metrics).
 
     Means over the batch are over the global batch (the arrays are global), so the loss, the
-    centre and the entropies are the same on any mesh.
+    centre and the entropies are the same on any mesh. `image_stats` (mean, std): uint8 crops
+    are normalized with them first (float crops pass as they are).
     """
     student_temp = dino_config.student_temp
     center_momentum = dino_config.center_momentum
 
     def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
         step, params = state["step"], state["params"]
+        if image_stats is not None:
+            batch = device_images.prepare(batch, *image_stats, fields=("global", "local"))
         values = sched.values(step)
         teacher_out = teacher_outputs(model, state["teacher"], batch)
         rng = jax.random.fold_in(state["rng"], step)
@@ -548,8 +552,8 @@ def train_and_evaluate(
     first_step = int(jax.device_get(state["step"]))
 
     # ---- The update step (state donated) and the evaluators of the teacher.
-    p_train_step = jax.jit(make_train_step(model, tx, sched, config.dino), donate_argnums=0,
-                           out_shardings=(shardings, sharding.replicated(mesh)))
+    step_fn = make_train_step(model, tx, sched, config.dino, device_images.dataset_stats(config))
+    p_train_step = jax.jit(step_fn, donate_argnums=0, out_shardings=(shardings, sharding.replicated(mesh)))
     ctx, _ = evaluation(config, mesh, model)
     ctx.picture_dir = workdir
     evals = evaluators.build(config, ctx)
@@ -558,15 +562,15 @@ def train_and_evaluate(
     a = abstract_state
     run = common.Run(config, workdir, mngr, total_steps, first_step,
                      guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]))
-    batch_sharding = sharding.batch_sharding(mesh)
-    data = multicrop.train_iterator(config, first_step, jax.process_index(), jax.process_count())
+    local = multicrop.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
+    data = common.device_batches(local, sharding.batch_sharding(mesh), common.device_prefetch(config))
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):
             if first_step == 0 and config.get("eval_at_start", True):
                 # The same network at init.
                 run.evaluate(0, evaluators.run_all(evals, ctx, state["teacher"]), prefix="init_")
             for step in range(first_step + 1, total_steps + 1):
-                batch = common.global_batch(next(data), batch_sharding)  # the one explicit host→device copy
+                batch = next(data)  # copied to the devices ahead (common.device_batches)
                 with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
                     state, metrics = p_train_step(state, batch)
                 run.train_step_done(step, metrics, state)

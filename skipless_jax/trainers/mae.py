@@ -26,7 +26,7 @@ import optax
 from absl import logging
 
 from skipless_jax import evaluators, models, pictures, sharding, validate
-from skipless_jax.data import inputs, sources
+from skipless_jax.data import device_images, inputs, sources
 from skipless_jax.models import mae as mae_lib
 from skipless_jax.models import vit
 from skipless_jax.models.common import patchify, unpatchify
@@ -136,10 +136,13 @@ def make_train_step(
         return loss, mask.mean()
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    mean, std = device_images.dataset_stats(config)
 
     def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
         step, params = state["step"], state["params"]
-        (loss, masked), grads = grad_fn(params, batch["image"], jax.random.fold_in(state["rng"], step))
+        rng = jax.random.fold_in(state["rng"], step)
+        batch = device_images.prepare(batch, mean, std, jax.random.fold_in(rng, device_images.ERASE_TAG))
+        (loss, masked), grads = grad_fn(params, batch["image"], rng)
         return common.guarded_update(state, loss, grads, tx, schedule, masked_fraction=masked)
 
     return train_step
@@ -289,13 +292,13 @@ def train_and_evaluate(
 
     # ---- Loop.
     run = common.Run(config, workdir, mngr, total_steps, first_step, common.guarded_parts(abstract_state))
-    batch_sharding = sharding.batch_sharding(mesh)
-    data = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count())
+    local = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
+    data = common.device_batches(local, sharding.batch_sharding(mesh), common.device_prefetch(config))
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):
             for step in range(first_step + 1, total_steps + 1):
                 with jax.profiler.StepTraceAnnotation("train", step_num=step):
-                    state, metrics = p_train_step(state, common.global_batch(next(data), batch_sharding))
+                    state, metrics = p_train_step(state, next(data))
                 run.train_step_done(step, metrics, state)
                 if picture is not None and common.every(step, config.get("eval_every_steps"), total_steps):
                     picture(state["params"], step)

@@ -20,7 +20,7 @@ import optax
 from absl import logging
 
 from skipless_jax import checkpoint, evaluators, models, sharding, validate
-from skipless_jax.data import device_mix, inputs, sources
+from skipless_jax.data import device_images, device_mix, inputs, sources
 from skipless_jax.evaluators.classification import cross_entropy
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common
@@ -97,6 +97,7 @@ def make_train_step(
     smoothing = config.get("label_smoothing", 0.0)
     microbatches = config.get("grad_accum_steps") or 1
     mix = device_mix.enabled(config)
+    mean, std = device_images.dataset_stats(config)
 
     def loss_fn(params, stats, images, labels, rng):
         if stats is None:
@@ -113,6 +114,9 @@ def make_train_step(
     def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
         step, params, stats = state["step"], state["params"], state.get("batch_stats")
         dropout_rng = jax.random.fold_in(state["rng"], step)
+        # uint8 from the host: normalized (and randomly erased) here, over the global batch
+        batch = device_images.prepare(batch, mean, std, jax.random.fold_in(dropout_rng, device_images.ERASE_TAG))
+        batch = {**batch, "image": sharding.constrain_batch(batch["image"])}
         if mix:  # mixup/cutmix of the global batch: draws from (seed, step) alone
             images, labels = device_mix.mixup_cutmix(
                 jax.random.fold_in(dropout_rng, MIX_TAG), batch["image"], batch["label"], config.input.aug)
@@ -230,14 +234,14 @@ def train_and_evaluate(
 
     # ---- Loop.
     run = common.Run(config, workdir, mngr, total_steps, first_step, common.guarded_parts(abstract_state))
-    batch_sharding = sharding.batch_sharding(mesh)
-    data = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count())
+    local = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
+    data = common.device_batches(local, sharding.batch_sharding(mesh), common.device_prefetch(config))
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):
             if first_step == 0 and config.get("eval_at_start", False):
                 run.evaluate(0, evaluators.run_all(evals, ctx, common.entries(state, key)), prefix="init_")
             for step in range(first_step + 1, total_steps + 1):
-                batch = common.global_batch(next(data), batch_sharding)  # the one explicit host→device copy
+                batch = next(data)  # copied to the devices ahead (common.device_batches)
                 with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
                     state, metrics = p_train_step(state, batch)
                 run.train_step_done(step, metrics, state)
