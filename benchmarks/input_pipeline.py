@@ -1,45 +1,50 @@
-"""Host throughput of the ImageNet input transforms, and the host cores an accelerator needs.
+"""Host throughput of the project's input pipeline on real JPEG bytes, and the host cores an
+accelerator needs.
 
 Generates JPEGs of ImageNet-like sizes and file sizes (400–500 × 333–375 pixels, ~100 KB; the
-ImageNet train set averages ~115 KB per image), then times, per image:
-  decode  JPEG → uint8 RGB (PIL, as `tfds.data_source` decodes without OpenCV)
-  train   decode + the DeiT train transform (`augment.train_transform`, 224², RandAugment
-          'rand-m9-mstd0.5-inc1', random erasing 0.25), float32 out
-  eval    decode + the eval transform (resize 256, centre crop 224)
-with one worker and with N workers (processes by default; `--mode=threads` shows what
-thread-based map workers reach under the GIL). Mixup/cutmix is per batch and negligible.
+ImageNet train set averages ~115 KB per image) into an in-memory source that decodes on read
+(`sources.EncodedSource`, as `tfds.data_source` does), then reads batches through the
+trainers' own pipeline (`pipeline.train_batches` / `eval_batches`, the transforms as the
+trainers build them with `on_device=True`: uint8 out, normalization and erasing on device):
+  train      decode + the DeiT train transform (224², RandAugment 'rand-m9-mstd0.5-inc1',
+             random-erasing box 0.25)
+  eval       decode + the eval transform (resize 256, centre crop 224)
+  multicrop  decode + DINO's multi-crop (2 × 224² + 10 × 96²)
+with 0 worker processes (reads in this process), 1 and 2 (`config.input.num_workers`). For
+each: images/s (the fastest of `--repeats` runs), the per-step latency distribution, this
+process's RSS and each worker's.
 
-From the one-worker train rate r (images per CPU second: one fully busy core) it prints, for
-each accelerator throughput T (images/s), the busy cores (worker processes) T needs,
-ceil(T / r), and the float32 bytes/s the host hands the accelerator. Default targets are
-ViT-B/16 and ViT-S/16 at 224² estimated from training FLOPs (3 × forward, multiply-adds
-counted as 2 FLOPs) at a stated MFU, plus the rate implied by the paper's 0.723-day ViT-B run;
-pass measured rates with --target.
+From the one-worker train rate r (images/s of one worker process: one busy core) it prints,
+for each accelerator throughput T, the worker processes T needs, ceil(T / r), and the uint8
+bytes/s the host hands the accelerator. Default targets are ViT-B/16 and ViT-S/16 at 224²
+estimated from training FLOPs (3 × forward, multiply-adds counted as 2 FLOPs) at a stated MFU,
+plus the rate implied by the paper's 0.723-day ViT-B run; pass measured rates with --target.
 
-    python benchmarks/input_pipeline.py --workers=1,2 --seconds=10 \
+    OPENBLAS_NUM_THREADS=1 python benchmarks/input_pipeline.py --workers=0,1,2 \
         --output=benchmarks/results/input_pipeline.json
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
+import dataclasses
 import io
 import json
 import math
-import multiprocessing
 import os
 import platform
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import ml_collections
 import numpy as np
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from skipless_jax.data import augment
+from skipless_jax import config_blocks
+from skipless_jax.data import augment, multicrop, pipeline, sources
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 IMAGE_SIZE = 224
@@ -105,73 +110,84 @@ def make_jpegs(count: int, seed: int = 0, quality: int = 95) -> list[bytes]:
     return jpegs
 
 
-def decode(jpeg: bytes) -> np.ndarray:
-    """JPEG bytes → uint8 (H, W, 3) RGB."""
-    with Image.open(io.BytesIO(jpeg)) as image:
-        return np.asarray(image.convert("RGB"))
-
-
 # ------------------------------------------------------------------------------------------
-# Timed work. Worker processes fork with the JPEGs and transforms as module globals.
-
-_JPEGS: list[bytes] = []
-_TRAIN = augment.train_transform(ml_collections.ConfigDict(DEIT_AUG), IMAGE_SIZE)
-_EVAL = augment.eval_transform(IMAGE_SIZE, 0.875)
-PIPELINES: dict[str, Callable[[int], float]] = {
-    "decode": lambda i: float(decode(_JPEGS[i % len(_JPEGS)])[0, 0, 0]),
-    "train": lambda i: float(_TRAIN(decode(_JPEGS[i % len(_JPEGS)]), np.random.default_rng([0, i]))[0, 0, 0]),
-    "eval": lambda i: float(_EVAL(decode(_JPEGS[i % len(_JPEGS)]))[0, 0, 0]),
-}
+# Timed work: the project's pipeline over the JPEGs.
 
 
-def _run_chunk(args: tuple[str, int, int]) -> int:
-    name, start, count = args
-    fn = PIPELINES[name]
-    for i in range(start, start + count):
-        fn(i)
-    return count
+def transforms() -> dict[str, Callable]:
+    """The per-example transforms the trainers use for ImageNet (uint8 out, `on_device=True`)."""
+    deit = ml_collections.ConfigDict(config_blocks.deit_aug())
+    train = dataclasses.replace(augment.train_transform(deit, IMAGE_SIZE), uint8=True)
+    evaluate = dataclasses.replace(augment.eval_transform(IMAGE_SIZE, 0.875), uint8=True)
+    crops = multicrop.MultiCrop(global_size=IMAGE_SIZE, local_size=96, num_local=10, mean=augment.IMAGENET_MEAN,
+                                std=augment.IMAGENET_STD, uint8=True)
+    return {"train": train, "eval": evaluate, "multicrop": crops}
 
 
-def _rate_one(name: str, seconds: float) -> tuple[float, float]:
-    """(images per wall second, images per CPU second) of one worker in this process.
-
-    The CPU-second rate is what one fully busy core delivers; on a shared host it is far less
-    disturbed by other processes than the wall-clock rate.
-    """
-    _run_chunk((name, 0, 8))  # warm caches
-    done, start, cpu = 0, time.perf_counter(), time.process_time()
-    while time.perf_counter() - start < seconds:
-        done += _run_chunk((name, done, 16))
-    return done / (time.perf_counter() - start), done / (time.process_time() - cpu)
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
-def _rate_many(name: str, workers: int, seconds: float, rate_one: float, mode: str) -> float:
-    """Aggregate images/s of `workers` processes (or threads) sharing chunks of 16 images."""
-    total = max(int(rate_one * workers * seconds), 16 * workers)
-    chunks = [(name, i, 16) for i in range(0, total, 16)]
-    if mode == "processes":
-        context = multiprocessing.get_context("fork")
-        with context.Pool(workers) as pool:
-            pool.map(_run_chunk, [(name, 0, 4)] * workers)  # start-up excluded
-            start = time.perf_counter()
-            done = sum(pool.imap_unordered(_run_chunk, chunks))
-            return done / (time.perf_counter() - start)
-    with concurrent.futures.ThreadPoolExecutor(workers) as executor:
-        list(executor.map(_run_chunk, [(name, 0, 4)] * workers))
-        start = time.perf_counter()
-        done = sum(executor.map(_run_chunk, chunks))
-        return done / (time.perf_counter() - start)
+def worker_pids() -> list[int]:
+    """This process's pipeline worker processes (spawned children running spawn_main)."""
+    me, pids = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if ppid == me and b"spawn_main" in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+def batches(name: str, source: sources.EncodedSource, workers: int, batch_size: int, steps: int) -> Any:
+    transform = transforms()[name]
+    if name == "eval":  # the split repeated: enough batches to time
+        copies = math.ceil((steps + 1) * batch_size / len(source))
+        source = sources.EncodedSource(source.blobs * copies, np.tile(source.labels, copies))
+        return pipeline.eval_batches(source, transform, num_classes=1000, global_batch_size=batch_size,
+                                     num_workers=workers)
+    return pipeline.train_batches(source, transform, num_classes=1000, global_batch_size=batch_size, seed=0,
+                                  num_workers=workers)
+
+
+def measure(name: str, source: sources.EncodedSource, workers: int, batch_size: int, steps: int) -> dict[str, Any]:
+    """One run: a warm-up batch (worker start-up excluded), then `steps` timed batches."""
+    it = batches(name, source, workers, batch_size, steps)
+    first = next(it)
+    latencies, t0 = [], time.perf_counter()
+    for _ in range(steps):
+        t = time.perf_counter()
+        next(it)
+        latencies.append(time.perf_counter() - t)
+    total = time.perf_counter() - t0
+    rss = [_rss_mb(pid) for pid in worker_pids()]
+    out = dict(images_per_s=steps * batch_size / total, latency_ms=[1e3 * x for x in latencies],
+               main_rss_mb=_rss_mb(os.getpid()), worker_rss_mb=rss,
+               batch_bytes=int(sum(v.nbytes for v in first.values())))
+    it.close()  # stops the workers
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=64, help="distinct JPEGs generated")
-    parser.add_argument("--workers", default="1,2", help="comma-separated worker counts")
-    parser.add_argument("--mode", choices=("processes", "threads"), default="processes")
-    parser.add_argument("--seconds", type=float, default=5.0, help="timed seconds per measurement")
+    parser.add_argument("--workers", default="0,1,2", help="comma-separated worker-process counts")
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=8, help="timed batches per run")
     parser.add_argument("--repeats", type=int, default=3,
-                        help="measurements per cell; the fastest is kept (shared hosts are noisy)")
-    parser.add_argument("--pipelines", default="decode,train,eval")
+                        help="runs per cell; the fastest is kept (shared hosts are noisy)")
+    parser.add_argument("--pipelines", default="train,eval,multicrop")
     parser.add_argument("--target", action="append", default=[],
                         help="NAME=IMAGES_PER_S accelerator throughput to size the host for (repeatable)")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
@@ -179,56 +195,67 @@ def main(argv: list[str] | None = None) -> dict:
     workers = sorted({int(w) for w in args.workers.split(",")})
     names = args.pipelines.split(",")
     for name in names:
-        if name not in PIPELINES:
-            parser.error(f"--pipelines: {name!r} unknown; allowed {sorted(PIPELINES)}")
+        if name not in transforms():
+            parser.error(f"--pipelines: {name!r} unknown; allowed {sorted(transforms())}")
     targets = default_targets()
     for item in args.target:
         key, _, value = item.rpartition("=")
         targets[key] = float(value)
 
-    _JPEGS[:] = make_jpegs(args.images)
-    sizes = [Image.open(io.BytesIO(j)).size for j in _JPEGS]
-    jpeg_kb = float(np.mean([len(j) for j in _JPEGS]) / 1024)
-    print(f"{len(_JPEGS)} JPEGs, mean {jpeg_kb:.0f} KB, mean {np.mean([w for w, _ in sizes]):.0f}x"
+    jpegs = make_jpegs(args.images)
+    source = sources.EncodedSource(jpegs, np.arange(len(jpegs)) % 1000)
+    sizes = [Image.open(io.BytesIO(j)).size for j in jpegs]
+    jpeg_kb = float(np.mean([len(j) for j in jpegs]) / 1024)
+    print(f"{len(jpegs)} JPEGs, mean {jpeg_kb:.0f} KB, mean {np.mean([w for w, _ in sizes]):.0f}x"
           f"{np.mean([h for _, h in sizes]):.0f} px; host: {os.cpu_count()} CPUs, "
           f"{platform.processor() or platform.machine()}")
 
     rows = []
     for name in names:
-        measured = [_rate_one(name, args.seconds) for _ in range(args.repeats)]
-        one, one_cpu = max(m[0] for m in measured), max(m[1] for m in measured)
         for n in workers:
-            rate = one if n == 1 else max(
-                _rate_many(name, n, args.seconds, one, args.mode) for _ in range(args.repeats))
-            rows.append(dict(pipeline=name, workers=n, mode=args.mode, images_per_s=rate,
-                             per_worker=rate / n, scaling=rate / (n * one),
-                             cpu_ms_per_image=1e3 / one_cpu, images_per_cpu_s=one_cpu))
+            runs = [measure(name, source, n, args.batch_size, args.steps) for _ in range(args.repeats)]
+            best = max(runs, key=lambda r: r["images_per_s"])
+            lat = np.concatenate([r["latency_ms"] for r in runs])
+            rows.append(dict(pipeline=name, workers=n, images_per_s=best["images_per_s"],
+                             runs_images_per_s=[r["images_per_s"] for r in runs],
+                             latency_ms={q: float(np.percentile(lat, q)) for q in (50, 90, 99)} | {
+                                 "max": float(lat.max())},
+                             main_rss_mb=best["main_rss_mb"], worker_rss_mb=best["worker_rss_mb"],
+                             bytes_per_image=best["batch_bytes"] / args.batch_size))
+        one = next((r["images_per_s"] for r in rows if r["pipeline"] == name and r["workers"] == 1), None)
+        for r in rows:
+            if r["pipeline"] == name:
+                r["vs_1_worker"] = r["images_per_s"] / one if one else None
 
-    print(f"\n{'pipeline':<8} {'workers':>7} {'images/s':>9} {'per worker':>10} {'scaling':>8} "
-          f"{'CPU ms/img':>11} {'img per CPU s':>14}")
+    print(f"\nbatch {args.batch_size}; latency per step (ms) over {args.repeats} × {args.steps} steps")
+    print(f"{'pipeline':<10} {'workers':>7} {'images/s':>9} {'vs 1 worker':>11} {'p50':>7} {'p90':>7} {'p99':>7} "
+          f"{'main RSS MB':>11} {'RSS MB per worker':>17} {'KB/image':>8}")
     for r in rows:
-        print(f"{r['pipeline']:<8} {r['workers']:>7} {r['images_per_s']:>9.0f} {r['per_worker']:>10.0f} "
-              f"{r['scaling']:>8.2f} {r['cpu_ms_per_image']:>11.2f} {r['images_per_cpu_s']:>14.0f}")
+        per_worker = f"{np.mean(r['worker_rss_mb']):.0f}" if r["worker_rss_mb"] else "-"
+        vs = f"{r['vs_1_worker']:.2f}" if r["vs_1_worker"] else "-"
+        lat = r["latency_ms"]
+        print(f"{r['pipeline']:<10} {r['workers']:>7} {r['images_per_s']:>9.0f} {vs:>11} {lat[50]:>7.0f} "
+              f"{lat[90]:>7.0f} {lat[99]:>7.0f} {r['main_rss_mb']:>11.0f} {per_worker:>17} "
+              f"{r['bytes_per_image'] / 1024:>8.0f}")
 
-    train_one = next((r["images_per_cpu_s"] for r in rows if r["pipeline"] == "train" and r["workers"] == 1), None)
+    train_one = next((r["images_per_s"] for r in rows if r["pipeline"] == "train" and r["workers"] == 1), None)
     sizing = []
     if train_one:
-        bytes_per_image = IMAGE_SIZE * IMAGE_SIZE * 3 * 4
-        print(f"\nhost sizing for the train transform at {train_one:.0f} images per CPU second "
-              "(one fully busy core per worker process)")
-        print(f"{'accelerator throughput':<44} {'images/s':>9} {'workers':>8} {'float32 GB/s':>13}")
+        bytes_per_image = IMAGE_SIZE * IMAGE_SIZE * 3
+        print(f"\nhost sizing (estimates) for the train transform at {train_one:.0f} images/s per worker process")
+        print(f"{'accelerator throughput':<44} {'images/s':>9} {'workers':>8} {'uint8 GB/s':>11}")
         for key, value in targets.items():
             cores = math.ceil(value / train_one)
             sizing.append(dict(target=key, images_per_s=value, worker_processes=cores,
-                               float32_gb_per_s=value * bytes_per_image / 1e9))
-            print(f"{key:<44} {value:>9.0f} {cores:>8d} {value * bytes_per_image / 1e9:>13.2f}")
+                               uint8_gb_per_s=value * bytes_per_image / 1e9))
+            print(f"{key:<44} {value:>9.0f} {cores:>8d} {value * bytes_per_image / 1e9:>11.2f}")
 
     result = dict(
         host=dict(cpus=os.cpu_count(), machine=platform.machine(), python=platform.python_version(),
                   pillow=Image.__version__, numpy=np.__version__),
-        jpegs=dict(count=len(_JPEGS), mean_kb=jpeg_kb, mean_width=float(np.mean([w for w, _ in sizes])),
+        jpegs=dict(count=len(jpegs), mean_kb=jpeg_kb, mean_width=float(np.mean([w for w, _ in sizes])),
                    mean_height=float(np.mean([h for _, h in sizes]))),
-        seconds=args.seconds, repeats=args.repeats, rows=rows, sizing=sizing,
+        batch_size=args.batch_size, steps=args.steps, repeats=args.repeats, rows=rows, sizing=sizing,
         flops=dict(vit_b16_train=VIT_B16, vit_s16_train=VIT_S16),
     )
     if args.output:

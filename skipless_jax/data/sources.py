@@ -107,6 +107,26 @@ class ArraySource:
         return {"image": self.images[index], "label": int(self.labels[index])}
 
 
+class EncodedSource:
+    """In-memory source over encoded image files (JPEG, PNG bytes) and int labels, decoded to
+    uint8 RGB on access, as `tfds.data_source` decodes: the decode runs where the record is
+    read (in a worker process when the pipeline has workers)."""
+
+    def __init__(self, blobs: list[bytes], labels: np.ndarray):
+        self.blobs, self.labels = blobs, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        import io
+
+        from PIL import Image
+
+        with Image.open(io.BytesIO(self.blobs[index])) as image:
+            return {"image": np.asarray(image.convert("RGB")), "label": int(self.labels[index])}
+
+
 @functools.cache
 def _digits_split() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The fixed digits split: 360 test images stratified by class, the other 1,437 train.
