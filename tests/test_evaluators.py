@@ -1,5 +1,6 @@
 """kNN and linear-probe evaluators against independent float64 numpy / scipy references."""
 
+import jax
 import numpy as np
 import pytest
 import scipy.optimize
@@ -93,3 +94,15 @@ def test_linear_probe_accuracy_and_bad_input():
         linear_probe.fit(train_x, train_y, 3, l2=-1.0)
     with pytest.raises(ValueError, match=r"config\.evals\.linear\.steps=0 must be a positive integer"):
         linear_probe.fit(train_x, train_y, 3, max_steps=0)
+
+
+@pytest.mark.parametrize("k, n", [(1, 300), (5, 301), (20, 37)])
+def test_knn_votes_with_the_bank_split_over_8_devices_match_reference(k, n):
+    rng = np.random.default_rng(k)
+    train_x, train_y = clustered(rng, n, 12, 5, 1.5)
+    test_x, _ = clustered(rng, 50, 12, 5, 1.5)
+    mesh = jax.make_mesh((8,), ("data",))
+    votes = knn.knn_votes(train_x, train_y, test_x, 5, k, 0.07, chunk=16, mesh=mesh)
+    expected = ref_knn_votes(train_x, train_y, test_x, 5, k, 0.07)
+    np.testing.assert_allclose(votes, expected, rtol=2e-4)
+    np.testing.assert_array_equal(votes.argmax(-1), expected.argmax(-1))

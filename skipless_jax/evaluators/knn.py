@@ -17,7 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
+from jax.sharding import PartitionSpec as P
 
+from skipless_jax import sharding
 from skipless_jax.models.dino_head import l2_normalize
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -49,6 +51,27 @@ def _vote(
     return votes
 
 
+def _sharded_vote(mesh: jax.sharding.Mesh, num_classes: int, k: int, temperature: float) -> Any:
+    """`_vote` over a bank whose rows are split over the mesh's data axes: each device takes the
+    top k of its rows (padding rows, label −1, never chosen), the k·D candidates are gathered and
+    the global top k vote. Memory per device: its bank rows and chunk × n/D similarities."""
+    axes = sharding.data_axes(mesh)
+    spec = P(axes)
+
+    def local(bank: jax.Array, labels: jax.Array, queries: jax.Array) -> jax.Array:
+        sims = jnp.matmul(l2_normalize(queries), bank.T, precision=_HIGHEST)  # (q, n/D)
+        sims = jnp.where(labels[None] >= 0, sims, -jnp.inf)
+        top, idx = jax.lax.top_k(sims, min(k, bank.shape[0]))
+        top = jax.lax.all_gather(top, axes, axis=1, tiled=True)  # (q, k·D)
+        cand = jax.lax.all_gather(labels[idx], axes, axis=1, tiled=True)
+        top, j = jax.lax.top_k(top, k)
+        weights = jnp.exp(top / temperature)
+        picked = jnp.take_along_axis(cand, j, axis=1)
+        return jnp.einsum("qk,qkc->qc", weights, jax.nn.one_hot(picked, num_classes), precision=_HIGHEST)
+
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, P()), out_specs=P(), check_vma=False))
+
+
 def knn_votes(
     train_features: np.ndarray,
     train_labels: np.ndarray,
@@ -57,15 +80,27 @@ def knn_votes(
     k: int = 20,
     temperature: float = 0.07,
     chunk: int = 256,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> np.ndarray:
     """(n_test, num_classes) weighted votes; train (n, d) / (n,) int, test (m, d).
 
     The test set goes through in chunks of `chunk` (the last one padded), so memory is
-    chunk × n similarities whatever the test size.
+    chunk × n similarities whatever the test size. With a `mesh` the bank is split over its data
+    axes (`_sharded_vote`): the same votes, 1/D of the bank and similarities per device.
     """
     validate_knn(k, temperature, len(train_labels))
     bank = l2_normalize(jnp.asarray(train_features, jnp.float32))
     labels = jnp.asarray(train_labels, jnp.int32)
+    vote = functools.partial(_vote, num_classes=num_classes, k=int(k), temperature=float(temperature))
+    if mesh is not None and sharding.num_data_shards(mesh) > 1:
+        shards = sharding.num_data_shards(mesh)
+        pad = -len(labels) % shards
+        bank = jnp.concatenate([bank, jnp.zeros((pad, bank.shape[1]), bank.dtype)])
+        labels = jnp.concatenate([labels, jnp.full((pad,), -1, jnp.int32)])
+        rows = sharding.batch_sharding(mesh)
+        bank, labels = jax.device_put(bank, rows), jax.device_put(labels, rows)
+        sharded = _sharded_vote(mesh, num_classes, int(k), float(temperature))
+        vote = lambda b, y, q: sharded(b, y, q)
     test = np.asarray(test_features, np.float32)
     m = len(test)
     out = []
@@ -74,7 +109,7 @@ def knn_votes(
         pad = chunk - len(block)
         if pad:  # a fixed chunk shape compiles once
             block = np.concatenate([block, np.ones((pad, block.shape[1]), np.float32)])
-        votes = _vote(bank, labels, jnp.asarray(block), num_classes, int(k), float(temperature))
+        votes = vote(bank, labels, jnp.asarray(block))
         out.append(np.asarray(votes)[: chunk - pad])
     return np.concatenate(out) if out else np.zeros((0, num_classes), np.float32)
 
@@ -87,9 +122,10 @@ def knn_accuracy(
     num_classes: int,
     k: int = 20,
     temperature: float = 0.07,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> float:
-    """Top-1 accuracy of the weighted kNN classifier."""
-    votes = knn_votes(train_features, train_labels, test_features, num_classes, k, temperature)
+    """Top-1 accuracy of the weighted kNN classifier (bank split over `mesh`'s data axes, if given)."""
+    votes = knn_votes(train_features, train_labels, test_features, num_classes, k, temperature, mesh=mesh)
     return float(np.mean(votes.argmax(-1) == np.asarray(test_labels)))
 
 
@@ -113,7 +149,8 @@ class KNN:
         k = min(self.k, len(train_y))  # a bank smaller than k (a tiny split) votes with all of it
         if k < self.k:
             logging.warning("kNN: only %d train examples; using k=%d instead of %d.", len(train_y), k, self.k)
-        yield "knn_accuracy", knn_accuracy(train_x, train_y, test_x, test_y, self.ctx.num_classes, k, self.temperature)
+        yield "knn_accuracy", knn_accuracy(train_x, train_y, test_x, test_y, self.ctx.num_classes, k, self.temperature,
+                                           mesh=self.ctx.mesh)
 
     @staticmethod
     def check(name: str, entry: Any) -> None:
