@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 import scipy.special
+from jax.sharding import AxisType
 
 from skipless_jax.evaluators import knn, linear_probe
 
@@ -60,12 +61,14 @@ def test_knn_bad_input_is_one_line(k, t, match):
         knn.knn_votes(np.ones((300, 4)), np.zeros(300, int), np.ones((2, 4)), 2, k, t)
 
 
-def test_linear_probe_reaches_the_scipy_optimum():
+@pytest.mark.parametrize("devices, n", [(1, 240), (8, 243)])  # 8: rows split over the mesh, 5 padding rows
+def test_linear_probe_reaches_the_scipy_optimum(devices, n):
     rng = np.random.default_rng(3)
     num_classes, l2 = 4, 1e-2
-    train_x, train_y = clustered(rng, 240, 10, num_classes, 2.0)
+    train_x, train_y = clustered(rng, n, 10, num_classes, 2.0)
     test_x, _ = clustered(np.random.default_rng(3), 100, 10, num_classes, 2.0)
-    probe = linear_probe.fit(train_x, train_y, num_classes, l2=l2, max_steps=500)
+    mesh = jax.make_mesh((devices,), ("data",), devices=jax.devices()[:devices], axis_types=(AxisType.Auto,))
+    probe = linear_probe.fit(train_x, train_y, num_classes, l2=l2, max_steps=500, mesh=mesh)
     xs = (train_x - probe["mean"]) / probe["std"]
     d = xs.shape[1]
 
@@ -101,7 +104,7 @@ def test_knn_votes_with_the_bank_split_over_8_devices_match_reference(k, n):
     rng = np.random.default_rng(k)
     train_x, train_y = clustered(rng, n, 12, 5, 1.5)
     test_x, _ = clustered(rng, 50, 12, 5, 1.5)
-    mesh = jax.make_mesh((8,), ("data",))
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))  # as sharding.make_mesh builds it
     votes = knn.knn_votes(train_x, train_y, test_x, 5, k, 0.07, chunk=16, mesh=mesh)
     expected = ref_knn_votes(train_x, train_y, test_x, 5, k, 0.07)
     np.testing.assert_allclose(votes, expected, rtol=2e-4)

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from skipless_jax import sharding
+
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -33,16 +35,20 @@ def validate_linear_probe(l2: float, max_steps: int, where: str = "config.evals.
         raise ValueError(f"{where}.steps={max_steps!r} must be a positive integer")
 
 
-def objective(params: dict[str, jax.Array], x: jax.Array, y: jax.Array, l2: float) -> jax.Array:
-    """J(W, b) above; x (n, d) standardized, y (n,) int labels."""
+def objective(params: dict[str, jax.Array], x: jax.Array, y: jax.Array, l2: float,
+              weights: jax.Array | None = None) -> jax.Array:
+    """J(W, b) above; x (n, d) standardized, y (n,) int labels; `weights` (n,) 1 for a real row,
+    0 for padding (the mean is over the real rows)."""
     logits = jnp.matmul(x, params["w"], precision=_HIGHEST) + params["b"]
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+    ce = ce.mean() if weights is None else jnp.sum(weights * ce) / jnp.sum(weights)
     return ce + 0.5 * l2 * jnp.sum(jnp.square(params["w"]))
 
 
 @functools.partial(jax.jit, static_argnames=("num_classes", "max_steps"))
-def _fit(x: jax.Array, y: jax.Array, num_classes: int, l2: float, max_steps: int, tol: float) -> dict[str, jax.Array]:
-    fun = functools.partial(objective, x=x, y=y, l2=l2)
+def _fit(x: jax.Array, y: jax.Array, weights: jax.Array, num_classes: int, l2: float, max_steps: int,
+         tol: float) -> dict[str, jax.Array]:
+    fun = functools.partial(objective, x=x, y=y, l2=l2, weights=weights)
     opt = optax.lbfgs()
     value_and_grad = optax.value_and_grad_from_state(fun)
 
@@ -69,13 +75,23 @@ def fit(
     l2: float = 1e-4,
     max_steps: int = 500,
     tol: float = 1e-5,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> dict[str, Any]:
-    """Standardization statistics and (W, b) fitted on (n, d) features and (n,) int labels."""
+    """Standardization statistics and (W, b) fitted on (n, d) features and (n,) int labels.
+    With a `mesh` the rows are split over its data axes (padded with weight-0 rows), so the fit's
+    matmuls and sums run on every device; (W, b) stay replicated."""
     validate_linear_probe(l2, max_steps)
     x = np.asarray(train_x, np.float64)
     mean, std = x.mean(0), x.std(0) + 1e-6
-    xs = jnp.asarray((x - mean) / std, jnp.float32)
-    params = _fit(xs, jnp.asarray(train_y, jnp.int32), int(num_classes), float(l2), int(max_steps), float(tol))
+    xs, ys = ((x - mean) / std).astype(np.float32), np.asarray(train_y, np.int32)
+    weights = np.ones(len(ys), np.float32)
+    if mesh is not None and sharding.num_data_shards(mesh) > 1:
+        pad = -len(ys) % sharding.num_data_shards(mesh)
+        xs = np.concatenate([xs, np.zeros((pad, xs.shape[1]), np.float32)])
+        ys = np.concatenate([ys, np.zeros(pad, np.int32)])
+        weights = np.concatenate([weights, np.zeros(pad, np.float32)])
+        xs, ys, weights = jax.device_put((xs, ys, weights), sharding.batch_sharding(mesh))
+    params = _fit(xs, ys, weights, int(num_classes), float(l2), int(max_steps), float(tol))
     return {"mean": mean, "std": std, "w": np.asarray(params["w"]), "b": np.asarray(params["b"])}
 
 
@@ -92,9 +108,10 @@ def linear_probe_accuracy(
     num_classes: int,
     l2: float = 1e-4,
     max_steps: int = 500,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> float:
-    """Top-1 test accuracy of the probe fitted on the train features."""
-    probe = fit(train_x, train_y, num_classes, l2, max_steps)
+    """Top-1 test accuracy of the probe fitted on the train features (on `mesh`, if given)."""
+    probe = fit(train_x, train_y, num_classes, l2, max_steps, mesh=mesh)
     return float(np.mean(predict_logits(probe, test_x).argmax(-1) == np.asarray(test_y)))
 
 
@@ -116,7 +133,7 @@ class LinearProbe:
         train_x, train_y = self.ctx.extract(params, self.train_split)
         test_x, test_y = self.ctx.extract(params, self.split)
         yield "linear_accuracy", linear_probe_accuracy(
-            train_x, train_y, test_x, test_y, self.ctx.num_classes, self.l2, self.max_steps
+            train_x, train_y, test_x, test_y, self.ctx.num_classes, self.l2, self.max_steps, mesh=self.ctx.mesh
         )
 
     @staticmethod
