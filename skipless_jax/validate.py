@@ -169,6 +169,9 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
     _count(config, "input.eval_batch_size", allow_none=True)
     _count(config, "input.num_workers", allow_zero=True, allow_none=True, zero_means="reads in the training process")
     _count(config, "input.device_prefetch", allow_zero=True, allow_none=True, zero_means="no batch ahead")
+    cache_eval = config.input.get("cache_eval")
+    _require(cache_eval is None or isinstance(cache_eval, bool),
+             f"config.input.cache_eval={cache_eval!r} must be True or False (keep the eval batches in host memory)")
 
     # Mesh: sizes vs devices, batch vs data-parallel shards, processes.
     names, sizes = sharding.mesh_shape(config.mesh, num_devices)

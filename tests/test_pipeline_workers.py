@@ -109,3 +109,28 @@ def test_bad_num_workers_is_one_line(bad):
     with pytest.raises(ValueError, match=r"config.input.num_workers=.*must be an int >= 0"):
         next(pipeline.train_batches(_source(), _deit_transform(), num_classes=5, global_batch_size=8, seed=0,
                                     num_workers=bad))
+
+
+def test_cached_eval_batches_are_read_once_and_replayed(monkeypatch):
+    import jax
+
+    from skipless_jax import sharding, validate
+    from skipless_jax.evaluators import common
+
+    config = load_config("quickstart")
+    config.input.cache_eval = True
+    ctx = common.Context(config, sharding.make_mesh(config.mesh), num_classes=10)
+    reads = []
+    eval_iterator = inputs.eval_iterator
+    monkeypatch.setattr(inputs, "eval_iterator", lambda *a, **k: reads.append(a) or eval_iterator(*a, **k))
+    first, n = ctx.batches("test", 128)
+    first = jax.device_get(list(first))
+    second, _ = ctx.batches("test", 128)
+    second = jax.device_get(list(second))
+    assert len(reads) == 1 and n == 360 and len(first) == 3
+    _assert_batches_equal(first, second)
+    assert first[0]["image"].dtype == np.float32  # normalized on the devices
+    del config.input["cache_eval"]
+    config.input.cache_eval = "yes"
+    with pytest.raises(ValueError, match=r"config.input.cache_eval='yes' must be True or False"):
+        validate.validate_config(config)

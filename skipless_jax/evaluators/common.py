@@ -61,12 +61,13 @@ class Context:
     step: int | None = None
     _cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
     _jitted: dict[str, Any] = dataclasses.field(default_factory=dict)
+    _eval_cache: dict[tuple[str, int | None], tuple[list[dict[str, np.ndarray]], int]] = dataclasses.field(
+        default_factory=dict)
 
     def batches(self, split: str, batch_size: int | None = None) -> tuple[Iterator[dict[str, jax.Array]], int]:
         """(global masked eval batches of `split`, number of real examples); the host ships uint8
         images, normalized here on the devices."""
-        local, n = inputs.eval_iterator(self.config, jax.process_index(), jax.process_count(), split, batch_size,
-                                        on_device=True)
+        local, n = self._local_batches(split, batch_size)
         batch_sharding = sharding.batch_sharding(self.mesh)
         if "normalize" not in self._jitted:
             mean, std = device_images.dataset_stats(self.config)
@@ -77,6 +78,20 @@ class Context:
             return self._jitted["normalize"](arrays)
 
         return (to_global(b) for b in local), n
+
+    def _local_batches(self, split: str, batch_size: int | None) -> tuple[Any, int]:
+        """This process's uint8 eval batches; with `config.input.cache_eval` the first read is
+        kept in host memory and replayed by later rounds (uint8: H·W·C bytes per example)."""
+        if not self.config.input.get("cache_eval"):
+            return inputs.eval_iterator(self.config, jax.process_index(), jax.process_count(), split, batch_size,
+                                        on_device=True)
+        key = (split, batch_size)
+        if key not in self._eval_cache:
+            local, n = inputs.eval_iterator(self.config, jax.process_index(), jax.process_count(), split, batch_size,
+                                            on_device=True)
+            self._eval_cache[key] = (list(local), n)
+        batches, n = self._eval_cache[key]
+        return iter(batches), n
 
     def extract(self, params: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
         """(features (n, d) float32, int labels (n,)) of every example of `split`, cached for

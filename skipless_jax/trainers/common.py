@@ -46,7 +46,8 @@ FINAL_METRICS = "final_metrics.json"
 # executed, logged or evaluated, not what it trains. Everything else must match the saved config.
 RUNTIME_FIELDS = (
     "mesh", "sharding_rules", "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints",
-    "analysis", "evals", "eval", "eval_at_start", "input.num_workers", "input.device_prefetch", "input.eval_batch_size",
+    "analysis", "evals", "eval", "eval_at_start", "input.num_workers", "input.device_prefetch", "input.cache_eval",
+    "input.eval_batch_size",
     "dataset.data_dir",
     "resume", "init_from", "init_from_key", "model.remat", "model.attention_impl",
 )
