@@ -147,6 +147,21 @@ def test_soap_on_a_mixed_mesh():
     assert_trees_close(other.after_two_steps(), one.after_two_steps(), skip=SOAP_NOISE)
 
 
+@pytest.mark.parametrize("kind, mesh", [("soap", "data"), ("soap", "mixed"), ("soap_scan", "fsdp")])
+def test_soap_factorizations_are_divided_over_the_devices(kind, mesh):
+    """Each device's program factorizes its share of SOAP's factors: counted as LAPACK calls in
+    the compiled per-device program (eigh: syevd at call 0; QR: orgqr on refresh)."""
+    import re
+
+    def calls(c):
+        text = c.compiled.as_text()
+        return {name: len(re.findall(rf"custom_call_target=\"[^\"]*{name}", text)) for name in ("syevd", "orgqr")}
+
+    one, many = calls(compiled(kind, "one")), calls(compiled(kind, mesh))
+    for name in one:
+        assert one[name] >= 4 and many[name] <= 0.5 * one[name], (name, one, many)
+
+
 def test_accumulation_memory_and_gradient():
     """k = 4 strided micro-batches: ≤ 0.5× the temporaries of k = 1 at the same global batch on
     8 devices, and the same update as the full batch."""

@@ -17,8 +17,10 @@ product stays ≤ `max_precond_dim`; axes are taken in the parameter's order (Fl
 (kh, kw, in, out), so the spatial and fan-in axes merge first).
 
 Efficiency: the eigendecomposition (call 0) and the QR refresh run inside `lax.cond`s, so the
-other steps do no factorization. On accelerators factors of equal size and dtype are factorized
-by one batched call; on CPU one call per factor compiles faster (see `_per_factor`). Factors,
+other steps do no factorization. Under a mesh with D > 1 data devices the factorizations are
+divided over the devices (each factorizes 1/D of the factors of each shape, `_per_factor`);
+on one device, factors of equal size and dtype are factorized by one batched call on
+accelerators and one call per factor on CPU (it compiles faster there). Factors,
 eigenbases and moments are kept in float32 at least (float64 stays float64).
 All state leaves are ordinary arrays: moments have the parameter's shape, factors are (s_i, s_i)
 ((L, s_i, s_i) for a `stacked` leaf of L layers), so the trainer's sharding rules apply to them
@@ -170,32 +172,71 @@ def power_qr_refresh(
     return q_new, orders
 
 
+def _groups(items: list[jax.Array]) -> list[list[int]]:
+    """Indices of `items` grouped by (shape, dtype), in first-seen order."""
+    groups: dict[tuple, list[int]] = {}
+    for i, x in enumerate(items):
+        groups.setdefault((x.shape, jnp.dtype(x.dtype).name), []).append(i)
+    return list(groups.values())
+
+
+def _stacked_map(fn: Callable, stacks: tuple[jax.Array, ...]) -> Any:
+    """fn over the leading axis of `stacks`: a loop on CPU (one matrix per LAPACK call: jaxlib's
+    batched kernels block on the intra-op pool and deadlock with several host devices, and a loop
+    compiles faster there), one vmapped call elsewhere."""
+
+    def loop(*xs):
+        outs = [fn(*(x[j] for x in xs)) for j in range(xs[0].shape[0])]
+        return jax.tree.map(lambda *r: jnp.stack(r), *outs)
+
+    return jax.lax.platform_dependent(*stacks, cpu=loop, default=lambda *xs: jax.vmap(fn)(*xs))
+
+
+def _data_axes() -> tuple[tuple[str, ...], int]:
+    """(data axes, their number of devices) of the mesh being traced under (`jax.set_mesh`)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return (), 1
+    axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
+    return axes, int(np.prod([mesh.shape[a] for a in axes]))
+
+
 def _per_factor(fn: Callable, *factors: list[jax.Array]) -> list[Any]:
-    """[fn(*xs) for xs in zip(*factors)]: a loop on CPU, batched by shape on accelerators.
+    """[fn(*xs) for xs in zip(*factors)] (the factorizations: eigh at call 0, QR on refresh).
 
-    On XLA:CPU a loop compiles faster than stack + vmap + unstack, and one matrix per call keeps
-    jaxlib's batched LAPACK kernels (which block on the intra-op pool and deadlock with several
-    host devices) out of the program. Elsewhere factors of equal shape and dtype share one
-    batched call.
+    Under a mesh with D > 1 data devices the factors are distributed: the ones of equal shape and
+    dtype are stacked, padded to a multiple of D (copies of the first), and each device factorizes
+    its 1/D of the stack (`shard_map` over the data axes); the results are gathered where they
+    are used. Elsewhere: a loop over the factors on CPU (see `_stacked_map`), and on accelerators
+    one batched call per group of equal shape and dtype.
     """
-
-    def loop(*lists):
-        return [fn(*xs) for xs in zip(*lists)]
-
-    def batched(*lists):
-        groups: dict[tuple, list[int]] = {}
-        for i, x in enumerate(lists[0]):
-            groups.setdefault((x.shape, jnp.dtype(x.dtype).name), []).append(i)
-        out: list[Any] = [None] * len(lists[0])
-        for idx in groups.values():
-            res = jax.vmap(fn)(*[jnp.stack([lst[i] for i in idx]) for lst in lists])
-            for pos, i in enumerate(idx):
-                out[i] = jax.tree.map(lambda r, pos=pos: r[pos], res)
-        return out
-
     if not factors[0]:
         return []
-    return jax.lax.platform_dependent(*factors, cpu=loop, default=batched)
+    axes, devices = _data_axes()
+    if devices == 1:
+        def loop(*lists):
+            return [fn(*xs) for xs in zip(*lists)]
+
+        def batched(*lists):
+            out: list[Any] = [None] * len(lists[0])
+            for idx in _groups(lists[0]):
+                res = jax.vmap(fn)(*[jnp.stack([lst[i] for i in idx]) for lst in lists])
+                for pos, i in enumerate(idx):
+                    out[i] = jax.tree.map(lambda r, pos=pos: r[pos], res)
+            return out
+
+        return jax.lax.platform_dependent(*factors, cpu=loop, default=batched)
+
+    out: list[Any] = [None] * len(factors[0])
+    spec = jax.sharding.PartitionSpec(axes)
+    for idx in _groups(factors[0]):
+        padded = idx + [idx[0]] * (-len(idx) % devices)
+        stacks = tuple(jnp.stack([lst[i] for i in padded]) for lst in factors)
+        res = jax.shard_map(lambda *xs: _stacked_map(fn, xs), in_specs=(spec,) * len(stacks), out_specs=spec,
+                            check_vma=False)(*stacks)
+        for pos, i in enumerate(idx):
+            out[i] = jax.tree.map(lambda r, pos=pos: r[pos], res)
+    return out
 
 
 class _Hyper(NamedTuple):
