@@ -69,21 +69,46 @@ def _aug_config(mix_on=None):
     return c
 
 
-def _global_batch(mix_on: str, process_count: int) -> dict:
+def _global_batch(mix_on: str, process_count: int, num_workers: int = 0, on_device: bool = False,
+                  reprob: float = 0.0) -> dict:
     """Step 3's global batch of the train pipeline over 40 RGB 8×8 images, the processes' local
     batches concatenated, with the config's transforms."""
     from skipless_jax.data import pipeline, sources
 
     c = _aug_config(mix_on)
+    c.input.aug.reprob = reprob
     rng = np.random.default_rng(0)
     source = sources.ArraySource(rng.integers(0, 256, (40, 8, 8, 3)).astype(np.uint8), rng.integers(0, 10, 40))
     c.dataset.name = "cifar10"  # 3 channels, stored at 32: the transforms resize and crop
     c.input.image_size = 8
-    transform, _, batch_transform = inputs._transforms(c)
+    transform, _, batch_transform = inputs._transforms(c, on_device)
     local = [next(pipeline.train_batches(source, transform, num_classes=10, global_batch_size=8, seed=0, start_step=3,
                                          process_index=p, process_count=process_count,
-                                         batch_transform=batch_transform)) for p in range(process_count)]
-    return {k: np.concatenate([b[k] for b in local]) for k in ("image", "label")}
+                                         batch_transform=batch_transform, num_workers=num_workers))
+             for p in range(process_count)]
+    return {k: np.concatenate([b[k] for b in local]) for k in local[0]}
+
+
+def test_the_step_input_after_erasing_and_mixing_is_the_same_for_any_processes_and_workers():
+    """uint8 + erasing boxes from the pipeline, then the train step's prologue (normalize, erase,
+    mix from (seed, step) keys): 1 process reading in-process and 2 processes with 2 worker
+    processes each give the same images and labels."""
+    from skipless_jax.data import device_images
+
+    c = _aug_config()
+    mean, std = device_images.dataset_stats(ml_collections.ConfigDict({"dataset": {"name": "cifar10"}}))
+    key = jax.random.PRNGKey(5)
+
+    def step_input(batch):
+        batch = device_images.prepare({k: jnp.asarray(v) for k, v in batch.items()}, mean, std,
+                                      jax.random.fold_in(key, 1))
+        return device_mix.mixup_cutmix(jax.random.fold_in(key, 2), batch["image"], batch["label"], c.input.aug)
+
+    one = _global_batch("device", 1, on_device=True, reprob=0.5)
+    two = _global_batch("device", 2, num_workers=2, on_device=True, reprob=0.5)
+    assert one["image"].dtype == np.uint8 and one["erase"][:, 2].any()  # some boxes
+    for a, b in zip(step_input(one), step_input(two)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_the_global_batch_before_the_step_does_not_depend_on_the_process_count():
