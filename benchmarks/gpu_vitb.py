@@ -10,7 +10,8 @@ backward = 3 × forward; forward = 2 × parameters-in-matmuls × tokens + the at
 useful; XLA's own `cost_analysis()` FLOPs are reported next to it. `--peak_tflops`: the chip's
 dense bf16 peak (H100/H200 SXM: 989; A100: 312; TPU v4: 275 per chip, v5p: 459).
 
-Data are random device arrays (no input pipeline): this measures the step. The step time is the
+Data are random device arrays (uint8 images, as the pipeline ships them; no input pipeline):
+this measures the step. The step time is the
 median of `--steps` timed steps after 3 warm-up steps, each synchronised with
 `block_until_ready`.
 """
@@ -57,7 +58,8 @@ def measure(batch: int, steps: int, opt: str, attention_impl: str | None) -> dic
 
     state = jax.jit(init_state)(jax.random.PRNGKey(0))
     key = jax.random.PRNGKey(1)
-    batch_data = {"image": jax.random.normal(key, (batch, 224, 224, 3), jnp.float32),
+    # What the trainer's pipeline ships: uint8 images (normalized inside the step), one-hot labels.
+    batch_data = {"image": jax.random.randint(key, (batch, 224, 224, 3), 0, 256, jnp.int32).astype(jnp.uint8),
                   "label": jax.nn.one_hot(jax.random.randint(key, (batch,), 0, 1000), 1000)}
     step = jax.jit(supervised.make_train_step(model, tx, schedule, config), donate_argnums=0)
     start = time.perf_counter()
