@@ -137,20 +137,24 @@ def steps_on_disk(workdir: str) -> list[int]:
 
 
 def _install_hooks() -> None:
-    """Wraps the train iterator: sleep before each batch and record its step (test hooks)."""
+    """Wraps the train iterator: sleep before each batch and record the step it feeds (test
+    hooks). The trainer copies `device_prefetch` batches ahead, so the batch of step k is read
+    while step k − device_prefetch is next: that is the step recorded."""
     from skipless_jax.data import inputs
+    from skipless_jax.trainers import common
 
     delay = float(os.environ.get("SKIPLESS_STEP_DELAY", "0"))
     progress = os.environ.get("SKIPLESS_PROGRESS")
     train_iterator = inputs.train_iterator
 
     def slowed(config, start_step, process_index, process_count, **kwargs):  # kwargs: e.g. DINO's transforms
+        ahead = common.device_prefetch(config)
         for step, batch in enumerate(
             train_iterator(config, start_step, process_index, process_count, **kwargs), start_step + 1
         ):
             if progress:
                 with open(progress + ".tmp", "w") as f:
-                    f.write(str(step))
+                    f.write(str(max(step - ahead, start_step)))
                 os.replace(progress + ".tmp", progress)
             time.sleep(delay)
             yield batch
