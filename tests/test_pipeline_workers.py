@@ -70,18 +70,20 @@ def test_multicrop_batches_are_the_same_with_0_and_2_worker_processes():
     _assert_batches_equal(plain, batches(2))
 
 
-def test_eval_with_workers_counts_every_example_once():
+@pytest.mark.parametrize("batch", [8, 5])  # 5: 25 padded examples, the workers' last chunk is short
+def test_eval_with_workers_counts_every_example_once(batch):
     source = _source(n=21)
     transform = augment.eval_transform(16)
 
     def batches(num_workers):
-        return list(pipeline.eval_batches(source, transform, num_classes=5, global_batch_size=8,
+        return list(pipeline.eval_batches(source, transform, num_classes=5, global_batch_size=batch,
                                           num_workers=num_workers))
 
     plain, workers = batches(0), batches(2)
     _assert_batches_equal(plain, workers)
     mask = np.concatenate([b["mask"] for b in workers])
-    assert mask.shape == (24,) and mask.sum() == 21 and mask[:21].all()
+    padded = -(-21 // batch) * batch
+    assert mask.shape == (padded,) and mask.sum() == 21 and mask[:21].all()
     labels = np.concatenate([b["label"].argmax(-1) for b in workers])[:21]
     np.testing.assert_array_equal(labels, source.labels)
     expected = np.stack([transform(source[i]["image"]) for i in range(21)])

@@ -10,10 +10,11 @@ Eval: the split in order, cut into global batches of B; the last one is padded a
 example carries `mask` (1 real, 0 padding), so every example counts exactly once.
 
 Workers (`num_workers` > 0): each example is read, decoded and transformed in one of
-`num_workers` worker processes (grain's `mp_prefetch`: worker w takes this process's examples
-w, w + W, ...; the main process takes them back in order and stacks the batches), so the
-batches are the same with 0 or W workers. Host memory held by the pipeline: about
-`num_workers · (worker_buffer + 1)` examples in flight plus one batch being stacked.
+`num_workers` worker processes (grain's `mp_prefetch`: worker w makes this process's chunks of
+WORKER_CHUNK consecutive examples c = w, w + W, ...; the main process takes them back in order
+and stacks the batches), so the batches are the same with 0 or W workers. Host memory held by
+the pipeline: about `num_workers · (WORKER_BUFFER + 1) · WORKER_CHUNK` examples in flight plus
+one batch being stacked.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from skipless_jax.data import sources
 
 Transform = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 BatchTransform = Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]]
-WORKER_BUFFER = 8  # examples each worker process keeps ready
+WORKER_CHUNK = 8  # consecutive examples a worker makes and ships at once
+WORKER_BUFFER = 2  # chunks each worker process keeps ready
 
 
 def normalize(image: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
@@ -131,24 +133,43 @@ class _EvalExamples:
                 "mask": np.float32(real), **{t: np.asarray(record[t]) for t in self.targets}}
 
 
+class _Chunks:
+    """Elements [c·size, (c+1)·size) of a random-access dataset, stacked: what a worker makes and
+    ships at once (one transfer per chunk, not per example; the last chunk may be shorter)."""
+
+    def __init__(self, dataset: Any, size: int):
+        self.dataset, self.size = dataset, size
+
+    def __len__(self) -> int:
+        return -(-len(self.dataset) // self.size)
+
+    def __getitem__(self, c: int) -> dict[str, np.ndarray]:
+        stop = min((c + 1) * self.size, len(self.dataset))
+        return stack([self.dataset[j] for j in range(c * self.size, stop)])
+
+
 def examples(dataset: Any, num_workers: int) -> Iterator[dict[str, np.ndarray]]:
     """The elements of a random-access `dataset` in order: read here (0 workers) or by
-    `num_workers` worker processes."""
+    `num_workers` worker processes, each making chunks of WORKER_CHUNK consecutive elements
+    (chunk c by worker c mod W) with one thread (one core per worker)."""
     if not check_num_workers(num_workers):
         return (dataset[j] for j in range(len(dataset)))
     _grain_flags()
-    stream = (grain.MapDataset.source(dataset)
-              .to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=1))
+    stream = (grain.MapDataset.source(_Chunks(dataset, WORKER_CHUNK))
+              .to_iter_dataset(grain.ReadOptions(num_threads=0))
               .mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers,
                                                         per_worker_buffer_size=WORKER_BUFFER)))
-    return _closing(iter(stream))
+    return _unchunked(iter(stream))
 
 
-def _closing(iterator: Any) -> Iterator[Any]:
+def _unchunked(chunks: Any) -> Iterator[dict[str, np.ndarray]]:
     try:
-        yield from iterator
+        for chunk in chunks:
+            chunk = {k: np.array(v) for k, v in chunk.items()}  # out of the worker's shared memory
+            for i in range(len(next(iter(chunk.values())))):
+                yield {k: v[i] for k, v in chunk.items()}
     finally:  # stops the worker processes when the consumer drops the batches
-        close = getattr(iterator, "close", None)
+        close = getattr(chunks, "close", None)
         if close is not None:
             close()
 
