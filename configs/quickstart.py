@@ -6,9 +6,9 @@ The default is the "Cutting the Skip" recipe in miniature: no skips, skipless in
 Hardware: any CPU (2 cores: 39 s for the default including compilation, measured on an idle
 2-core CPU, docs/results.md). Data: 1,437 train / 360 test 8×8 images (the fixed split of
 skipless_jax/data/sources.py). Expected test accuracy (%), mean ± std over seeds 0-2, from the
-skip ablation and Table 1 sections of docs/results.md ("n/m": not measured over 3 seeds yet):
+skip ablation, Table 1 and bf16 sections of docs/results.md ("n/m": not measured over 3 seeds yet):
     args                                                 variant                       depth 4      depth 8
-    (no args)                                            skipless + init + SOAP        n/m          94.3 ± 0.3
+    (no args)                                            skipless + init + SOAP        95.0 ± 0.6   94.3 ± 0.3
     :init=default                                        skipless, default init, SOAP  n/m          94.4 ± 0.5
     :opt=adamw                                           skipless + init, AdamW        91.3 ± 0.3   88.6 ± 0.8
     :init=default,opt=adamw                              skipless, default init        92.2 ± 0.8   55.8 ± 32.6
