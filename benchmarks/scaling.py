@@ -180,10 +180,12 @@ def supervised_program(config: ml_collections.ConfigDict, axes: dict[str, int],
     b = config.input.batch_size
     # What the trainer's pipeline ships (inputs.train_iterator(on_device=True)): uint8 images,
     # one-hot labels, and the random-erasing boxes when the recipe erases.
-    shapes = {"image": ((b, size, size, info.image_shape[-1]), jnp.uint8),
-              "label": ((b, info.num_classes), jnp.float32)}
     aug = config.input.get("aug")
-    if aug is not None and aug.get("reprob", 0) > 0 and aug.get("mix_on", "device") != "host":
+    host_mix = (aug is not None and (aug.get("mixup", 0) or aug.get("cutmix", 0))
+                and aug.get("mix_on", "device") == "host")  # then float32 images, erased on the host
+    shapes = {"image": ((b, size, size, info.image_shape[-1]), jnp.float32 if host_mix else jnp.uint8),
+              "label": ((b, info.num_classes), jnp.float32)}
+    if aug is not None and aug.get("reprob", 0) > 0 and not host_mix:
         shapes["erase"] = ((b, 4), jnp.int32)
     return _program(config, mesh, init_state, lambda: supervised.make_train_step(model, tx, schedule, config), shapes)
 

@@ -125,11 +125,13 @@ def test_cached_eval_batches_are_read_once_and_replayed(monkeypatch):
     reads = []
     eval_iterator = inputs.eval_iterator
     monkeypatch.setattr(inputs, "eval_iterator", lambda *a, **k: reads.append(a) or eval_iterator(*a, **k))
-    first, n = ctx.batches("test", 128)
+    first, n = ctx.batches("test")  # the eval batch size (128): whole-split reads are cached
     first = jax.device_get(list(first))
-    second, _ = ctx.batches("test", 128)
+    second, _ = ctx.batches("test")
     second = jax.device_get(list(second))
     assert len(reads) == 1 and n == 360 and len(first) == 3
+    ctx.batches("test", 32)  # another batch size (one-batch callers): read, not cached
+    assert len(reads) == 2 and list(ctx._eval_cache) == ["test"]
     _assert_batches_equal(first, second)
     assert first[0]["image"].dtype == np.float32  # normalized on the devices
     del config.input["cache_eval"]

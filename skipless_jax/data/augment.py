@@ -782,8 +782,10 @@ class TrainTransform:
                 magnitude_std=ra.magnitude_std, increasing=ra.increasing,
                 magnitude_max=ra.magnitude_max, fill=_mean_fill(self.mean))
         if self.uint8:  # the same draws as random_erasing below, without the noise (drawn on device)
+            if self.reprob <= 0:
+                return np.ascontiguousarray(image)
             box = None
-            if self.reprob > 0 and rng.random() <= self.reprob:
+            if rng.random() <= self.reprob:
                 box = random_erasing_box(image.shape[0], image.shape[1], rng)
             return {"image": np.ascontiguousarray(image), "erase": np.array(box or (0, 0, 0, 0), np.int32)}
         image = normalize(image, self.mean, self.std)

@@ -85,7 +85,7 @@ def train_iterator(
         process_index=process_index,
         process_count=process_count,
         batch_transform=batch_transform,
-        num_workers=config.input.get("num_workers", 0),
+        num_workers=config.input.get("num_workers") or 0,
         targets=info.targets if info.fixed_size else (),
     )
 
@@ -112,7 +112,7 @@ def eval_iterator(
         process_index=process_index,
         process_count=process_count,
         targets=info.targets if info.fixed_size else (),
-        num_workers=config.input.get("num_workers", 0),
+        num_workers=config.input.get("num_workers") or 0,
     )
     return batches, len(source)
 

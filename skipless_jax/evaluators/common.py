@@ -61,13 +61,14 @@ class Context:
     step: int | None = None
     _cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
     _jitted: dict[str, Any] = dataclasses.field(default_factory=dict)
-    _eval_cache: dict[tuple[str, int | None], tuple[list[dict[str, np.ndarray]], int]] = dataclasses.field(
-        default_factory=dict)
+    _eval_cache: dict[str, tuple[list[dict[str, np.ndarray]], int]] = dataclasses.field(default_factory=dict)
 
-    def batches(self, split: str, batch_size: int | None = None) -> tuple[Iterator[dict[str, jax.Array]], int]:
+    def batches(self, split: str, batch_size: int | None = None,
+                workers: bool = True) -> tuple[Iterator[dict[str, jax.Array]], int]:
         """(global masked eval batches of `split`, number of real examples); the host ships uint8
-        images, normalized here on the devices."""
-        local, n = self._local_batches(split, batch_size)
+        images, normalized here on the devices. `workers=False`: read in this process (callers
+        that take one batch, where starting `config.input.num_workers` processes costs more)."""
+        local, n = self._local_batches(split, batch_size, workers)
         batch_sharding = sharding.batch_sharding(self.mesh)
         if "normalize" not in self._jitted:
             mean, std = device_images.dataset_stats(self.config)
@@ -79,18 +80,25 @@ class Context:
 
         return (to_global(b) for b in local), n
 
-    def _local_batches(self, split: str, batch_size: int | None) -> tuple[Any, int]:
-        """This process's uint8 eval batches; with `config.input.cache_eval` the first read is
+    def _local_batches(self, split: str, batch_size: int | None, workers: bool) -> tuple[Any, int]:
+        """This process's uint8 eval batches. With `config.input.cache_eval` a whole-split read
+        at the eval batch size (batch_size None: the evaluators that count every example) is
         kept in host memory and replayed by later rounds (uint8: H·W·C bytes per example)."""
-        if not self.config.input.get("cache_eval"):
-            return inputs.eval_iterator(self.config, jax.process_index(), jax.process_count(), split, batch_size,
+        config = self.config
+        if not workers:
+            config = ml_collections.ConfigDict(config.to_dict())
+            config.input.num_workers = 0
+
+        def read() -> tuple[Any, int]:
+            return inputs.eval_iterator(config, jax.process_index(), jax.process_count(), split, batch_size,
                                         on_device=True)
-        key = (split, batch_size)
-        if key not in self._eval_cache:
-            local, n = inputs.eval_iterator(self.config, jax.process_index(), jax.process_count(), split, batch_size,
-                                            on_device=True)
-            self._eval_cache[key] = (list(local), n)
-        batches, n = self._eval_cache[key]
+
+        if not self.config.input.get("cache_eval") or batch_size is not None:
+            return read()
+        if split not in self._eval_cache:
+            local, n = read()
+            self._eval_cache[split] = (list(local), n)
+        batches, n = self._eval_cache[split]
         return iter(batches), n
 
     def extract(self, params: Any, split: str) -> tuple[np.ndarray, np.ndarray]:

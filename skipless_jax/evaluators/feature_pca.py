@@ -46,7 +46,7 @@ class FeaturePCA:
     def colours(self, params: Any) -> tuple[np.ndarray, np.ndarray, float]:
         """(images (n, H, W, C) as read, PCA colours (n, h, w, 3), explained share) of the first n."""
         shards = sharding.num_data_shards(self.ctx.mesh) * jax.process_count()
-        batches, total = self.ctx.batches(self.split, batch_size=-(-self.images // shards) * shards)
+        batches, total = self.ctx.batches(self.split, batch_size=-(-self.images // shards) * shards, workers=False)
         batch = next(batches)
         tokens, images, mask = jax.device_get((self._tokens(params, batch["image"]), batch["image"], batch["mask"]))
         keep = np.flatnonzero(mask > 0)[: min(self.images, total)]

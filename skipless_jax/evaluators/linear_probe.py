@@ -90,7 +90,9 @@ def fit(
         xs = np.concatenate([xs, np.zeros((pad, xs.shape[1]), np.float32)])
         ys = np.concatenate([ys, np.zeros(pad, np.int32)])
         weights = np.concatenate([weights, np.zeros(pad, np.float32)])
-        xs, ys, weights = jax.device_put((xs, ys, weights), sharding.batch_sharding(mesh))
+        rows = sharding.batch_sharding(mesh)  # each device receives its rows, on one host or many
+        xs, ys, weights = (jax.make_array_from_callback(a.shape, rows, lambda index, a=a: a[index])
+                           for a in (xs, ys, weights))
     params = _fit(xs, ys, weights, int(num_classes), float(l2), int(max_steps), float(tol))
     return {"mean": mean, "std": std, "w": np.asarray(params["w"]), "b": np.asarray(params["b"])}
 

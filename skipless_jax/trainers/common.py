@@ -143,10 +143,15 @@ def device_batches(
     (the copies are asynchronous, so step s+1's transfer overlaps step s). The loop's one
     explicit host→device copy; at most `ahead + 1` batches live on the devices."""
     queue: collections.deque = collections.deque()
-    for batch in local:
-        queue.append(global_batch(batch, batch_sharding))
-        if len(queue) > ahead:
-            yield queue.popleft()
+    try:
+        for batch in local:
+            queue.append(global_batch(batch, batch_sharding))
+            if len(queue) > ahead:
+                yield queue.popleft()
+    finally:  # closed by the trainer's loop: stops the pipeline's worker processes
+        close = getattr(local, "close", None)
+        if close is not None:
+            close()
 
 
 def device_prefetch(config: ml_collections.ConfigDict) -> int:

@@ -576,5 +576,6 @@ def train_and_evaluate(
                 run.train_step_done(step, metrics, state)
                 run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["teacher"], step, total_steps))
     finally:
+        data.close()  # the pipeline's worker processes stop here, whatever ended the loop
         run.close()
     return run.finish()

@@ -208,7 +208,7 @@ def picture_fn(config: ml_collections.ConfigDict, model: mae_lib.MAE, ctx: evalu
     info = sources.dataset_info(config.dataset.name)
     shards = sharding.num_data_shards(ctx.mesh) * jax.process_count()
     batch_size = math.ceil(count / shards) * shards
-    batches, _ = ctx.batches(config.dataset.eval_split, batch_size=batch_size)
+    batches, _ = ctx.batches(config.dataset.eval_split, batch_size=batch_size, workers=False)
     images = next(batches)["image"]
     key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x9C7)
 
@@ -304,5 +304,6 @@ def train_and_evaluate(
                     picture(state["params"], step)
                 run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["params"], step, total_steps))
     finally:
+        data.close()  # the pipeline's worker processes stop here, whatever ended the loop
         run.close()
     return run.finish()

@@ -250,6 +250,7 @@ def train_and_evaluate(
                 run.end_of_step(step, state, evaluators.run_all(evals, ctx, common.entries(state, key), step,
                                                                 total_steps))
     finally:
+        data.close()  # the pipeline's worker processes stop here, whatever ended the loop
         run.close()
     return run.finish()
 
@@ -264,7 +265,8 @@ def _kappa_probe(config: ml_collections.ConfigDict, model: Any, ctx: evaluators.
     def kappa(tree: Any, images: jax.Array) -> dict[str, jax.Array]:
         return conditioning.embedding_log_kappa(ctx.outputs(tree, images))
 
-    batches, _ = ctx.batches(config.dataset.eval_split, batch_size=config.analysis.get("probe_size", 32))
+    batches, _ = ctx.batches(config.dataset.eval_split, batch_size=config.analysis.get("probe_size", 32),
+                              workers=False)
     images = next(batches)["image"]
     fn = jax.jit(kappa)
 
