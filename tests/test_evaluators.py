@@ -109,3 +109,65 @@ def test_knn_votes_with_the_bank_split_over_8_devices_match_reference(k, n):
     expected = ref_knn_votes(train_x, train_y, test_x, 5, k, 0.07)
     np.testing.assert_allclose(votes, expected, rtol=2e-4)
     np.testing.assert_array_equal(votes.argmax(-1), expected.argmax(-1))
+
+
+def _rows_on_devices(x, y, pad):
+    """Global arrays with rows split over 8 devices, `pad` padding rows labelled −1 (as
+    Context.extract_rows makes them)."""
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    x = np.concatenate([x, np.full((pad, x.shape[1]), 7.0)]).astype(np.float32)
+    y = np.concatenate([y, np.full(pad, -1)]).astype(np.int32)
+    return jax.device_put(x, rows), jax.device_put(y, rows)
+
+
+def test_knn_votes_from_a_bank_on_the_devices_match_reference():
+    rng = np.random.default_rng(4)
+    train_x, train_y = clustered(rng, 301, 12, 5, 1.5)
+    test_x, _ = clustered(rng, 50, 12, 5, 1.5)
+    bank, labels = _rows_on_devices(train_x, train_y, pad=3)
+    votes = knn.knn_votes(bank, labels, test_x, 5, 20, 0.07, chunk=16)
+    np.testing.assert_allclose(votes, ref_knn_votes(train_x, train_y, test_x, 5, 20, 0.07), rtol=2e-4)
+
+
+def test_linear_probe_fitted_from_rows_on_the_devices_equals_the_host_fit():
+    rng = np.random.default_rng(3)
+    train_x, train_y = clustered(rng, 243, 10, 4, 2.0)
+    test_x, _ = clustered(np.random.default_rng(3), 100, 10, 4, 2.0)
+    host = linear_probe.fit(train_x, train_y, 4, l2=1e-2)
+    x, y = _rows_on_devices(train_x, train_y, pad=5)
+    device = linear_probe.fit(x, y, 4, l2=1e-2)
+    np.testing.assert_allclose(device["mean"], host["mean"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(device["std"], host["std"], rtol=1e-5)
+    np.testing.assert_allclose(device["w"], host["w"], atol=2e-3)
+    np.testing.assert_array_equal(linear_probe.predict_logits(device, test_x).argmax(-1),
+                                  linear_probe.predict_logits(host, test_x).argmax(-1))
+
+
+def test_knn_and_probe_evaluators_on_digits_equal_the_host_computation():
+    """The evaluators (bank / fit rows kept on the devices) against knn_accuracy and
+    linear_probe_accuracy on host-extracted features, through a Context on the quickstart data."""
+    import ml_collections
+
+    from skipless_jax import sharding
+    from skipless_jax.evaluators import common
+
+    from util import load_config
+
+    config = load_config("quickstart")
+    proj = np.random.default_rng(0).normal(size=(64, 16)).astype(np.float32)
+    ctx = common.Context(config, sharding.make_mesh(config.mesh), num_classes=10,
+                         features=lambda p, images: images.reshape(images.shape[0], -1) @ p)
+    entry = ml_collections.ConfigDict(dict(type="knn", split="test", train_split="train[:1000]", k=20))
+    knn_eval = knn.KNN.from_config("knn", entry, ctx, prefix="knn", every_steps=None, split="test")
+    probe = linear_probe.LinearProbe.from_config(
+        "lin", ml_collections.ConfigDict(dict(type="linear_probe", train_split="train[:1000]", steps=100)), ctx,
+        prefix="lin", every_steps=None, split="test")
+    got = dict(knn_eval.run(proj)) | dict(probe.run(proj))
+    train_x, train_y = ctx.extract(proj, "train[:1000]")
+    test_x, test_y = ctx.extract(proj, "test")
+    assert len(train_y) == 1000 and ctx.extract_rows(proj, "train[:1000]")[0].shape[0] == 1024
+    assert got["knn_accuracy"] == knn.knn_accuracy(train_x, train_y, test_x, test_y, 10, 20)
+    assert got["knn_accuracy"] > 0.8
+    host = linear_probe.linear_probe_accuracy(train_x, train_y, test_x, test_y, 10, max_steps=100)
+    assert abs(got["linear_accuracy"] - host) <= 2 / 360  # float32 vs float64 statistics

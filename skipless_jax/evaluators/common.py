@@ -101,6 +101,32 @@ class Context:
         batches, n = self._eval_cache[split]
         return iter(batches), n
 
+    def extract_rows(self, params: Any, split: str) -> tuple[jax.Array, jax.Array, int]:
+        """(features (N, d) float32, int labels (N,), n): every example of `split` as global
+        arrays whose rows stay split over the mesh's data axes (no host holds them all); the
+        padding rows of the last batch have label −1 (N ≥ n, a multiple of the data devices).
+        Cached for one evaluation round (the kNN bank and the probe's fit share them)."""
+        key = (id(params), split, "rows")
+        if key in self._cache:
+            return self._cache[key]
+        if self.features is None:
+            raise ValueError("this trainer's model has no features to evaluate")
+        rows = sharding.batch_sharding(self.mesh)
+        if "rows" not in self._jitted:
+            fn = lambda p, b: (self.features(p, b["image"]).astype(jnp.float32),
+                               jnp.where(b["mask"] > 0, b["label"].argmax(-1), -1).astype(jnp.int32))
+            self._jitted["rows"] = jax.jit(fn, out_shardings=(rows, rows))
+            self._jitted["concat"] = jax.jit(lambda parts: jnp.concatenate(parts), out_shardings=rows)
+        batches, n = self.batches(split)
+        outs = [self._jitted["rows"](params, batch) for batch in batches]
+        feats = self._jitted["concat"]([f for f, _ in outs])
+        labels = self._jitted["concat"]([y for _, y in outs])
+        counted = int(jax.device_get(jnp.sum(labels >= 0)))
+        if counted != n:  # every example exactly once
+            raise AssertionError(f"feature extraction counted {counted} of {n} examples of {split!r}")
+        self._cache[key] = (feats, labels, n)
+        return self._cache[key]
+
     def extract(self, params: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
         """(features (n, d) float32, int labels (n,)) of every example of `split`, cached for
         one evaluation round (kNN and the linear probe share them)."""

@@ -51,6 +51,7 @@ def _vote(
     return votes
 
 
+@functools.cache  # one compile per (mesh, classes, k, T), not per evaluation round
 def _sharded_vote(mesh: jax.sharding.Mesh, num_classes: int, k: int, temperature: float) -> Any:
     """`_vote` over a bank whose rows are split over the mesh's data axes: each device takes the
     top k of its rows (padding rows, label −1, never chosen), the k·D candidates are gathered and
@@ -73,8 +74,8 @@ def _sharded_vote(mesh: jax.sharding.Mesh, num_classes: int, k: int, temperature
 
 
 def knn_votes(
-    train_features: np.ndarray,
-    train_labels: np.ndarray,
+    train_features: np.ndarray | jax.Array,
+    train_labels: np.ndarray | jax.Array,
     test_features: np.ndarray,
     num_classes: int,
     k: int = 20,
@@ -85,22 +86,33 @@ def knn_votes(
     """(n_test, num_classes) weighted votes; train (n, d) / (n,) int, test (m, d).
 
     The test set goes through in chunks of `chunk` (the last one padded), so memory is
-    chunk × n similarities whatever the test size. With a `mesh` the bank is split over its data
-    axes (`_sharded_vote`): the same votes, 1/D of the bank and similarities per device.
+    chunk × n similarities whatever the test size. The bank is split over the data axes of a
+    mesh (`_sharded_vote`: the same votes, 1/D of the bank and similarities per device) when it
+    comes as global arrays with rows split over the devices (`Context.extract_rows`; label −1
+    marks padding rows) or with a `mesh` of D > 1 data devices (host arrays, every process holding
+    all of them: each device receives its rows).
     """
-    validate_knn(k, temperature, len(train_labels))
-    bank = l2_normalize(jnp.asarray(train_features, jnp.float32))
-    labels = jnp.asarray(train_labels, jnp.int32)
     vote = functools.partial(_vote, num_classes=num_classes, k=int(k), temperature=float(temperature))
-    if mesh is not None and sharding.num_data_shards(mesh) > 1:
-        shards = sharding.num_data_shards(mesh)
-        pad = -len(labels) % shards
-        bank = jnp.concatenate([bank, jnp.zeros((pad, bank.shape[1]), bank.dtype)])
-        labels = jnp.concatenate([labels, jnp.full((pad,), -1, jnp.int32)])
+    if isinstance(train_features, jax.Array) and isinstance(train_features.sharding, jax.sharding.NamedSharding):
+        validate_knn(k, temperature, int(jax.device_get(jnp.sum(train_labels >= 0))))
+        bank = jax.jit(l2_normalize, out_shardings=train_features.sharding)(train_features)
+        labels = train_labels
+        vote = _sharded_vote(train_features.sharding.mesh, num_classes, int(k), float(temperature))
+    elif mesh is not None and sharding.num_data_shards(mesh) > 1:
+        validate_knn(k, temperature, len(train_labels))
+        feats = np.asarray(train_features, np.float32)
+        feats = feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
+        pad = -len(train_labels) % sharding.num_data_shards(mesh)
+        host_bank = np.concatenate([feats, np.zeros((pad, feats.shape[1]), np.float32)])
+        host_labels = np.concatenate([np.asarray(train_labels, np.int32), np.full((pad,), -1, np.int32)])
         rows = sharding.batch_sharding(mesh)
-        bank, labels = jax.device_put(bank, rows), jax.device_put(labels, rows)
-        sharded = _sharded_vote(mesh, num_classes, int(k), float(temperature))
-        vote = lambda b, y, q: sharded(b, y, q)
+        bank = jax.make_array_from_callback(host_bank.shape, rows, lambda index: host_bank[index])
+        labels = jax.make_array_from_callback(host_labels.shape, rows, lambda index: host_labels[index])
+        vote = _sharded_vote(mesh, num_classes, int(k), float(temperature))
+    else:
+        validate_knn(k, temperature, len(train_labels))
+        bank = l2_normalize(jnp.asarray(train_features, jnp.float32))
+        labels = jnp.asarray(train_labels, jnp.int32)
     test = np.asarray(test_features, np.float32)
     m = len(test)
     out = []
@@ -109,7 +121,7 @@ def knn_votes(
         pad = chunk - len(block)
         if pad:  # a fixed chunk shape compiles once
             block = np.concatenate([block, np.ones((pad, block.shape[1]), np.float32)])
-        votes = vote(bank, labels, jnp.asarray(block))
+        votes = vote(bank, labels, block)  # host queries: the same on every process
         out.append(np.asarray(votes)[: chunk - pad])
     return np.concatenate(out) if out else np.zeros((0, num_classes), np.float32)
 
@@ -144,11 +156,11 @@ class KNN:
     temperature: float = 0.07
 
     def run(self, params: Any) -> Iterator[tuple[str, float]]:
-        train_x, train_y = self.ctx.extract(params, self.train_split)
+        train_x, train_y, n = self.ctx.extract_rows(params, self.train_split)  # the bank stays on the devices
         test_x, test_y = self.ctx.extract(params, self.split)
-        k = min(self.k, len(train_y))  # a bank smaller than k (a tiny split) votes with all of it
+        k = min(self.k, n)  # a bank smaller than k (a tiny split) votes with all of it
         if k < self.k:
-            logging.warning("kNN: only %d train examples; using k=%d instead of %d.", len(train_y), k, self.k)
+            logging.warning("kNN: only %d train examples; using k=%d instead of %d.", n, k, self.k)
         yield "knn_accuracy", knn_accuracy(train_x, train_y, test_x, test_y, self.ctx.num_classes, k, self.temperature,
                                            mesh=self.ctx.mesh)
 

@@ -69,8 +69,8 @@ def _fit(x: jax.Array, y: jax.Array, weights: jax.Array, num_classes: int, l2: f
 
 
 def fit(
-    train_x: np.ndarray,
-    train_y: np.ndarray,
+    train_x: np.ndarray | jax.Array,
+    train_y: np.ndarray | jax.Array,
     num_classes: int,
     l2: float = 1e-4,
     max_steps: int = 500,
@@ -81,6 +81,8 @@ def fit(
     With a `mesh` the rows are split over its data axes (padded with weight-0 rows), so the fit's
     matmuls and sums run on every device; (W, b) stay replicated."""
     validate_linear_probe(l2, max_steps)
+    if isinstance(train_x, jax.Array) and isinstance(train_x.sharding, jax.sharding.NamedSharding):
+        return _fit_rows(train_x, train_y, num_classes, l2, max_steps, tol)
     x = np.asarray(train_x, np.float64)
     mean, std = x.mean(0), x.std(0) + 1e-6
     xs, ys = ((x - mean) / std).astype(np.float32), np.asarray(train_y, np.int32)
@@ -95,6 +97,25 @@ def fit(
                            for a in (xs, ys, weights))
     params = _fit(xs, ys, weights, int(num_classes), float(l2), int(max_steps), float(tol))
     return {"mean": mean, "std": std, "w": np.asarray(params["w"]), "b": np.asarray(params["b"])}
+
+
+def _fit_rows(x: jax.Array, y: jax.Array, num_classes: int, l2: float, max_steps: int, tol: float) -> dict[str, Any]:
+    """`fit` on global arrays whose rows are split over the mesh (`Context.extract_rows`; label
+    −1 marks padding rows, weight 0): statistics and fit on the devices, no host copy of the rows."""
+
+    @jax.jit
+    def standardize(x, y):
+        w = (y >= 0).astype(jnp.float32)
+        n = jnp.sum(w)
+        mean = jnp.sum(w[:, None] * x, 0) / n
+        std = jnp.sqrt(jnp.sum(w[:, None] * jnp.square(x - mean), 0) / n) + 1e-6
+        return (x - mean) / std * w[:, None], jnp.maximum(y, 0), w, mean, std
+
+    xs, ys, w, mean, std = standardize(x, y)
+    params = _fit(xs, ys, w, int(num_classes), float(l2), int(max_steps), float(tol))
+    mean, std = jax.device_get((mean, std))
+    return {"mean": np.asarray(mean, np.float64), "std": np.asarray(std, np.float64),
+            "w": np.asarray(params["w"]), "b": np.asarray(params["b"])}
 
 
 def predict_logits(probe: dict[str, Any], x: np.ndarray) -> np.ndarray:
@@ -132,7 +153,7 @@ class LinearProbe:
     max_steps: int = 500
 
     def run(self, params: Any) -> Iterator[tuple[str, float]]:
-        train_x, train_y = self.ctx.extract(params, self.train_split)
+        train_x, train_y, _ = self.ctx.extract_rows(params, self.train_split)  # fitted on the devices
         test_x, test_y = self.ctx.extract(params, self.split)
         yield "linear_accuracy", linear_probe_accuracy(
             train_x, train_y, test_x, test_y, self.ctx.num_classes, self.l2, self.max_steps, mesh=self.ctx.mesh
