@@ -742,6 +742,14 @@ def validate_aug_config(aug_config: Any) -> None:
         raise ValueError(f"aug.mix_on={mix_on!r} is unknown; allowed: {list(MIX_ON)}")
 
 
+def mix_site(aug_config: Any) -> str | None:
+    """Where mixup/cutmix runs for `config.input.aug`: 'device' (in the train step), 'host' (in
+    the pipeline, over float32 batches), or None (off: no aug, or both alphas 0)."""
+    if aug_config is None or not (aug_config.get("mixup", 0) or aug_config.get("cutmix", 0)):
+        return None
+    return aug_config.get("mix_on", "device")
+
+
 def _mean_fill(mean: Sequence[float]) -> tuple[int, int, int]:
     # timm's RandAugment fill colour for DeiT: round(255 · mean), clipped.
     return tuple(min(255, round(255 * m)) for m in mean)  # type: ignore[return-value]

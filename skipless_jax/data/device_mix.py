@@ -76,6 +76,6 @@ def mixup_cutmix(key: jax.Array, images: jax.Array, labels: jax.Array, aug: Any)
 
 def enabled(config: Any) -> bool:
     """Whether the supervised step mixes the batch (mixup or cutmix on, `aug.mix_on='device'`)."""
-    aug = config.input.get("aug")
-    return bool(aug is not None and (aug.get("mixup", 0) or aug.get("cutmix", 0))
-                and aug.get("mix_on", "device") == "device")
+    from skipless_jax.data import augment
+
+    return augment.mix_site(config.input.get("aug")) == "device"

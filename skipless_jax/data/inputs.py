@@ -32,17 +32,16 @@ class _IgnoreRng:
 def _transforms(config: Any, on_device: bool = False):
     """(train, eval, batch) transforms; `on_device`: they stop at uint8 (the train one also
     returns its erasing box), normalization and erasing happen in the step (data/device_images.py)."""
+    from skipless_jax.data import augment
+
     info = sources.dataset_info(config.dataset.name)
     size = image_size(config)
     aug = config.input.get("aug")
-    host_mix = (aug is not None and (aug.get("mixup", 0) or aug.get("cutmix", 0))
-                and aug.get("mix_on", "device") == "host")
+    host_mix = augment.mix_site(aug) == "host"
     on_device = on_device and not host_mix  # the host mixes float32 images
     if aug is None and info.fixed_size and size == info.image_shape[0]:  # stored at the model's size
         plain = np.asarray if on_device else functools.partial(pipeline.normalize, mean=info.mean, std=info.std)
         return _IgnoreRng(plain), plain, None
-    from skipless_jax.data import augment
-
     crop_pct = config.input.get("crop_pct", 0.875)
     evaluate = dataclasses.replace(augment.eval_transform(size, crop_pct, info.mean, info.std), uint8=on_device)
     if aug is None:  # no augmentation: train images go through the eval transform
