@@ -186,6 +186,12 @@ def track_nonfinite(
     leaves = [x for tree in parts.values() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
     leaf_ok = jnp.stack([jnp.isfinite(x).all() for x in leaves]) if leaves else jnp.ones((1,), bool)
     ok = jnp.isfinite(loss) & leaf_ok.all()
+    # One predicate, computed once. Left to itself XLA fuses this cheap and-of-every-leaf into
+    # each of the selects that consume it (`keep_if`: one per state leaf), so the step holds
+    # O(leaves²) fusion operands; a ViT-Ti's step then compiled in 300 s instead of 14 s on CPU.
+    # A conditional is never fused into its consumers (an optimization barrier is expanded
+    # away before fusion on CPU and GPU).
+    ok = jax.lax.cond(ok, lambda: jnp.array(True), lambda: jnp.array(False))
     first = (nonfinite["count"] == 0) & ~ok
     return ok, {
         "count": nonfinite["count"] + (~ok).astype(jnp.int32),
