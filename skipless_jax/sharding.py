@@ -119,6 +119,20 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(data_axes(mesh)))
 
 
+def host_rows(mesh: Mesh, *arrays: Any) -> tuple[jax.Array, ...]:
+    """Host arrays that every process holds whole, as global arrays with rows split over the
+    mesh's data axes: each device receives only its own rows (no whole-array transfer, safe on
+    many hosts). Row counts must divide by `num_data_shards(mesh)`."""
+    rows = batch_sharding(mesh)
+    return tuple(jax.make_array_from_callback(a.shape, rows, lambda index, a=a: a[index]) for a in arrays)
+
+
+def on_mesh(x: Any) -> bool:
+    """Whether `x` is a global array laid out over a mesh (e.g. rows split by `host_rows` or
+    `Context.extract_rows`), not a host array."""
+    return isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 

@@ -90,29 +90,24 @@ def knn_votes(
     mesh (`_sharded_vote`: the same votes, 1/D of the bank and similarities per device) when it
     comes as global arrays with rows split over the devices (`Context.extract_rows`; label −1
     marks padding rows) or with a `mesh` of D > 1 data devices (host arrays, every process holding
-    all of them: each device receives its rows).
+    all of them: placed by `sharding.host_rows`, each device receiving its rows).
     """
-    vote = functools.partial(_vote, num_classes=num_classes, k=int(k), temperature=float(temperature))
-    if isinstance(train_features, jax.Array) and isinstance(train_features.sharding, jax.sharding.NamedSharding):
+    if mesh is not None and sharding.num_data_shards(mesh) > 1 and not sharding.on_mesh(train_features):
+        pad = -len(train_labels) % sharding.num_data_shards(mesh)  # padding rows: label −1, never chosen
+        feats = np.asarray(train_features, np.float32)
+        train_features, train_labels = sharding.host_rows(
+            mesh, np.concatenate([feats, np.zeros((pad, feats.shape[1]), np.float32)]),
+            np.concatenate([np.asarray(train_labels, np.int32), np.full((pad,), -1, np.int32)]))
+    if sharding.on_mesh(train_features):
         validate_knn(k, temperature, int(jax.device_get(jnp.sum(train_labels >= 0))))
         bank = jax.jit(l2_normalize, out_shardings=train_features.sharding)(train_features)
         labels = train_labels
         vote = _sharded_vote(train_features.sharding.mesh, num_classes, int(k), float(temperature))
-    elif mesh is not None and sharding.num_data_shards(mesh) > 1:
-        validate_knn(k, temperature, len(train_labels))
-        feats = np.asarray(train_features, np.float32)
-        feats = feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
-        pad = -len(train_labels) % sharding.num_data_shards(mesh)
-        host_bank = np.concatenate([feats, np.zeros((pad, feats.shape[1]), np.float32)])
-        host_labels = np.concatenate([np.asarray(train_labels, np.int32), np.full((pad,), -1, np.int32)])
-        rows = sharding.batch_sharding(mesh)
-        bank = jax.make_array_from_callback(host_bank.shape, rows, lambda index: host_bank[index])
-        labels = jax.make_array_from_callback(host_labels.shape, rows, lambda index: host_labels[index])
-        vote = _sharded_vote(mesh, num_classes, int(k), float(temperature))
     else:
         validate_knn(k, temperature, len(train_labels))
         bank = l2_normalize(jnp.asarray(train_features, jnp.float32))
         labels = jnp.asarray(train_labels, jnp.int32)
+        vote = functools.partial(_vote, num_classes=num_classes, k=int(k), temperature=float(temperature))
     test = np.asarray(test_features, np.float32)
     m = len(test)
     out = []

@@ -81,7 +81,7 @@ def fit(
     With a `mesh` the rows are split over its data axes (padded with weight-0 rows), so the fit's
     matmuls and sums run on every device; (W, b) stay replicated."""
     validate_linear_probe(l2, max_steps)
-    if isinstance(train_x, jax.Array) and isinstance(train_x.sharding, jax.sharding.NamedSharding):
+    if sharding.on_mesh(train_x):
         return _fit_rows(train_x, train_y, num_classes, l2, max_steps, tol)
     x = np.asarray(train_x, np.float64)
     mean, std = x.mean(0), x.std(0) + 1e-6
@@ -92,9 +92,7 @@ def fit(
         xs = np.concatenate([xs, np.zeros((pad, xs.shape[1]), np.float32)])
         ys = np.concatenate([ys, np.zeros(pad, np.int32)])
         weights = np.concatenate([weights, np.zeros(pad, np.float32)])
-        rows = sharding.batch_sharding(mesh)  # each device receives its rows, on one host or many
-        xs, ys, weights = (jax.make_array_from_callback(a.shape, rows, lambda index, a=a: a[index])
-                           for a in (xs, ys, weights))
+        xs, ys, weights = sharding.host_rows(mesh, xs, ys, weights)
     params = _fit(xs, ys, weights, int(num_classes), float(l2), int(max_steps), float(tol))
     return {"mean": mean, "std": std, "w": np.asarray(params["w"]), "b": np.asarray(params["b"])}
 
