@@ -42,7 +42,7 @@ import optax
 from skipless_jax import checkpoint, sharding
 from skipless_jax.models import vit
 from skipless_jax.optim import OPTIMIZERS, build_optimizer
-from skipless_jax.trainers import common
+from skipless_jax.trainers import nonfinite
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_CLASSES = 1000
@@ -72,7 +72,7 @@ def make_state(config: Any, image_size: int, fsdp: int):
         init_rng, train_rng = jax.random.split(rng)
         params = model.init({"params": init_rng}, dummy, train=False)["params"]
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-                "rng": train_rng, "nonfinite": common.init_nonfinite()}
+                "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
 
     def trained_like(rng: jax.Array) -> dict[str, Any]:
         # Zero moments compress to nothing on disk; after training they are dense (and ≥ 0 for

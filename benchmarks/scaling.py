@@ -39,7 +39,7 @@ import ml_collections
 import numpy as np
 
 from skipless_jax import config_blocks, models, sharding
-from skipless_jax.data import augment, device_images, inputs, sources
+from skipless_jax.data import augment, device_images, device_input, inputs, sources
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common, dino, supervised
 
@@ -65,7 +65,7 @@ class Program:
         return self.lower().compile()
 
     def batch(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        return common.global_batch(host, sharding.batch_sharding(self.mesh))
+        return device_input.global_batch(host, sharding.batch_sharding(self.mesh))
 
     def run(self, state: Any, batch: dict[str, jax.Array]) -> tuple[Any, Any]:
         with jax.set_mesh(self.mesh):

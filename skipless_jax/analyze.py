@@ -59,8 +59,7 @@ def config_of_workdir(config: ml_collections.ConfigDict | None, workdir: str | N
     A `--config` that trains something else than the saved one is reported on one line and the
     saved config is used: analysing the checkpoint through the wrong model gives wrong numbers.
     """
-    from skipless_jax import checkpoint
-    from skipless_jax.trainers import common
+    from skipless_jax import checkpoint, pretrained
 
     has_checkpoints = workdir and os.path.isdir(os.path.join(workdir, "checkpoints"))
     saved = checkpoint.saved_config(workdir) if has_checkpoints else None
@@ -70,7 +69,7 @@ def config_of_workdir(config: ml_collections.ConfigDict | None, workdir: str | N
         return config
     saved_config = ml_collections.ConfigDict(saved)
     if config is not None:
-        diffs = common.config_differences(saved, config.to_dict())
+        diffs = pretrained.config_differences(saved, config.to_dict())
         if diffs:
             print(f"note: --config differs from the config saved in {workdir} ({', '.join(diffs[:4])}"
                   f"{' ...' if len(diffs) > 4 else ''}); analysing with the saved config", flush=True)

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from skipless_jax import checkpoint, evaluators, sharding, trainers
+from skipless_jax import checkpoint, evaluators, pretrained, sharding, trainers
 from skipless_jax.trainers import common
 
 
@@ -33,7 +33,7 @@ def resolve_config(workdir: str, config: ml_collections.ConfigDict | None) -> ml
         return config
     resolved = ml_collections.ConfigDict(saved)
     if config is not None:
-        diffs = common.config_differences(saved, config.to_dict())
+        diffs = pretrained.config_differences(saved, config.to_dict())
         trained = [d for d in diffs if not d.startswith(("dataset.", "input.eval_batch_size"))]
         if trained:
             raise ValueError(

@@ -184,7 +184,8 @@ def main(argv: list[str]) -> None:
     import jax
 
     from skipless_jax import checkpoint, trainers
-    from skipless_jax.trainers.common import EXIT_PREEMPTED, NonFiniteError, Preempted
+    from skipless_jax.trainers.nonfinite import NonFiniteError
+    from skipless_jax.trainers.run import EXIT_PREEMPTED, Preempted
 
     config = flags.FLAGS.config
     trainer = config.get("trainer", "supervised")

@@ -140,15 +140,14 @@ def _install_hooks() -> None:
     """Wraps the train iterator: sleep before each batch and record the step it feeds (test
     hooks). The trainer copies `device_prefetch` batches ahead, so the batch of step k is read
     while step k − device_prefetch is next: that is the step recorded."""
-    from skipless_jax.data import inputs
-    from skipless_jax.trainers import common
+    from skipless_jax.data import device_input, inputs
 
     delay = float(os.environ.get("SKIPLESS_STEP_DELAY", "0"))
     progress = os.environ.get("SKIPLESS_PROGRESS")
     train_iterator = inputs.train_iterator
 
     def slowed(config, start_step, process_index, process_count, **kwargs):  # kwargs: e.g. DINO's transforms
-        ahead = common.device_prefetch(config)
+        ahead = device_input.device_prefetch(config)
         for step, batch in enumerate(
             train_iterator(config, start_step, process_index, process_count, **kwargs), start_step + 1
         ):

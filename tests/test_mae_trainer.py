@@ -17,7 +17,8 @@ from skipless_jax.models import mae as mae_lib
 from skipless_jax.models.common import posemb_sincos_2d, resize_posemb
 from skipless_jax.optim import build_optimizer
 from skipless_jax.optim.layer_decay import vit_layer_id
-from skipless_jax.trainers import common, mae, supervised
+from skipless_jax.pretrained import init_from, posemb_extra, resize_posemb_table
+from skipless_jax.trainers import common, mae, nonfinite, supervised
 
 from util import load_config
 
@@ -154,17 +155,17 @@ def test_position_table_is_resized_for_another_grid(pretrained):
     one = jax.sharding.Mesh(jax.devices()[:1], ("data",))
     repl = jax.tree.map(lambda _: NamedSharding(one, PartitionSpec()), params)
     rename = supervised.init_from_rename("params", checkpoint.saved_config(workdir))
-    loaded = common.init_from(workdir, params, repl, "params", rename)
+    loaded = init_from(workdir, params, repl, "params", rename)
     grid4 = posemb_sincos_2d(4, 4, 32)
     expected = np.concatenate([np.zeros((1, 1, 32)), np.asarray(resize_posemb(grid4, 8, 8))], axis=1)
     assert loaded["pos_embedding"].shape == (1, 65, 32)
     np.testing.assert_allclose(loaded["pos_embedding"], expected, atol=1e-6)
     # A learned table of another grid (a classifier checkpoint) is resized the same way.
     table = jnp.arange(17 * 3, dtype=jnp.float32).reshape(1, 17, 3)
-    resized = common.resize_posemb_table(table, (1, 65, 3))
+    resized = resize_posemb_table(table, (1, 65, 3))
     np.testing.assert_array_equal(resized[:, :1], table[:, :1])
     np.testing.assert_allclose(resized[:, 1:], resize_posemb(table[:, 1:], 8, 8), atol=1e-6)
-    assert common.posemb_extra((1, 16, 3), (1, 64, 3)) == 0 and common.posemb_extra((1, 17, 3), (1, 51, 3)) is None
+    assert posemb_extra((1, 16, 3), (1, 64, 3)) == 0 and posemb_extra((1, 17, 3), (1, 51, 3)) is None
 
 
 @pytest.mark.parametrize("opt", ["adamw", "soap"])
@@ -253,7 +254,7 @@ def test_mae_step_divides_its_flops_over_eight_devices():
     def init_state(rng):
         params = model.init({"params": rng, "masking": rng}, jnp.zeros((1, 8, 8, 1)))["params"]
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params), "rng": rng,
-                "nonfinite": common.init_nonfinite()}
+                "nonfinite": nonfinite.init_nonfinite()}
 
     flops = {}
     for n in (1, 8):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from skipless_jax import checkpoint
-from skipless_jax.trainers import common, supervised
+from skipless_jax.trainers import nonfinite, supervised
 
 from util import tiny_config
 
@@ -20,7 +20,7 @@ def _exploding(opt="adamw", **kw):
 
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path):
     with pytest.raises(
-        common.NonFiniteError,
+        nonfinite.NonFiniteError,
         match=r"Non-finite values at step 3 \(first: .+\); stopped at step 3, last good checkpoint: 2",
     ) as err:
         supervised.train_and_evaluate(_exploding(), str(tmp_path))
@@ -53,7 +53,7 @@ def test_soap_with_a_huge_lr_never_saves_infinite_parameters(tmp_path):
     """SOAP turns finite gradients into infinite parameters at lr 1e30: the guard checks what the
     optimizer produced, so no checkpoint ("last good" or later) holds a non-finite value."""
     with pytest.raises(
-        common.NonFiniteError, match=r"Non-finite values at step (\d+) \(first: (parameter|optimizer state) .+\)"
+        nonfinite.NonFiniteError, match=r"Non-finite values at step (\d+) \(first: (parameter|optimizer state) .+\)"
     ) as err:
         supervised.train_and_evaluate(_exploding(opt="soap"), str(tmp_path))
     assert "\n" not in str(err.value)

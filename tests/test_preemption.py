@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from skipless_jax import checkpoint
-from skipless_jax.trainers import common
+from skipless_jax.trainers.run import EXIT_PREEMPTED
 
 import subprocess_runs as sr
 
@@ -74,7 +74,7 @@ def test_sigkill_then_restart_equals_uninterrupted(tmp_path, environ, reference)
 
 def test_sigterm_saves_the_current_step_exits_preempted_and_resumes_equal(tmp_path, environ, reference):
     workdir, proc, at, log = _signal_mid_run(tmp_path, environ, signal.SIGTERM)
-    assert sr.finish(proc, log, TIMEOUT) == common.EXIT_PREEMPTED, sr.tail(log)
+    assert sr.finish(proc, log, TIMEOUT) == EXIT_PREEMPTED, sr.tail(log)
     text = sr.tail(log, 10**6)
     assert "Preempted at step" in text and "Final (" not in text and "Done." not in text
     assert not os.path.exists(os.path.join(workdir, "final_metrics.json"))  # not finished

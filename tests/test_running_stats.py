@@ -12,7 +12,7 @@ import pytest
 from skipless_jax import checkpoint, evaluate, models, optim, validate
 from skipless_jax.data import inputs
 from skipless_jax.models import family_parts
-from skipless_jax.trainers import common, supervised
+from skipless_jax.trainers import nonfinite, supervised
 
 from util import load_config
 
@@ -55,7 +55,7 @@ def _state_and_step(config):
     tx, schedule = optim.build_optimizer(config, 4)
     variables = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)), train=False)
     state = {"step": jnp.zeros((), jnp.int32), "params": variables["params"], "opt_state": tx.init(variables["params"]),
-             "rng": jax.random.key(1), "nonfinite": common.init_nonfinite(), "batch_stats": variables["batch_stats"]}
+             "rng": jax.random.key(1), "nonfinite": nonfinite.init_nonfinite(), "batch_stats": variables["batch_stats"]}
     return model, state, supervised.make_train_step(model, tx, schedule, config)
 
 

@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from skipless_jax import checkpoint, models
+from skipless_jax import checkpoint, models, pretrained
 from skipless_jax.models import vit
 from skipless_jax.optim import decay_mask
 from skipless_jax.optim.layer_decay import layer_scales
-from skipless_jax.trainers import common, supervised
+from skipless_jax.trainers import supervised
 
 from util import ROOT, tiny_config
 
@@ -93,7 +93,7 @@ def test_a_checkpoint_initializes_a_model_of_the_other_layout(tmp_path):
     params = jax.jit(model.init)(jax.random.PRNGKey(1), _images(1))["params"]
     mesh = jax.sharding.Mesh(jax.devices()[:1], ("data",))
     repl = jax.tree.map(lambda _: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), params)
-    loaded = common.init_from(str(tmp_path / "unrolled"), params, repl)
+    loaded = pretrained.init_from(str(tmp_path / "unrolled"), params, repl)
     jax.tree.map(np.testing.assert_array_equal, vit.unstack_blocks(loaded), saved["params"])
     # ... and the scanned run's checkpoint back into an unrolled model.
     scanned_config.init_from = str(tmp_path / "unrolled")
@@ -101,7 +101,7 @@ def test_a_checkpoint_initializes_a_model_of_the_other_layout(tmp_path):
     _, scanned = checkpoint.load_raw(str(tmp_path / "scanned"))
     unrolled_model = models.build(config.model, 10)
     fresh = jax.jit(unrolled_model.init)(jax.random.PRNGKey(2), _images(1))["params"]
-    back = common.init_from(str(tmp_path / "scanned"), fresh, jax.tree.map(lambda _: repl["head"]["bias"], fresh))
+    back = pretrained.init_from(str(tmp_path / "scanned"), fresh, jax.tree.map(lambda _: repl["head"]["bias"], fresh))
     jax.tree.map(np.testing.assert_array_equal, vit.stack_blocks(back), scanned["params"])
 
 

@@ -333,7 +333,7 @@ def test_convmixer_eval_uses_the_converted_running_statistics():
 
 
 def test_written_checkpoint_loads_through_init_from(tmp_path):
-    from skipless_jax.trainers import common
+    from skipless_jax import pretrained
 
     make, cfg = FAMILY_CASES["vit"]
     params = timm_convert.convert("vit", make(), cfg, num_classes=3, image_size=IMG)["params"]
@@ -343,7 +343,7 @@ def test_written_checkpoint_loads_through_init_from(tmp_path):
     model = models.build(cfg, 3)
     fresh = model.init({"params": jax.random.PRNGKey(0)}, jnp.zeros((1, IMG, IMG, 3)), train=False)["params"]
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    loaded = common.init_from(out, fresh, jax.tree.map(lambda _: device, fresh))
+    loaded = pretrained.init_from(out, fresh, jax.tree.map(lambda _: device, fresh))
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), loaded, params)
 
 
@@ -420,8 +420,7 @@ def test_logits_equal_timms_when_timm_is_installed(family, tmp_path):
 
 
 def test_converted_convmixer_checkpoint_holds_its_running_statistics(tmp_path):
-    from skipless_jax import checkpoint
-    from skipless_jax.trainers import common
+    from skipless_jax import checkpoint, pretrained
 
     make, cfg = FAMILY_CASES["convmixer"]
     result = timm_convert.convert("convmixer", make(), cfg, image_size=IMG)
@@ -431,5 +430,5 @@ def test_converted_convmixer_checkpoint_holds_its_running_statistics(tmp_path):
     fresh = models.build(cfg, CLASSES).init({"params": jax.random.PRNGKey(0)}, jnp.zeros((1, IMG, IMG, 3)),
                                             train=False)["batch_stats"]
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    loaded = common.init_from(out, fresh, jax.tree.map(lambda _: device, fresh), "batch_stats")
+    loaded = pretrained.init_from(out, fresh, jax.tree.map(lambda _: device, fresh), "batch_stats")
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), loaded, result["batch_stats"])

@@ -11,9 +11,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from skipless_jax import checkpoint, config_blocks
+from skipless_jax import checkpoint, config_blocks, pretrained
 from skipless_jax.data import pipeline, sources
-from skipless_jax.trainers import common, supervised
+from skipless_jax.trainers import supervised
 
 from util import read_scalars, tiny_config
 
@@ -169,7 +169,7 @@ def test_a_changed_model_in_an_old_workdir_fails_and_keeps_the_checkpoints(tmp_p
     saved = sorted(os.listdir(tmp_path / "checkpoints"))
     deeper = tiny_config("depth=3", total_steps=2)
     with pytest.raises(
-        common.ConfigChangedError,
+        pretrained.ConfigChangedError,
         match=r"another config \(model\.depth: 2 -> 3\); use a new --workdir, or pass --allow_config_change",
     ):
         supervised.train_and_evaluate(deeper, str(tmp_path))
@@ -186,7 +186,7 @@ def test_a_changed_model_in_an_old_workdir_fails_and_keeps_the_checkpoints(tmp_p
     assert sorted(os.listdir(tmp_path / "checkpoints")) == saved  # nothing set aside
     assert not (tmp_path / "checkpoints_unreadable").exists()
     # A longer schedule is a deliberate change: refused without the flag, resumed with it.
-    with pytest.raises(common.ConfigChangedError, match=r"total_steps: 2 -> 4"):
+    with pytest.raises(pretrained.ConfigChangedError, match=r"total_steps: 2 -> 4"):
         supervised.train_and_evaluate(tiny_config(total_steps=4), str(tmp_path))
     resumed = supervised.train_and_evaluate(tiny_config(total_steps=4), str(tmp_path), allow_config_change=True)
     assert resumed["step"] == 4
@@ -199,7 +199,7 @@ def test_a_changed_model_in_an_old_workdir_fails_and_keeps_the_checkpoints(tmp_p
 def test_a_changed_config_with_the_same_shapes_is_refused_and_nothing_moves(tmp_path, first, second, field):
     supervised.train_and_evaluate(tiny_config(first, total_steps=2), str(tmp_path))
     before = sorted(os.listdir(tmp_path / "checkpoints"))
-    with pytest.raises(common.ConfigChangedError, match=re.escape(field)) as err:
+    with pytest.raises(pretrained.ConfigChangedError, match=re.escape(field)) as err:
         supervised.train_and_evaluate(tiny_config(second, total_steps=2), str(tmp_path))
     assert "\n" not in str(err.value)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == before
@@ -306,14 +306,14 @@ def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_p
     params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
     one_device = jax.sharding.Mesh(jax.devices()[:1], ("data",))
     repl = jax.tree.map(lambda _: NamedSharding(one_device, PartitionSpec()), params)
-    loaded = common.init_from(config.init_from, params, repl, "teacher", supervised.init_from_rename("teacher"))
+    loaded = pretrained.init_from(config.init_from, params, repl, "teacher", supervised.init_from_rename("teacher"))
     np.testing.assert_array_equal(loaded["block_1"]["MlpBlock_0"]["Dense_0"]["kernel"],
                                   saved["teacher"]["backbone"]["block_1"]["MlpBlock_0"]["Dense_0"]["kernel"])
     np.testing.assert_array_equal(loaded["pos_embedding"], saved["teacher"]["backbone"]["pos_embedding"])
     np.testing.assert_array_equal(loaded["head"]["kernel"], params["head"]["kernel"])  # fresh
     assert supervised.train_and_evaluate(config, str(tmp_path / "sup"))["step"] == 1
     with pytest.raises(ValueError, match=r"config\.init_from=.* has no teacher/"):
-        common.init_from(config.init_from, {"nope": params["head"]["kernel"]}, {"nope": repl["head"]["kernel"]},
+        pretrained.init_from(config.init_from, {"nope": params["head"]["kernel"]}, {"nope": repl["head"]["kernel"]},
                          "teacher", lambda name: name)
 
 

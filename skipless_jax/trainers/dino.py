@@ -24,12 +24,13 @@ import ml_collections
 import optax
 from absl import logging
 
-from skipless_jax import checkpoint, evaluators, models, sharding, validate
-from skipless_jax.data import device_images, inputs, multicrop, sources
+from skipless_jax import checkpoint, evaluators, models, pretrained, sharding, validate
+from skipless_jax.data import device_images, device_input, inputs, multicrop, sources
 from skipless_jax.models import dino_head
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
-from skipless_jax.trainers import common
+from skipless_jax.trainers import common, nonfinite
+from skipless_jax.trainers.run import Run, open_workdir
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca")
@@ -434,18 +435,18 @@ def make_train_step(
         new_center = update_center(state["center"], teacher_out, center_momentum)  # after the loss
 
         # A non-finite loss, gradient, parameter or optimizer state leaves the state untouched.
-        ok, nonfinite = common.track_nonfinite(
+        ok, counters = nonfinite.track_nonfinite(
             loss, guarded_parts(grads, new_params, opt_state, new_teacher), state["nonfinite"], step
         )
         new_state = {
             "step": step + 1,
-            "params": common.keep_if(ok, new_params, params),
-            "teacher": common.keep_if(ok, new_teacher, state["teacher"]),
-            "center": common.keep_if(ok, new_center, state["center"]),
-            "opt_state": common.keep_if(ok, opt_state, state["opt_state"]),
+            "params": nonfinite.keep_if(ok, new_params, params),
+            "teacher": nonfinite.keep_if(ok, new_teacher, state["teacher"]),
+            "center": nonfinite.keep_if(ok, new_center, state["center"]),
+            "opt_state": nonfinite.keep_if(ok, opt_state, state["opt_state"]),
             "schedules": values,
             "rng": state["rng"],
-            "nonfinite": nonfinite,
+            "nonfinite": counters,
         }
         metrics = {
             "loss": loss,
@@ -476,7 +477,7 @@ def init_state_fn(
             "opt_state": tx.init(params),
             "schedules": sched.values(0),
             "rng": train_rng,
-            "nonfinite": common.init_nonfinite(),
+            "nonfinite": nonfinite.init_nonfinite(),
         }
 
     return init_state
@@ -515,7 +516,7 @@ def train_and_evaluate(
 ) -> dict[str, Any]:
     """Trains DINO per `config` in `workdir` (resuming from it); returns the final metrics.
 
-    `devices` (default: all) is the set the mesh is laid over. Raises `common.Preempted` after
+    `devices` (default: all) is the set the mesh is laid over. Raises `Preempted` after
     saving when stopped by SIGTERM or a preemption notice.
     """
     check_config(config, len(devices) if devices is not None else None)
@@ -535,19 +536,19 @@ def train_and_evaluate(
                  f"{common.num_parameters(abstract_state['params']):,}", total_steps, sched.steps_per_epoch)
 
     # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
-    mngr, finished = common.open_workdir(config, workdir, total_steps, allow_config_change)
+    mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change)
     if finished is not None:
         return finished
 
     def load_init_from(state: dict[str, Any]) -> dict[str, Any]:
         key = config.get("init_from_key") or "params"
         rename = init_from_rename(checkpoint.param_shapes(config.init_from, key))
-        state["params"] = common.init_from(config.init_from, state["params"], shardings["params"], key, rename)
+        state["params"] = pretrained.init_from(config.init_from, state["params"], shardings["params"], key, rename)
         state["teacher"] = jax.tree.map(jnp.copy, state["params"])  # teacher = student at the start
         state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
         return state
 
-    state = common.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
+    state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
                                    load_init_from=load_init_from)
     first_step = int(jax.device_get(state["step"]))
 
@@ -560,17 +561,17 @@ def train_and_evaluate(
 
     # ---- Loop.
     a = abstract_state
-    run = common.Run(config, workdir, mngr, total_steps, first_step,
+    run = Run(config, workdir, mngr, total_steps, first_step,
                      guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]))
     local = multicrop.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
-    data = common.device_batches(local, sharding.batch_sharding(mesh), common.device_prefetch(config))
+    data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):
             if first_step == 0 and config.get("eval_at_start", True):
                 # The same network at init.
                 run.evaluate(0, evaluators.run_all(evals, ctx, state["teacher"]), prefix="init_")
             for step in range(first_step + 1, total_steps + 1):
-                batch = next(data)  # copied to the devices ahead (common.device_batches)
+                batch = next(data)  # copied to the devices ahead (device_input.device_batches)
                 with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
                     state, metrics = p_train_step(state, batch)
                 run.train_step_done(step, metrics, state)

@@ -25,13 +25,14 @@ import numpy as np
 import optax
 from absl import logging
 
-from skipless_jax import evaluators, models, pictures, sharding, validate
-from skipless_jax.data import device_images, inputs, sources
+from skipless_jax import evaluators, models, pictures, pretrained, sharding, validate
+from skipless_jax.data import device_images, device_input, inputs, sources
 from skipless_jax.models import mae as mae_lib
 from skipless_jax.models import vit
 from skipless_jax.models.common import patchify, unpatchify
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common
+from skipless_jax.trainers import common, nonfinite
+from skipless_jax.trainers.run import Run, every, open_workdir
 
 EVALUATOR_TYPES = ("knn", "linear_probe")
 TARGETS = ("raw", "grayed")
@@ -143,7 +144,7 @@ def make_train_step(
         rng = jax.random.fold_in(state["rng"], step)
         batch = device_images.prepare(batch, mean, std, jax.random.fold_in(rng, device_images.ERASE_TAG))
         (loss, masked), grads = grad_fn(params, batch["image"], rng)
-        return common.guarded_update(state, loss, grads, tx, schedule, masked_fraction=masked)
+        return nonfinite.guarded_update(state, loss, grads, tx, schedule, masked_fraction=masked)
 
     return train_step
 
@@ -241,7 +242,7 @@ def train_and_evaluate(
 ) -> dict[str, Any]:
     """Pre-trains MAE per `config` in `workdir` (resuming from it); returns the final metrics.
 
-    Raises `common.Preempted` after saving when stopped by SIGTERM or a preemption notice.
+    Raises `Preempted` after saving when stopped by SIGTERM or a preemption notice.
     """
     check_config(config, len(devices) if devices is not None else None)
     mesh, _ = common.setup(config, devices)
@@ -260,7 +261,7 @@ def train_and_evaluate(
         init_rng, masking_rng, train_rng = jax.random.split(rng, 3)
         params = model.init({"params": init_rng, "masking": masking_rng}, dummy, train=False)["params"]
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-                "rng": train_rng, "nonfinite": common.init_nonfinite()}
+                "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
 
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("MAE: %s parameters (encoder %s), %d train steps (%.1f per epoch).",
@@ -268,17 +269,17 @@ def train_and_evaluate(
                  f"{common.num_parameters(encoder_params(abstract_state['params'])):,}", total_steps, steps_per_epoch)
 
     # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
-    mngr, finished = common.open_workdir(config, workdir, total_steps, allow_config_change)
+    mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change)
     if finished is not None:
         return finished
 
     def load_init_from(state: dict[str, Any]) -> dict[str, Any]:
         key = config.get("init_from_key") or "params"
-        state["params"] = common.init_from(config.init_from, state["params"], shardings["params"], key)
+        state["params"] = pretrained.init_from(config.init_from, state["params"], shardings["params"], key)
         state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
         return state
 
-    state = common.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
+    state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
                                    load_init_from=load_init_from)
     first_step = int(jax.device_get(state["step"]))
 
@@ -291,16 +292,16 @@ def train_and_evaluate(
     picture = picture_fn(config, model, ctx, workdir)
 
     # ---- Loop.
-    run = common.Run(config, workdir, mngr, total_steps, first_step, common.guarded_parts(abstract_state))
+    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state))
     local = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
-    data = common.device_batches(local, sharding.batch_sharding(mesh), common.device_prefetch(config))
+    data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):
             for step in range(first_step + 1, total_steps + 1):
                 with jax.profiler.StepTraceAnnotation("train", step_num=step):
                     state, metrics = p_train_step(state, next(data))
                 run.train_step_done(step, metrics, state)
-                if picture is not None and common.every(step, config.get("eval_every_steps"), total_steps):
+                if picture is not None and every(step, config.get("eval_every_steps"), total_steps):
                     picture(state["params"], step)
                 run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["params"], step, total_steps))
     finally:

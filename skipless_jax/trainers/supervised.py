@@ -19,11 +19,12 @@ import ml_collections
 import optax
 from absl import logging
 
-from skipless_jax import checkpoint, evaluators, models, sharding, validate
-from skipless_jax.data import device_images, device_mix, inputs, sources
+from skipless_jax import checkpoint, evaluators, models, pretrained, sharding, validate
+from skipless_jax.data import device_images, device_input, device_mix, inputs, sources
 from skipless_jax.evaluators.classification import cross_entropy
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common
+from skipless_jax.trainers import common, nonfinite
+from skipless_jax.trainers.run import Run, every, open_workdir
 
 EVALUATOR_TYPES = ("classification", "knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca")
 
@@ -36,7 +37,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
 
 
 def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> Any:
-    """Target parameter path -> its source in the checkpoint's `state[key]` (see `common.init_from`).
+    """Target parameter path -> its source in the checkpoint's `state[key]` (see `pretrained.init_from`).
 
     'params' of a classifier run: the same names. 'teacher' (a DINO run): the backbone's
     parameters under 'backbone/'; the classifier head is new. 'params' of an MAE run (the
@@ -74,7 +75,7 @@ def make_init_state(model: Any, tx: optax.GradientTransformation, dummy: jax.Arr
         variables = model.init({"params": init_rng}, dummy, train=False)
         params = variables["params"]
         state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-                 "rng": train_rng, "nonfinite": common.init_nonfinite()}
+                 "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
         if "batch_stats" in variables:
             state["batch_stats"] = variables["batch_stats"]
         return state
@@ -141,7 +142,7 @@ def make_train_step(
             micro = (jnp.arange(microbatches), split(batch["image"]), split(batch["label"]))
             (sums, stats), _ = jax.lax.scan(accumulate, (zeros, stats), micro)
             loss, accuracy, grads = jax.tree.map(lambda x: x / microbatches, sums)
-        return common.guarded_update(state, loss, grads, tx, schedule, batch_stats=stats, accuracy=accuracy)
+        return nonfinite.guarded_update(state, loss, grads, tx, schedule, batch_stats=stats, accuracy=accuracy)
 
     return train_step
 
@@ -184,7 +185,7 @@ def train_and_evaluate(
     """Trains `config` in `workdir` (resuming from it) and returns the final metrics.
 
     `devices` (default: all) is the set the mesh is laid over, e.g. one device for a reference.
-    Raises `common.Preempted` after saving when stopped by SIGTERM or a preemption notice.
+    Raises `Preempted` after saving when stopped by SIGTERM or a preemption notice.
     """
     check_config(config, len(devices) if devices is not None else None)
     mesh, _ = common.setup(config, devices)
@@ -205,22 +206,23 @@ def train_and_evaluate(
                  f"{common.num_parameters(abstract_state['params']):,}", total_steps, steps_per_epoch)
 
     # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
-    mngr, finished = common.open_workdir(config, workdir, total_steps, allow_config_change)
+    mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change)
     if finished is not None:
         return finished
 
     def load_init_from(state: dict[str, Any]) -> dict[str, Any]:
         key = config.get("init_from_key") or "params"
         rename = init_from_rename(key, checkpoint.saved_config(config.init_from))
-        state["params"] = common.init_from(config.init_from, state["params"], shardings["params"], key, rename)
+        state["params"] = pretrained.init_from(config.init_from, state["params"], shardings["params"], key, rename)
         state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
         if "batch_stats" in state and "batch_stats" in checkpoint.state_entries(config.init_from):
             # running statistics: the source's (a converted timm ConvMixer, another run), else fresh
-            state["batch_stats"] = common.init_from(config.init_from, state["batch_stats"], shardings["batch_stats"],
-                                                    "batch_stats")
+            state["batch_stats"] = pretrained.init_from(
+                config.init_from, state["batch_stats"], shardings["batch_stats"], "batch_stats"
+            )
         return state
 
-    state = common.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
+    state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
                                    load_init_from=load_init_from)
     first_step = int(jax.device_get(state["step"]))
 
@@ -233,19 +235,19 @@ def train_and_evaluate(
     probe = _kappa_probe(config, model, ctx)
 
     # ---- Loop.
-    run = common.Run(config, workdir, mngr, total_steps, first_step, common.guarded_parts(abstract_state))
+    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state))
     local = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
-    data = common.device_batches(local, sharding.batch_sharding(mesh), common.device_prefetch(config))
+    data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):
             if first_step == 0 and config.get("eval_at_start", False):
                 run.evaluate(0, evaluators.run_all(evals, ctx, common.entries(state, key)), prefix="init_")
             for step in range(first_step + 1, total_steps + 1):
-                batch = next(data)  # copied to the devices ahead (common.device_batches)
+                batch = next(data)  # copied to the devices ahead (device_input.device_batches)
                 with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
                     state, metrics = p_train_step(state, batch)
                 run.train_step_done(step, metrics, state)
-                if probe is not None and common.every(step, config.analysis.every_steps, total_steps):
+                if probe is not None and every(step, config.analysis.every_steps, total_steps):
                     run.writer.write_scalars(step, probe(common.entries(state, key)))
                 run.end_of_step(step, state, evaluators.run_all(evals, ctx, common.entries(state, key), step,
                                                                 total_steps))

@@ -1,0 +1,251 @@
+"""One run's bookkeeping, shared by every trainer's loop: whether the workdir already holds a
+finished run, the one preemption/SIGTERM rule, and `Run` (TensorBoard and `history.jsonl`
+records, checkpoints — never a non-finite one —, final metrics written only by a run that
+reached its last step).
+
+    mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change)
+    run = Run(config, workdir, mngr, total_steps, first_step, guarded_parts(abstract_state))
+    for step in ...:  run.train_step_done(step, metrics, state); run.end_of_step(step, state, results)
+    run.finish()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from clu import metric_writers, periodic_actions
+from etils import epath
+
+from skipless_jax import checkpoint
+from skipless_jax.pretrained import check_saved_config
+from skipless_jax.trainers.nonfinite import NonFiniteError, all_finite, inexact_names, nonfinite_error
+
+# A run stopped by SIGTERM or a preemption notice saved its state and is not finished:
+# the entry point exits with this status (EX_TEMPFAIL) so schedulers and retry loops rerun it.
+EXIT_PREEMPTED = 75
+
+
+FINAL_METRICS = "final_metrics.json"
+
+
+class Preempted(Exception):
+    """Raised by a trainer after it saved the step it stopped at on a preemption/SIGTERM."""
+
+    def __init__(self, step: int):
+        super().__init__(f"preempted at step {step}; checkpoint saved, rerun the same command to resume")
+        self.step = step
+
+
+def read_final_metrics(workdir: str) -> dict[str, Any] | None:
+    path = epath.Path(workdir, FINAL_METRICS)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def open_workdir(
+    config: ml_collections.ConfigDict, workdir: str, total_steps: int, allow_config_change: bool
+) -> tuple[Any, dict[str, Any] | None]:
+    """(checkpoint manager of `workdir`, the final metrics if the run already finished there, else None).
+
+    The saved config is compared first (`check_saved_config`); a finished run's manager is closed.
+    """
+    mngr = checkpoint.manager(workdir, keep=config.get("keep_checkpoints", 3))
+    finished = finished_run(config, workdir, mngr, total_steps, allow_config_change)
+    if finished is not None:
+        logging.info("%s already finished at step %d; its final metrics are unchanged.", workdir, total_steps)
+        mngr.close()
+    return mngr, finished
+
+
+def finished_run(
+    config: ml_collections.ConfigDict, workdir: str, mngr: Any, total_steps: int, allow_config_change: bool
+) -> dict[str, Any] | None:
+    """Before anything is restored: the saved config must match (`check_saved_config`); then the
+    final metrics of a run that already reached `total_steps` in `workdir`, else None."""
+    changed = check_saved_config(config, workdir, allow_config_change)
+    final = read_final_metrics(workdir)
+    if (
+        changed
+        or final is None
+        or final.get("step") != total_steps
+        or max(mngr.all_steps(), default=None) != total_steps
+    ):
+        return None
+    return final
+
+
+class SignalFlag:
+    """Records SIGTERM so that the loop saves a checkpoint and stops at the next step."""
+
+    def __init__(self):
+        self.raised = False
+        with contextlib.suppress(ValueError):  # not the main thread (e.g. a test runner thread)
+            signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum, frame):
+        logging.warning("Received signal %d: will checkpoint and stop after this step.", signum)
+        self.raised = True
+
+
+def stop_rule(mngr: Any) -> Callable[[int], bool]:
+    """step -> whether to save and stop now.
+
+    One process: our SIGTERM flag (and orbax's preemption notice). Several: only
+    jax.distributed's preemption service, which catches SIGTERM and makes
+    `mngr.reached_preemption(step)` true at the same step in every process; a Python handler
+    would replace it, and the signalled process would save while the others keep stepping (a hang).
+    """
+    flag = SignalFlag() if jax.process_count() == 1 else None
+    return lambda step: bool(mngr.reached_preemption(step) or (flag is not None and flag.raised))
+
+
+def stack_metrics(metrics: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
+    """Per-step metric dicts -> one dict of stacked arrays (one device_get for a log period)."""
+    return {k: jnp.stack([m[k] for m in metrics]) for k in metrics[0]}
+
+
+def flatten_dict(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1} (config hyperparameters for TensorBoard)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(flatten_dict(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def every(step: int, period: int | None, total_steps: int) -> bool:
+    """True on multiples of `period` (0/None: never) and on the last step."""
+    return step == total_steps or bool(period and step % period == 0)
+
+
+class Run:
+    """One run's bookkeeping, shared by every trainer's loop (the loop itself stays in the trainer).
+
+    Writes TensorBoard scalars and `history.jsonl` (one JSON line per logged record; a resumed
+    run keeps the records up to its checkpoint), checks the non-finite counters before logging
+    and saving, saves checkpoints (never a non-finite one), and writes `final_metrics.json` only
+    when the run reaches its last step.
+    """
+
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        workdir: str,
+        mngr: Any,
+        total_steps: int,
+        first_step: int,
+        guarded: Mapping[str, Any],
+    ):
+        """`guarded`: the abstract trees the step's non-finite guard checks, in its order."""
+        self.config, self.workdir, self.mngr = config, workdir, mngr
+        self.total_steps, self.step = total_steps, first_step
+        self.guarded = inexact_names(guarded)
+        self.is_chief = jax.process_index() == 0
+        self.skip_nonfinite = bool(config.get("skip_nonfinite_steps", False))
+        self.writer = (
+            metric_writers.create_default_writer(workdir, asynchronous=True)
+            if self.is_chief
+            else metric_writers.MultiWriter([])
+        )
+        if first_step == 0:
+            self.writer.write_hparams({k: str(v) for k, v in flatten_dict(config.to_dict()).items()})
+        self.progress = periodic_actions.ReportProgress(
+            num_train_steps=total_steps, writer=self.writer, every_steps=config.log_every_steps
+        )
+        self.should_stop = stop_rule(mngr)
+        self.pending: list[dict[str, jax.Array]] = []
+        self.last_saved = max(mngr.all_steps(), default=None)
+        self.metrics: dict[str, float] = {}
+        self._history_path = epath.Path(workdir, "history.jsonl")
+        self._history: list[str] = []
+        if self.is_chief and self._history_path.exists():
+            self._history = [
+                line for line in self._history_path.read_text().splitlines() if json.loads(line)["step"] <= first_step
+            ]
+
+    def record(self, step: int, values: Mapping[str, float], prefix: str) -> None:
+        """Scalars `prefix/name` to TensorBoard, `prefix_name` to the final metrics and history."""
+        self.writer.write_scalars(step, {f"{prefix}/{k}": v for k, v in values.items()})
+        flat = {f"{prefix}_{k}": float(v) for k, v in values.items()}
+        self.metrics.update(flat)
+        if self.is_chief:
+            self._history.append(json.dumps({"step": step, **flat}))
+            self._history_path.write_text("\n".join(self._history) + "\n")
+
+    def check_finite(self, state: Mapping[str, Any], step: int) -> None:
+        error = nonfinite_error(jax.device_get(state["nonfinite"]), self.guarded, step, self.last_saved)
+        if error is not None and not self.skip_nonfinite:
+            raise error
+
+    def train_step_done(self, step: int, metrics: dict[str, jax.Array], state: Mapping[str, Any]) -> None:
+        """After each step: progress; every `log_every_steps` (and last) the means of the period."""
+        self.step = step
+        self.pending.append(metrics)
+        self.progress(step)
+        if every(step, self.config.log_every_steps, self.total_steps):
+            self.check_finite(state, step)
+            means = {k: float(np.mean(v)) for k, v in jax.device_get(stack_metrics(self.pending)).items()}
+            means["nonfinite_steps"] = float(self.pending[-1]["nonfinite_steps"])
+            self.pending = []
+            self.record(step, means, "train")
+
+    def evaluate(self, step: int, results: Iterable[tuple[str, str, float]], prefix: str = "") -> None:
+        """Records `(evaluator prefix, metric, value)` triples (an evaluator run) at `step`."""
+        by_prefix: dict[str, dict[str, float]] = {}
+        for eval_prefix, name, value in results:
+            by_prefix.setdefault(prefix + eval_prefix, {})[name] = value
+        for p, values in by_prefix.items():
+            self.record(step, values, p)
+            logging.info("Step %d: %s", step, ", ".join(f"{p}_{k}={v:.4f}" for k, v in values.items()))
+
+    def save(self, step: int, state: Any, force: bool = False) -> None:
+        """Saves at `config.checkpoint_every_steps` multiples, the last step, or when `force`."""
+        if not (force or every(step, self.config.get("checkpoint_every_steps"), self.total_steps)):
+            return
+        self.check_finite(state, step)
+        if not bool(all_finite(state)):  # belt and braces: never a non-finite checkpoint
+            raise NonFiniteError(
+                f"the state at step {step} is not finite; not saved (last good checkpoint: {self.last_saved})"
+            )
+        meta = {"step": step, "data_position": step * self.config.input.batch_size, "config": self.config.to_json()}
+        checkpoint.save(self.mngr, step, state, meta)
+        self.last_saved = step
+
+    def end_of_step(self, step: int, state: Any, results: Iterable[tuple[str, str, float]]) -> None:
+        """After the step's own logging: the evaluators due (`results`), the checkpoint, the preemption rule."""
+        self.evaluate(step, results)
+        self.save(step, state)
+        self.stop_if_preempted(step, state)
+
+    def stop_if_preempted(self, step: int, state: Any) -> None:
+        """The preemption rule: on a signal, save this step and raise Preempted."""
+        if self.should_stop(step):
+            self.save(step, state, force=True)
+            logging.warning("Stopping at step %d on a preemption/termination signal; checkpoint saved.", step)
+            raise Preempted(step)
+
+    def close(self) -> None:
+        """Completes pending saves and metric writes (called whatever stopped the loop)."""
+        try:
+            self.mngr.wait_until_finished()
+        finally:
+            self.mngr.close()
+            self.writer.flush()
+
+    def finish(self) -> dict[str, Any]:
+        """Final metrics of a run that reached its last step, written to `final_metrics.json`."""
+        final = {**self.metrics, "step": self.step}
+        if self.is_chief and self.step == self.total_steps:
+            epath.Path(self.workdir, FINAL_METRICS).write_text(json.dumps(final, indent=2))
+        return final
+
