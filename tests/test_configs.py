@@ -20,7 +20,7 @@ from PIL import Image
 from skipless_jax import trainers
 from skipless_jax.data import augment, inputs, sources, tiny_imagenet
 
-from util import ROOT
+from util import ROOT, TINY_MODELS, tiny_model
 
 CONFIGS = sorted(os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(ROOT, "configs", "*.py")))
 MOCK_EXAMPLES = 16
@@ -216,11 +216,10 @@ def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The config with a tiny model, one step and small batches; everything else as configured."""
     from skipless_jax import models
 
-    family = models.family(c.model)
-    if hasattr(family, "tiny"):  # a family whose sizes are not the ViT's fields
+    if models.family(c.model).FAMILY in TINY_MODELS:  # a family whose sizes are not the ViT's fields
         if c.input.get("image_size") and c.input.image_size > 8:
             c.input.image_size = 32
-        c.model = ml_collections.ConfigDict(family.tiny(c.model.to_dict(), c.input.get("image_size") or 8))
+        c.model = ml_collections.ConfigDict(tiny_model(c.model.to_dict(), c.input.get("image_size") or 8))
     else:
         c.model.variant = None
         c.model.width, c.model.depth, c.model.num_heads, c.model.mlp_dim = 16, 1, 2, 32

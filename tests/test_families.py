@@ -15,6 +15,8 @@ import pytest
 from skipless_jax import conditioning, models
 from skipless_jax.models import cait, common, convmixer, family_parts, pvt_v2, stem, swin
 
+from util import tiny_model
+
 FAMILIES = {m.FAMILY: m for m in (convmixer, swin, cait, pvt_v2)}
 SIZE = 8
 
@@ -36,7 +38,7 @@ TIMM_COUNTS = [
 
 
 def _cfg(family: str, **fields):
-    base = FAMILIES[family].tiny({"name": family}, SIZE)
+    base = tiny_model({"name": family}, SIZE)
     if family == "swin":  # two blocks in stage 0: the second is shifted (grid 4, window 2)
         base.update(depths=(2, 1))
     if family == "convmixer":

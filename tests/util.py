@@ -45,6 +45,25 @@ def tiny_config(arg: str | None = None, **overrides: Any) -> ml_collections.Conf
     return c
 
 
+# The smallest sizes of each non-ViT family (tests): images of 8 px and more (Swin: 8 or 32 px).
+TINY_MODELS: dict[str, dict[str, Any]] = {
+    "convmixer": dict(width=16, depth=1, kernel_size=3, patch_size=2),
+    "swin": dict(width=8, depths=(2, 1), num_heads=(2, 2), window_size=2, patch_size=2),
+    "cait": dict(width=16, depth=1, num_heads=2, mlp_dim=32, depth_token_only=1),
+    "pvt_v2": dict(widths=(8, 16), depths=(1, 1), num_heads=(1, 2), sr_ratios=(2, 1), mlp_ratios=(2, 2),
+                   patch_size=2),
+}
+
+
+def tiny_model(model_config: dict[str, Any], image_size: int) -> dict[str, Any]:
+    """`model_config` with its family's smallest sizes (CaiT's patch: 2 on 8-px images, else 8)."""
+    family = model_config.get("name") or "vit"
+    sizes = dict(TINY_MODELS[family])
+    if family == "cait":
+        sizes["patch_size"] = 2 if image_size <= 8 else 8
+    return {**dict(model_config), "variant": None, **sizes}
+
+
 def read_scalars(workdir: str) -> dict[str, dict[int, float]]:
     """{tag: {step: value}} of every scalar in a run's TensorBoard event files (clu's writer)."""
     import glob
