@@ -1,0 +1,162 @@
+r"""A workdir's evaluation forward as a `jax.export` artifact that runs with jax alone.
+
+    python -m skipless_jax.export --workdir=DIR [--examples=N|all] [--platforms=cpu,cuda,tpu]
+
+writes
+
+    DIR/export/model.jax       serialized jax.export.Exported: uint8 images (B, H, W, C), as the
+                               eval pipeline delivers them (after resize and crop), → float32
+                               logits (B, K), or the pooled features (B, d) of a backbone-only
+                               (DINO, MAE) workdir; B is symbolic, the weights are constants
+    DIR/export/model.json      image_size, channels, mean/std, num_classes, output, step, config
+    DIR/export/examples.npz    with --examples: `images` (N, H, W, C) uint8 and `labels` (N,)
+                               int64 of the first N examples of the eval split
+
+Normalization (x = (u/255 − mean)/std, data/device_images.py) happens inside the artifact, so
+a server feeds it the pipeline's uint8 crops. Loading needs no skipless_jax:
+
+    exported = jax.export.deserialize(bytearray(open('DIR/export/model.jax', 'rb').read()))
+    logits = exported.call(images_uint8)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from skipless_jax import checkpoint, trainers
+from skipless_jax.data import device_images, inputs, sources
+from skipless_jax.trainers import common
+
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+DEFAULT_PLATFORMS = ("cpu", "cuda", "tpu")  # one artifact for a CPU, GPU or TPU server
+
+
+def parse_examples(examples: str | None) -> int | None:
+    """`--examples`: None (none), 'all' (-1) or a positive count."""
+    if examples is None:
+        return None
+    if examples == "all":
+        return -1
+    try:
+        count = int(examples)
+    except ValueError:
+        count = 0
+    if count <= 0:
+        raise ValueError(f"--examples={examples!r} must be a positive number of examples or 'all'")
+    return count
+
+
+def parse_platforms(platforms: str) -> tuple[str, ...]:
+    names = tuple(p.strip() for p in platforms.split(",") if p.strip())
+    bad = [p for p in names if p not in PLATFORMS]
+    if bad or not names:
+        raise ValueError(f"--platforms={platforms!r}: {bad or 'none given'}; allowed: {', '.join(PLATFORMS)}")
+    return names
+
+
+def forward(workdir: str) -> tuple[Any, dict[str, Any]]:
+    """(uint8 images (B, H, W, C) -> logits or features, the model.json description) of the
+    workdir's newest checkpoint, built by its trainer's `evaluation()` (the evaluators' forward)."""
+    import ml_collections
+
+    saved = checkpoint.saved_config(workdir)
+    if saved is None:
+        raise ValueError(f"--workdir={workdir!r} has no checkpoint with a saved config")
+    config = ml_collections.ConfigDict(saved)
+    trainer = trainers.get(config.get("trainer", "supervised"))
+    device = jax.local_devices()[0]
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=[device])
+    ctx, key = trainer.evaluation(config, mesh)
+    for entry in (key,) if isinstance(key, str) else key:
+        checkpoint.param_shapes(workdir, entry)  # a one-line error if the checkpoint lacks the entry
+    step, state = checkpoint.load_raw(workdir)
+    params = common.entries(state, key)
+    mean, std = device_images.dataset_stats(config)
+    output = "logits" if ctx.logits is not None else "features"
+    apply = ctx.logits if ctx.logits is not None else ctx.features
+
+    def fn(images: jax.Array) -> jax.Array:
+        return apply(params, device_images.normalize(images, mean, std)).astype(jnp.float32)
+
+    info = sources.dataset_info(config.dataset.name)
+    meta = {
+        "image_size": inputs.image_size(config), "channels": int(info.image_shape[-1]),
+        "mean": list(mean), "std": list(std), "num_classes": int(info.num_classes), "output": output,
+        "step": int(step), "dataset": config.dataset.name, "eval_split": config.dataset.eval_split,
+        "config": saved,
+    }
+    return fn, meta
+
+
+def export(workdir: str, examples: str | None = None, platforms: Sequence[str] = DEFAULT_PLATFORMS) -> dict[str, Any]:
+    """Writes DIR/export/{model.jax, model.json[, examples.npz]}; returns model.json's content."""
+    count = parse_examples(examples)
+    fn, meta = forward(workdir)
+    size, channels = meta["image_size"], meta["channels"]
+    (batch,) = jax.export.symbolic_shape("b")
+    spec = jax.ShapeDtypeStruct((batch, size, size, channels), jnp.uint8)
+    exported = jax.export.export(jax.jit(fn), platforms=tuple(platforms))(spec)
+    meta.update(platforms=list(exported.platforms), output_shape=[None, int(exported.out_avals[0].shape[-1])])
+    out = os.path.join(workdir, "export")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "model.jax"), "wb") as f:
+        f.write(exported.serialize())
+    with open(os.path.join(out, "model.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+    if count is not None:
+        images, labels = eval_examples(workdir, count)
+        np.savez(os.path.join(out, "examples.npz"), images=images, labels=labels)
+        meta["examples"] = len(labels)
+    return meta
+
+
+def eval_examples(workdir: str, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 images (N, H, W, C), int labels (N,)) of the first `count` (-1: all) examples of the
+    eval split, through the eval pipeline (resize, crop, no normalization)."""
+    import ml_collections
+
+    config = ml_collections.ConfigDict(checkpoint.saved_config(workdir))
+    batches, n = inputs.eval_iterator(config, 0, 1, on_device=True)
+    images, labels = [], []
+    for batch in batches:
+        keep = np.asarray(batch["mask"], bool)
+        images.append(np.asarray(batch["image"])[keep])
+        labels.append(np.asarray(batch["label"])[keep].argmax(-1))
+    images, labels = np.concatenate(images), np.concatenate(labels)
+    if len(labels) != n or images.dtype != np.uint8:
+        raise AssertionError(f"the eval pipeline gave {len(labels)} {images.dtype} images of {n}")
+    stop = n if count == -1 else min(count, n)
+    return images[:stop], labels[:stop].astype(np.int64)
+
+
+def main(argv: Sequence[str]) -> None:
+    del argv
+    from absl import flags
+
+    f = flags.FLAGS
+    try:
+        meta = export(f.workdir, f.examples, parse_platforms(f.platforms))
+    except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
+        raise SystemExit(f"error: {err}") from None
+    extra = f", {meta['examples']} examples" if "examples" in meta else ""
+    print(f"wrote {os.path.join(f.workdir, 'export')}: step {meta['step']}, {meta['output']} "
+          f"{meta['output_shape']} for uint8 (B, {meta['image_size']}, {meta['image_size']}, {meta['channels']}) "
+          f"on {','.join(meta['platforms'])}{extra}", flush=True)
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+
+    flags.DEFINE_string("workdir", None, "The run's workdir (its newest checkpoint is exported).")
+    flags.DEFINE_string("examples", None, "Also write DIR/export/examples.npz with N eval examples (or 'all').")
+    flags.DEFINE_string("platforms", ",".join(DEFAULT_PLATFORMS),
+                        f"Platforms the artifact is lowered for ({', '.join(PLATFORMS)}).")
+    flags.mark_flags_as_required(["workdir"])
+    app.run(main)

@@ -1,0 +1,92 @@
+"""`python -m skipless_jax.export` (skipless_jax/export.py): the exported evaluation forward of a
+tiny trained run, loaded in a process that never imports skipless_jax, classifies the exported
+eval examples exactly as the run's final evaluation did, at any batch size; one-line errors.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from skipless_jax import export
+from skipless_jax.trainers import supervised
+from tests.util import tiny_config
+
+# jax alone: the artifact's loader, as a server without this package would write it.
+_LOADER = """
+import json, sys
+import jax, numpy as np
+assert "skipless_jax" not in sys.modules
+folder, sizes = sys.argv[1], json.loads(sys.argv[2])
+exported = jax.export.deserialize(bytearray(open(folder + "/model.jax", "rb").read()))
+examples = np.load(folder + "/examples.npz")
+images, labels = examples["images"], examples["labels"]
+out = {}
+for size in sizes:  # batches of `size` (the last one shorter): the batch axis is symbolic
+    logits = np.concatenate([np.asarray(exported.call(images[i:i + size])) for i in range(0, len(images), size)])
+    out[str(size)] = {"correct": int((logits.argmax(-1) == labels).sum()), "shape": list(logits.shape)}
+out["skipless_jax_imported"] = "skipless_jax" in sys.modules
+print(json.dumps(out))
+"""
+
+
+def open_text(*path: str) -> str:
+    with open(os.path.join(*path)) as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("export_run"))
+    metrics = supervised.train_and_evaluate(tiny_config(total_steps=60), workdir)
+    return workdir, metrics
+
+
+def test_exported_model_reproduces_the_final_test_accuracy_without_skipless_jax(trained, tmp_path):
+    workdir, metrics = trained
+    meta = export.export(workdir, "all")
+    folder = os.path.join(workdir, "export")
+    saved = json.loads(open_text(folder, "model.json"))
+    assert saved["image_size"] == 8 and saved["channels"] == 1 and saved["mean"] == [0.5] and saved["std"] == [0.5]
+    assert saved["num_classes"] == 10 and saved["output"] == "logits" and saved["step"] == 60
+    assert saved["config"]["model"]["depth"] == 2 and meta["examples"] == 360
+    with np.load(os.path.join(folder, "examples.npz")) as f:
+        assert f["images"].dtype == np.uint8 and f["images"].shape == (360, 8, 8, 1)
+        assert sorted(np.unique(f["labels"])) == list(range(10))
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+    result = subprocess.run([sys.executable, "-c", _LOADER, folder, "[360, 7]"], env=environ, cwd=str(tmp_path),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not out["skipless_jax_imported"]
+    final = json.loads(open_text(workdir, "final_metrics.json"))["test_accuracy"]
+    assert 0.2 < final < 1.0  # the run learned something, not every class right
+    for size in ("360", "7"):
+        assert out[size]["shape"] == [360, 10]
+        assert out[size]["correct"] == round(final * 360), (out, final)
+
+
+def test_a_number_of_examples_takes_the_first_ones(trained):
+    workdir, _ = trained
+    images, labels = export.eval_examples(workdir, 5)
+    all_images, all_labels = export.eval_examples(workdir, -1)
+    np.testing.assert_array_equal(images, all_images[:5])
+    np.testing.assert_array_equal(labels, all_labels[:5])
+
+
+def test_one_line_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"--examples='some' must be a positive number of examples or 'all'"):
+        export.parse_examples("some")
+    with pytest.raises(ValueError, match=r"--examples='0' must be"):
+        export.export(str(tmp_path), "0")  # checked before the workdir is read
+    with pytest.raises(ValueError, match=r"has no checkpoint with a saved config"):
+        export.export(str(tmp_path), "all")
+    with pytest.raises(ValueError, match=r"--platforms='cpu,gpu': \['gpu'\]; allowed: cpu, cuda, rocm, tpu"):
+        export.parse_platforms("cpu,gpu")
+    result = subprocess.run([sys.executable, "-m", "skipless_jax.export", f"--workdir={tmp_path}"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+        f"error: --workdir={str(tmp_path)!r} has no checkpoint with a saved config")
