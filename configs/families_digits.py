@@ -30,6 +30,15 @@ from ml_collections.config_dict import placeholder
 
 from skipless_jax import config_args, config_blocks
 
+# Named grids for `python -m skipless_jax.sweep --config=configs/families_digits.py --grid=NAME`:
+# "families" is docs/results.md's "Model families on digits" table (15 epochs, AdamW, default init).
+GRIDS = {
+    "families": [
+        "family=convmixer skip_sab=True,False depth=4,8 epochs=15 seed=0,1,2",
+        "family=swin,pvt_v2 tg=none,dct epochs=15 seed=0,1,2",
+    ],
+}
+
 SIZES = {
     "convmixer": dict(width=64, depth=4, kernel_size=3, patch_size=1),
     "swin": dict(width=32, depths=(2, 2), num_heads=(2, 4), window_size=2, patch_size=2),

@@ -28,6 +28,32 @@ from ml_collections.config_dict import placeholder
 
 from skipless_jax import config_args, config_blocks
 
+# Named grids for `python -m skipless_jax.sweep --config=configs/quickstart.py --grid=NAME`
+# (docs/results.md shows each as a table via `python -m skipless_jax.report`). A list is the
+# union of its grids: the variants that are not one product of axes.
+_SKIPLESS = "skip_sab=False skip_ffn=False"
+GRIDS = {
+    # Table 1 of Cutting the Skip in miniature: {with skips, skipless + default init, skipless +
+    # skipless init} × {AdamW, SOAP} × 3 seeds at depth 8.
+    "table1": [
+        "skip_sab=True skip_ffn=True init=default opt=adamw,soap depth=8 seed=0,1,2",
+        f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8 seed=0,1,2",
+    ],
+    # The skip ablation: each skip switch, default init and AdamW, depth 4 and 8; and no skips
+    # with the skipless init.
+    "skip_ablation": [
+        "init=default opt=adamw skip_sab=True,False skip_ffn=True,False depth=4,8 seed=0,1,2",
+        f"init=skipless opt=adamw {_SKIPLESS} depth=4,8 seed=0,1,2",
+    ],
+    # Token Graying's ε ablation on the standard ViT (ε = 1: no TG), SVD-TG.
+    "tg_eps": [
+        "skip_sab=True skip_ffn=True init=default opt=adamw tg=none seed=0,1,2",
+        "skip_sab=True skip_ffn=True init=default opt=adamw tg=svd eps=0.9,0.7,0.6,0.5 seed=0,1,2",
+    ],
+    # Is the central effect robust in depth? Table 1's four skipless cells at depths 8-24, 5 seeds.
+    "depth": f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8,12,16,24 seed=0,1,2,3,4",
+}
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(
@@ -50,7 +76,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         dict(name="digits", train_split="train", eval_split="test", data_dir=placeholder(str))
     )
     c.input = ml_collections.ConfigDict(
-        dict(batch_size=64, eval_batch_size=128, image_size=placeholder(int), aug=None, num_workers=0)
+        dict(batch_size=64, eval_batch_size=128, image_size=placeholder(int), aug=None, num_workers=0,
+             repeated_augmentation=1, drop_last=False)
     )
 
     # Skips, init (the ViT-B/16 constants of Cutting the Skip) and Token Graying from the args.
@@ -74,6 +101,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.grad_clip_norm = 1.0
     c.label_smoothing = 0.0
     c.skip_nonfinite_steps = False
+    c.model_ema = config_blocks.model_ema(decay=0.0)  # off; docs/results.md measures it on
 
     config_blocks.runtime(c, eval_every=0, checkpoint_every=500, log_every=50)  # eval at the end only
     c.keep_checkpoints = 2

@@ -24,6 +24,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes more than ~20 s (deselect: -m 'not slow')")
     config.addinivalue_line(
         "markers", "multiprocess: starts several trainer processes on 127.0.0.1 (deselect: -m 'not multiprocess')"
     )

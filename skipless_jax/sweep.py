@@ -1,0 +1,327 @@
+r"""A grid of training runs: `python -m skipless_jax.sweep`.
+
+    python -m skipless_jax.sweep --config=configs/quickstart.py:depth=8 --grid="opt=adamw,soap seed=0,1,2" \
+        --root=/tmp/sweep [--workers=2] [--launcher=local|slurm|tpu] [--submit] [--config.x=y ...]
+    python -m skipless_jax.sweep --config=configs/quickstart.py --grid=table1 --root=/tmp/table1
+
+A grid is axes separated by spaces, `name=v1,v2,...` each; every combination of the axes (the
+product, first axis slowest) adds its `name=value` args to the config's own `:args` (later
+args win) and is one run, in its own folder under --root named by the combination's args, e.g.
+`opt=adamw,seed=0`. A grid without `=` is a *named grid*: the config file's module-level
+`GRIDS` dict maps a name to one grid string or a list of them (the union of their runs, for
+grids that are not one product, e.g. Table 1's three variants). `--config.*` flags pass to
+every run. Every run's args are checked against the config before anything starts.
+
+Launchers:
+- local (default): `python -m skipless_jax.main` per run, --workers at a time, output in
+  `<run>/train.log`. Resumable: a run that finished under the same command (a
+  `final_metrics.json`, which a trainer writes only at its last step, and the same command in
+  `<run>/sweep_run.json`) is skipped without starting a process; a preempted one (exit 75)
+  resumes from its checkpoint when the sweep is rerun; a re-run of a finished sweep trains
+  nothing. SIGTERM to the sweep is passed on to its runs (they save and exit 75).
+- slurm: writes `<root>/sweep_slurm.sh`, an sbatch array job of the unfinished runs; task i
+  runs launch/slurm_multinode.sh for run i inside its allocation. `--submit` submits it.
+- tpu: writes `<root>/sweep_tpu.sh`, one `launch/tpu_vm.sh run` per unfinished run on the
+  slice $TPU_NAME in $TPU_ZONE (create and install it first; docs/launch.md); --root should be
+  a bucket (gs://...) that every worker sees.
+
+Exit status: 0 every run finished; 1 a run failed (a summary names each with its exit status
+and the last line of its log); 75 a run was preempted (rerun the same command); 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from skipless_jax.trainers.run import EXIT_PREEMPTED, FINAL_METRICS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN_RECORD = "sweep_run.json"  # the command a run folder was last trained with
+LOG = "train.log"
+TRAINER = (sys.executable, "-m", "skipless_jax.main")
+LAUNCHERS = ("local", "slurm", "tpu")
+_SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789=,.-_+")
+
+
+class SweepRun(NamedTuple):
+    name: str  # its folder under the root: the grid's args, e.g. "opt=adamw,seed=0"
+    config: str  # --config of this run: PATH:args (the config's own args, then the grid's)
+
+
+def parse_grid(grid: str) -> list[list[tuple[str, str]]]:
+    """'a=1,2 b=x' -> [[('a', '1'), ('b', 'x')], [('a', '2'), ('b', 'x')]] (first axis slowest)."""
+    axes: list[list[tuple[str, str]]] = []
+    names: list[str] = []
+    for axis in grid.split():
+        name, sep, values = axis.partition("=")
+        items = [v for v in values.split(",") if v]
+        if not sep or not name or not items:
+            raise ValueError(f"grid axis {axis!r} must be name=value[,value...]; grid {grid!r}")
+        if name in names:
+            raise ValueError(f"grid axis {name!r} appears twice in grid {grid!r}")
+        names.append(name)
+        axes.append([(name, v) for v in items])
+    if not axes:
+        raise ValueError(f"grid {grid!r} has no axes; write them as 'name=v1,v2 other=w1,w2'")
+    return [list(combo) for combo in itertools.product(*axes)]
+
+
+def load_config_module(path: str) -> Any:
+    if not os.path.isfile(path):
+        raise ValueError(f"--config={path}: no such config file")
+    spec = importlib.util.spec_from_file_location(f"sweep_config_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def named_grids(module: Any) -> dict[str, list[str]]:
+    """The config module's `GRIDS` as {name: [grid string, ...]}."""
+    grids = getattr(module, "GRIDS", {})
+    return {name: [g] if isinstance(g, str) else list(g) for name, g in grids.items()}
+
+
+def expand(config: str, grid: str, module: Any | None = None) -> list[SweepRun]:
+    """The runs of `grid` (a grid string or a name in the config's GRIDS) on `config` (PATH[:args]).
+
+    Every run's args are checked by the config's get_config (unknown names, bad values: a
+    one-line ValueError naming the run), and two combinations with the same args are one run.
+    """
+    path, _, base = config.partition(":")
+    module = load_config_module(path) if module is None else module
+    if "=" in grid:
+        grids = [grid]
+    else:
+        available = named_grids(module)
+        if grid not in available:
+            raise ValueError(f"--grid={grid!r} is not a grid of {path}; named grids: {sorted(available) or 'none'}")
+        grids = available[grid]
+    runs: dict[str, SweepRun] = {}
+    for g in grids:
+        for combo in parse_grid(g):
+            args = ",".join(f"{k}={v}" for k, v in combo)
+            name = "".join(c if c in _SAFE else "_" for c in args)
+            if name in runs:
+                continue
+            spec = f"{path}:{','.join(filter(None, (base, args)))}"
+            try:
+                module.get_config(spec.partition(":")[2])
+            except ValueError as err:
+                raise ValueError(f"run {name}: {err}") from None
+            runs[name] = SweepRun(name, spec)
+    return list(runs.values())
+
+
+def run_record(run: SweepRun, overrides: Sequence[str]) -> dict[str, Any]:
+    return {"config": run.config, "overrides": list(overrides)}
+
+
+def is_finished(workdir: str, run: SweepRun, overrides: Sequence[str]) -> bool:
+    """Whether `workdir` holds this run finished: final metrics (a trainer writes them only at its
+    last step) from the same command; otherwise the trainer decides (resume, or a config error)."""
+    try:
+        with open(os.path.join(workdir, RUN_RECORD)) as f:
+            same = json.load(f) == run_record(run, overrides)
+        with open(os.path.join(workdir, FINAL_METRICS)) as f:
+            return same and isinstance(json.load(f).get("step"), int)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def train_command(run: SweepRun, workdir: str, overrides: Sequence[str], trainer: Sequence[str] = TRAINER) -> list[str]:
+    return [*trainer, f"--config={run.config}", f"--workdir={workdir}", *overrides]
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in f.read()[-20000:].splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def run_local(
+    runs: Sequence[SweepRun],
+    root: str,
+    overrides: Sequence[str] = (),
+    workers: int = 1,
+    trainer: Sequence[str] = TRAINER,
+) -> int:
+    """Trains the unfinished runs, `workers` at a time; prints a summary; returns the exit status.
+
+    `trainer`: the command that trains one run (tests inject a fake one).
+    """
+    todo = [r for r in runs if not is_finished(os.path.join(root, r.name), r, overrides)]
+    skipped = len(runs) - len(todo)
+    print(f"sweep: {len(runs)} runs under {root}: {skipped} already finished, {len(todo)} to train", flush=True)
+    active: list[tuple[SweepRun, subprocess.Popen]] = []
+    outcome: dict[str, int] = {}
+    stopping = []
+
+    def forward(signum, frame):  # the runs save their step and exit 75; start no others
+        stopping.append(signum)
+        for _, proc in active:
+            proc.send_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        queue = list(todo)
+        while queue or active:
+            while queue and len(active) < workers and not stopping:
+                run = queue.pop(0)
+                workdir = os.path.join(root, run.name)
+                os.makedirs(workdir, exist_ok=True)
+                with open(os.path.join(workdir, RUN_RECORD), "w") as f:
+                    json.dump(run_record(run, overrides), f)
+                with open(os.path.join(workdir, LOG), "ab") as log:
+                    cmd = train_command(run, workdir, overrides, trainer)
+                    log.write(f"# {shlex.join(cmd)}\n".encode())
+                    log.flush()
+                    active.append((run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)))
+                print(f"sweep: started {run.name}", flush=True)
+            if stopping and queue:
+                outcome.update({r.name: EXIT_PREEMPTED for r in queue})
+                queue = []
+            time.sleep(0.05)
+            for item in [a for a in active if a[1].poll() is not None]:
+                active.remove(item)
+                run, proc = item
+                outcome[run.name] = proc.returncode
+                print(f"sweep: {run.name} exited {proc.returncode}", flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return summarize(runs, root, outcome, skipped)
+
+
+def summarize(runs: Sequence[SweepRun], root: str, outcome: dict[str, int], skipped: int) -> int:
+    """One line of counts, then one line per run that did not finish; the sweep's exit status."""
+    failed = {n: c for n, c in outcome.items() if c not in (0, EXIT_PREEMPTED)}
+    preempted = [n for n, c in outcome.items() if c == EXIT_PREEMPTED]
+    trained = sum(c == 0 for c in outcome.values())
+    print(f"sweep: {len(runs)} runs: {trained} trained, {skipped} already finished, "
+          f"{len(preempted)} preempted, {len(failed)} failed", flush=True)
+    for name in preempted:
+        print(f"sweep: preempted {name}: rerun the same command to resume", flush=True)
+    for name, code in failed.items():
+        print(f"sweep: FAILED {name} (exit {code}): {_last_line(os.path.join(root, name, LOG))}", flush=True)
+    return 1 if failed else EXIT_PREEMPTED if preempted else 0
+
+
+def _bash_array(words: Sequence[str]) -> str:
+    return "(" + " ".join(shlex.quote(w) for w in words) + ")"
+
+
+def write_slurm(runs: Sequence[SweepRun], root: str, overrides: Sequence[str]) -> str:
+    """`<root>/sweep_slurm.sh`: an sbatch array job, task i = launch/slurm_multinode.sh for run i.
+
+    The #SBATCH lines are defaults that sbatch's own flags override
+    (e.g. `sbatch --nodes=4 --gpus-per-node=8 --partition=gpu <root>/sweep_slurm.sh`).
+    """
+    path = os.path.join(root, "sweep_slurm.sh")
+    launcher = os.path.join(ROOT, "launch", "slurm_multinode.sh")
+    lines = [
+        "#!/usr/bin/env bash",
+        f"#SBATCH --array=0-{len(runs) - 1}",
+        "#SBATCH --job-name=skipless_sweep --nodes=1 --ntasks-per-node=1 --exclusive",
+        f"#SBATCH --output={root}/slurm-%A_%a.out --open-mode=append --signal=TERM@300 --requeue",
+        f"# Written by python -m skipless_jax.sweep: {len(runs)} unfinished runs of {root}.",
+        "set -euo pipefail",
+        f"runs={_bash_array([r.name for r in runs])}",
+        f"configs={_bash_array([r.config for r in runs])}",
+        "i=${SLURM_ARRAY_TASK_ID:?submit with sbatch (an array job)}",
+        f"cd {shlex.quote(ROOT)}",
+        f'exec {shlex.quote(launcher)} --config "${{configs[$i]}}" --workdir {shlex.quote(root)}/"${{runs[$i]}}" '
+        f"-- {' '.join(shlex.quote(o) for o in overrides)}".rstrip(),
+    ]
+    _write_script(path, lines)
+    return path
+
+
+def write_tpu(runs: Sequence[SweepRun], root: str, overrides: Sequence[str]) -> str:
+    """`<root>/sweep_tpu.sh`: the unfinished runs one after another on one Cloud TPU slice."""
+    path = os.path.join(root, "sweep_tpu.sh")
+    launcher = shlex.quote(os.path.join(ROOT, "launch", "tpu_vm.sh"))
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# Written by python -m skipless_jax.sweep: {len(runs)} unfinished runs of {root}, one at a time on",
+        "# the slice $TPU_NAME in $TPU_ZONE, made first with:",
+        f"#   {launcher} create install --name $TPU_NAME --zone $TPU_ZONE --accelerator-type T --bucket gs://B",
+        "# A preempted run (exit 75) resumes when this script is run again.",
+        "set -uo pipefail",
+        ': "${TPU_NAME:?set TPU_NAME}" "${TPU_ZONE:?set TPU_ZONE}"',
+        "status=0",
+    ]
+    for run in runs:
+        cmd = [
+            "run", "--name", "$TPU_NAME", "--zone", "$TPU_ZONE", "--config", run.config,
+            "--workdir", f"{root}/{run.name}", "--run-name", run.name, "--", *overrides,
+        ]
+        words = " ".join(f'"{w}"' if w.startswith("$") else shlex.quote(w) for w in cmd)
+        lines.append(f"{launcher} {words} || status=$?")
+    lines.append('exit "$status"')
+    _write_script(path, lines)
+    return path
+
+
+def _write_script(path: str, lines: list[str]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.chmod(path, 0o755)
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="python -m skipless_jax.sweep", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, help="PATH[:args], as for skipless_jax.main")
+    parser.add_argument("--grid", required=True, help="'a=1,2 b=x,y' or the name of one of the config's GRIDS")
+    parser.add_argument("--root", required=True, help="one folder per run goes under it")
+    parser.add_argument("--workers", type=int, default=1, help="local: runs at a time")
+    parser.add_argument("--launcher", default="local", help="local | slurm | tpu")
+    parser.add_argument("--submit", action="store_true", help="slurm: submit the array job with sbatch")
+    args, rest = parser.parse_known_args(argv)
+    bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
+    if bad:
+        parser.error(f"unexpected argument {bad[0]!r}; overrides are written --config.a.b=value")
+    if args.launcher not in LAUNCHERS:
+        parser.error(f"--launcher={args.launcher!r} is unknown; allowed: {', '.join(LAUNCHERS)}")
+    if args.workers < 1:
+        parser.error(f"--workers={args.workers} must be >= 1")
+    return args, rest
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        runs = expand(args.config, args.grid)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+    root = os.path.abspath(args.root) if "://" not in args.root else args.root.rstrip("/")
+    if args.launcher == "local":
+        return run_local(runs, root, overrides, args.workers)
+    todo = [r for r in runs if not is_finished(os.path.join(root, r.name), r, overrides)]
+    if not todo:
+        print(f"sweep: all {len(runs)} runs under {root} already finished", flush=True)
+        return 0
+    if args.launcher == "tpu":
+        print(f"sweep: wrote {write_tpu(todo, root, overrides)} ({len(todo)} runs)", flush=True)
+        return 0
+    script = write_slurm(todo, root, overrides)
+    print(f"sweep: wrote {script} ({len(todo)} runs as an array job)", flush=True)
+    return subprocess.call(["sbatch", script]) if args.submit else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
