@@ -1,0 +1,207 @@
+r"""A table of finished runs: `python -m skipless_jax.report`.
+
+    python -m skipless_jax.report DIR... [--format=md|csv] [--mean_over=seed] [--plot=FILE.png]
+
+    python -m skipless_jax.report /tmp/table1 --mean_over=seed --metrics=test_accuracy,test_loss
+    python -m skipless_jax.report /tmp/table1 --format=csv > table1.csv
+    python -m skipless_jax.report /tmp/table1 --plot=curves.png --plot_metric=train_loss
+
+A run is every folder under a DIR (at any depth) that holds `final_metrics.json`. One row per
+run: `run` (its folder relative to DIR), its config args — the `name=value` items of that
+folder path, comma-separated in each part as `python -m skipless_jax.sweep` names them, e.g.
+`opt=adamw,seed=0` — and every key of its final metrics (`--metrics` keeps some).
+`--mean_over=seed` groups the runs by their other args: per metric `<metric>_mean`,
+`<metric>_std` (the sample std, ddof=1; docs/method.md §"Reports") and `n`, the group's runs.
+`--plot` draws each run's `--plot_metric` from its `history.jsonl` against the step (matplotlib,
+Agg; with --mean_over, one colour per group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from skipless_jax.trainers.run import FINAL_METRICS, HISTORY
+
+FORMATS = ("md", "csv")
+
+
+def run_args(run: str) -> dict[str, str]:
+    """'depth=8/opt=adamw,seed=0' -> {'depth': '8', 'opt': 'adamw', 'seed': '0'} (other parts ignored)."""
+    out = {}
+    for part in run.replace(os.sep, "/").split("/"):
+        items = part.split(",")
+        if all("=" in item for item in items):
+            out.update(item.split("=", 1) for item in items)
+    return out
+
+
+def find_runs(root: str) -> list[str]:
+    """The folders under `root` (itself included) that hold final metrics, sorted."""
+    if not os.path.isdir(root):
+        raise ValueError(f"{root!r} is not a directory")
+    return sorted(d for d, _, files in os.walk(root) if FINAL_METRICS in files)
+
+
+def rows(roots: Sequence[str], metrics: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """(one dict per run: run, its args (strings), its final metrics as in the file; its folders)."""
+    out, folders = [], []
+    for root in roots:
+        for folder in find_runs(root):
+            run = os.path.relpath(folder, root)
+            with open(os.path.join(folder, FINAL_METRICS)) as f:
+                final = json.load(f)
+            if metrics is not None:
+                final = {k: final[k] for k in metrics if k in final}
+            out.append({"run": run, **run_args(run), **final})
+            folders.append(folder)
+    return out, folders
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def mean_over(table: list[dict[str, Any]], key: str, arg_names: Sequence[str]) -> list[dict[str, Any]]:
+    """Groups by the args other than `key`: `<m>_mean`, `<m>_std` (ddof=1; nan for one run) and `n`."""
+    missing = [r["run"] for r in table if key not in r]
+    if missing:
+        args = sorted(run_args(missing[0]))
+        raise ValueError(f"--mean_over={key}: run {missing[0]!r} has no arg {key}; its args: {args}")
+    group_by = [a for a in arg_names if a != key]
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in table:
+        groups.setdefault(tuple(r.get(a, "") for a in group_by), []).append(r)
+    out = []
+    for values, members in groups.items():
+        row: dict[str, Any] = dict(zip(group_by, values))
+        names = [k for k in members[0] if k not in ("run", *arg_names)]
+        for m in names:
+            xs = [r[m] for r in members if _number(r.get(m))]
+            if not xs:
+                continue
+            mean = math.fsum(xs) / len(xs)
+            row[f"{m}_mean"] = mean
+            row[f"{m}_std"] = (
+                math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else math.nan
+            )
+        row["n"] = len(members)
+        out.append(row)
+    return out
+
+
+def columns(table: list[dict[str, Any]]) -> list[str]:
+    cols: list[str] = []
+    for r in table:
+        cols += [k for k in r if k not in cols]
+    return cols
+
+
+def _md_cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+def format_table(table: list[dict[str, Any]], fmt: str) -> str:
+    """Markdown (floats to 4 significant digits) or CSV (floats as Python writes them: exact)."""
+    cols = columns(table)
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, cols, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(table)
+        return buf.getvalue()
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_md_cell(r.get(c, "")) for c in cols) + " |" for r in table]
+    return "\n".join(lines) + "\n"
+
+
+def read_history(folder: str, metric: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of `metric` in the folder's history.jsonl (records without it skipped)."""
+    steps, values = [], []
+    path = os.path.join(folder, HISTORY)
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                record = json.loads(line)
+                if metric in record:
+                    steps.append(record["step"])
+                    values.append(record[metric])
+    return steps, values
+
+
+def plot(
+    table: list[dict[str, Any]], folders: Sequence[str], path: str, metric: str, group_by: Sequence[str]
+) -> None:
+    """Each run's `metric` over steps from its history.jsonl into the PNG `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colors: dict[tuple, Any] = {}
+    drawn = 0
+    for r, folder in zip(table, folders):
+        steps, values = read_history(folder, metric)
+        if not steps:
+            continue
+        group = tuple(r.get(a, "") for a in group_by) if group_by else (r["run"],)
+        label = None
+        if group not in colors:
+            colors[group] = f"C{len(colors) % 10}"
+            label = ",".join(f"{a}={v}" for a, v in zip(group_by, group)) if group_by else r["run"]
+        ax.plot(steps, values, color=colors[group], lw=1, alpha=0.8, label=label)
+        drawn += 1
+    if not drawn:
+        raise ValueError(f"--plot: no run's {HISTORY} has {metric!r}")
+    if all(v > 0 for line in ax.get_lines() for v in line.get_ydata()):
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m skipless_jax.report", description=__doc__.split("\n")[0])
+    parser.add_argument("dirs", nargs="+", metavar="DIR")
+    parser.add_argument("--format", default="md", help="md | csv")
+    parser.add_argument("--mean_over", default=None, help="an arg to average over, e.g. seed")
+    parser.add_argument("--metrics", default=None, help="comma-separated final metrics to keep (default: all)")
+    parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the runs' curves from history.jsonl")
+    parser.add_argument("--plot_metric", default="train_loss", help="the history.jsonl key --plot draws")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.format not in FORMATS:
+        parser.error(f"--format={args.format!r} is unknown; allowed: {', '.join(FORMATS)}")
+    try:
+        metrics = args.metrics.split(",") if args.metrics else None
+        table, folders = rows(args.dirs, metrics)
+        if not table:
+            raise ValueError(f"no run (a folder with {FINAL_METRICS}) under {', '.join(args.dirs)}")
+        arg_names = columns([run_args(r["run"]) for r in table])
+        group_by = [a for a in arg_names if a != args.mean_over] if args.mean_over else []
+        if args.plot:
+            plot(table, folders, args.plot, args.plot_metric, group_by)
+        if args.mean_over:
+            table = mean_over(table, args.mean_over, arg_names)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+    sys.stdout.write(format_table(table, args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

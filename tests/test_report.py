@@ -1,0 +1,85 @@
+"""python -m skipless_jax.report: rows equal to the runs' files, means and sample stds against
+numpy, one-line errors, and the curves of history.jsonl."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+from skipless_jax import report
+
+
+def make_runs(root: str) -> dict[str, dict]:
+    """Runs named like the sweep's, with random final metrics and a history each."""
+    rng = np.random.default_rng(0)
+    finals = {}
+    for opt in ("adamw", "soap"):
+        for seed in range(3):
+            run = os.path.join("depth=8", f"opt={opt},seed={seed}")
+            os.makedirs(os.path.join(root, run))
+            final = {"test_accuracy": float(rng.uniform()), "train_loss": float(rng.uniform()), "step": 10}
+            with open(os.path.join(root, run, "final_metrics.json"), "w") as f:
+                json.dump(final, f)
+            with open(os.path.join(root, run, "history.jsonl"), "w") as f:
+                for step in (5, 10):
+                    f.write(json.dumps({"step": step, "train_loss": float(rng.uniform(0.1, 1))}) + "\n")
+            finals[run] = final
+    os.makedirs(os.path.join(root, "unfinished=1"))  # no final metrics: not a run
+    return finals
+
+
+def test_rows_equal_the_files(tmp_path, capsys):
+    finals = make_runs(str(tmp_path))
+    assert report.main([str(tmp_path), "--format=csv"]) == 0
+    table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["run"] for r in table] == sorted(finals)
+    for r in table:
+        opt, seed = r["run"].split("/")[1].replace("opt=", "").split(",seed=")
+        assert (r["depth"], r["opt"], r["seed"]) == ("8", opt, seed)
+        assert {k: float(r[k]) for k in finals[r["run"]]} == finals[r["run"]]  # csv floats are exact
+
+
+def test_mean_over_seed_against_numpy(tmp_path, capsys):
+    finals = make_runs(str(tmp_path))
+    assert report.main([str(tmp_path), "--format=csv", "--mean_over=seed", "--metrics=test_accuracy"]) == 0
+    table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert list(table[0]) == ["depth", "opt", "test_accuracy_mean", "test_accuracy_std", "n"]
+    for r in table:
+        acc = np.array([v["test_accuracy"] for k, v in finals.items() if f"opt={r['opt']}," in k], np.float64)
+        assert int(r["n"]) == 3
+        np.testing.assert_allclose(float(r["test_accuracy_mean"]), acc.mean(), rtol=1e-15)
+        np.testing.assert_allclose(float(r["test_accuracy_std"]), acc.std(ddof=1), rtol=1e-14)
+    one = report.mean_over([{"run": "seed=0", "seed": "0", "x": 1.0}], "seed", ["seed"])
+    assert one[0]["n"] == 1 and one[0]["x_mean"] == 1.0 and np.isnan(one[0]["x_std"])
+
+
+def test_markdown_and_errors(tmp_path, capsys):
+    make_runs(str(tmp_path))
+    assert report.main([str(tmp_path), "--mean_over=seed", "--metrics=test_accuracy"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| depth | opt | test_accuracy_mean | test_accuracy_std | n |" and len(lines) == 4
+    for argv, message in [
+        ([str(tmp_path), "--mean_over=lr"], "--mean_over=lr: run 'depth=8/opt=adamw,seed=0' has no arg lr"),
+        ([str(tmp_path / "missing")], "is not a directory"),
+        ([str(tmp_path / "unfinished=1")], "no run (a folder with final_metrics.json)"),
+    ]:
+        assert report.main(argv) == 2
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path), "--format=tsv"])
+    assert "--format='tsv' is unknown; allowed: md, csv" in capsys.readouterr().err
+
+
+def test_plot_draws_every_history(tmp_path, capsys):
+    make_runs(str(tmp_path / "runs"))
+    png = str(tmp_path / "curves.png")
+    assert report.main([str(tmp_path / "runs"), "--mean_over=seed", f"--plot={png}"]) == 0
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert report.main([str(tmp_path / "runs"), f"--plot={png}", "--plot_metric=nope"]) == 2
+    assert "no run's history.jsonl has 'nope'" in capsys.readouterr().err
