@@ -35,6 +35,7 @@ EXIT_PREEMPTED = 75
 
 
 FINAL_METRICS = "final_metrics.json"
+HISTORY = "history.jsonl"  # one JSON line per record: {"step": s, "<prefix>_<name>": value, ...}
 
 
 class Preempted(Exception):
@@ -80,6 +81,21 @@ def finished_run(
     ):
         return None
     return final
+
+
+def truncate_history(path: epath.Path, last_step: int) -> None:
+    """Keeps the records of `path` up to `last_step` (a resumed run's checkpoint), once at start;
+    a line cut short by a crash is dropped."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= last_step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    path.write_text("".join(f"{line}\n" for line in kept))
 
 
 class SignalFlag:
@@ -166,21 +182,18 @@ class Run:
         self.pending: list[dict[str, jax.Array]] = []
         self.last_saved = max(mngr.all_steps(), default=None)
         self.metrics: dict[str, float] = {}
-        self._history_path = epath.Path(workdir, "history.jsonl")
-        self._history: list[str] = []
-        if self.is_chief and self._history_path.exists():
-            self._history = [
-                line for line in self._history_path.read_text().splitlines() if json.loads(line)["step"] <= first_step
-            ]
+        self._history_path = epath.Path(workdir, HISTORY)
+        if self.is_chief:
+            truncate_history(self._history_path, first_step)
 
     def record(self, step: int, values: Mapping[str, float], prefix: str) -> None:
         """Scalars `prefix/name` to TensorBoard, `prefix_name` to the final metrics and history."""
         self.writer.write_scalars(step, {f"{prefix}/{k}": v for k, v in values.items()})
         flat = {f"{prefix}_{k}": float(v) for k, v in values.items()}
         self.metrics.update(flat)
-        if self.is_chief:
-            self._history.append(json.dumps({"step": step, **flat}))
-            self._history_path.write_text("\n".join(self._history) + "\n")
+        if self.is_chief:  # appended: O(1) bytes per record, not the whole history again
+            with self._history_path.open("a") as f:
+                f.write(json.dumps({"step": step, **flat}) + "\n")
 
     def check_finite(self, state: Mapping[str, Any], step: int) -> None:
         error = nonfinite_error(jax.device_get(state["nonfinite"]), self.guarded, step, self.last_saved)
