@@ -6,6 +6,7 @@ equal timm's for the same weights.
 """
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -375,19 +376,25 @@ TIMM_MODELS = {  # family -> (timm constructor path, kwargs, our config)
 
 
 # timm runs in its own process: torch (and the triton it imports) beside this process's jax and
-# TensorFlow can crash at import.
+# TensorFlow can crash at import. One process makes every family's timm model (its own random
+# weights, logits on fixed images); a second loads the state dicts `to_timm` wrote back into
+# fresh timm models with strict=True and gives their logits.
 _TIMM_SCRIPT = """
-import importlib, json, sys
+import importlib, json, os, sys
 import numpy as np, torch
-path, kwargs, size, out = json.loads(sys.argv[1])
-module, name = path.rsplit(".", 1)
-torch.manual_seed(0)
-net = getattr(importlib.import_module(module), name)(**kwargs).eval()
-images = np.random.default_rng(0).normal(size=(2, size, size, 3)).astype(np.float32)
-with torch.no_grad():
-    logits = net(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
-sd = {k: v.detach().numpy() for k, v in net.state_dict().items()}
-np.savez(out, __images=images, __logits=logits, **sd)
+mode, cases, folder = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+for family, (path, kwargs, size) in cases.items():
+    module, name = path.rsplit(".", 1)
+    torch.manual_seed(0)
+    net = getattr(importlib.import_module(module), name)(**kwargs).eval()
+    images = np.random.default_rng(0).normal(size=(2, size, size, 3)).astype(np.float32)
+    if mode == "load":
+        from safetensors.torch import load_file
+        net.load_state_dict(load_file(os.path.join(folder, family + ".safetensors")), strict=True)
+    with torch.no_grad():
+        logits = net(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+    sd = {k: v.detach().numpy() for k, v in net.state_dict().items()}
+    np.savez(os.path.join(folder, f"{family}_{mode}.npz"), __images=images, __logits=logits, **sd)
 """
 
 
@@ -397,26 +404,138 @@ def _timm_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "timm"))
 
 
-@pytest.mark.skipif(not _timm_available(), reason="needs the optional timm extra (requirements-timm.txt)")
-@pytest.mark.parametrize("family", sorted(TIMM_MODELS))
-def test_logits_equal_timms_when_timm_is_installed(family, tmp_path):
-    """Runs only with the optional extra (torch, timm): the timm model's own random weights,
-    converted, give its logits."""
+def _run_timm(mode: str, folder: str) -> dict[str, dict[str, np.ndarray]]:
     import json
     import subprocess
     import sys
 
-    path, kwargs, cfg = TIMM_MODELS[family]
-    size = 16 if family == "pvt_v2" else IMG
-    out = str(tmp_path / "timm.npz")
-    subprocess.run([sys.executable, "-c", _TIMM_SCRIPT, json.dumps([path, kwargs, size, out])], check=True,
-                   timeout=600)
-    saved = dict(np.load(out))
+    cases = {f: (path, kwargs, 16 if f == "pvt_v2" else IMG) for f, (path, kwargs, _) in TIMM_MODELS.items()}
+    subprocess.run([sys.executable, "-c", _TIMM_SCRIPT, mode, json.dumps(cases), folder], check=True, timeout=600)
+    return {f: dict(np.load(os.path.join(folder, f"{f}_{mode}.npz"))) for f in TIMM_MODELS}
+
+
+@pytest.fixture(scope="module")
+def timm_runs(tmp_path_factory):
+    """{'made': family -> timm's state dict + __images/__logits, 'loaded': the same after
+    timm → project → timm, loaded with strict=True}."""
+    folder = str(tmp_path_factory.mktemp("timm"))
+    made = _run_timm("make", folder)
+    for family, saved in made.items():
+        saved = {k: v for k, v in saved.items() if not k.startswith("__")}
+        cfg = TIMM_MODELS[family][2]
+        result = timm_convert.convert(family, saved, cfg, image_size=16 if family == "pvt_v2" else IMG)
+        back = timm_convert.to_timm(family, result["params"], cfg, result.get("batch_stats"))
+        timm_convert.write_safetensors(back, os.path.join(folder, f"{family}.safetensors"), {"family": family})
+    return {"made": made, "loaded": _run_timm("load", folder)}
+
+
+timm_only = pytest.mark.skipif(not _timm_available(), reason="needs the optional timm extra (requirements-timm.txt)")
+
+
+@timm_only
+@pytest.mark.parametrize("family", sorted(TIMM_MODELS))
+def test_logits_equal_timms_when_timm_is_installed(family, timm_runs):
+    """Runs only with the optional extra (torch, timm): the timm model's own random weights,
+    converted, give its logits."""
+    _, _, cfg = TIMM_MODELS[family]
+    saved = dict(timm_runs["made"][family])
     images, want = saved.pop("__images"), saved.pop("__logits")
-    result = timm_convert.convert(family, saved, cfg, image_size=size)
+    result = timm_convert.convert(family, saved, cfg, image_size=16 if family == "pvt_v2" else IMG)
     variables = {k: result[k] for k in ("params", "batch_stats") if k in result}
     got = np.asarray(models.build(cfg, CLASSES).apply(variables, jnp.asarray(images), train=False)[0])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@timm_only
+@pytest.mark.parametrize("family", sorted(TIMM_MODELS))
+def test_timm_to_project_to_timm_is_exact(family, timm_runs):
+    """timm's state dict → convert → to_timm → timm (load_state_dict strict=True): every tensor
+    and the logits bit for bit."""
+    made, loaded = timm_runs["made"][family], timm_runs["loaded"][family]
+    assert sorted(made) == sorted(loaded)
+    for name in made:
+        np.testing.assert_array_equal(loaded[name], made[name], err_msg=name)
+    assert np.abs(made["__logits"]).max() > 0
+
+
+def test_to_timm_inverts_convert_on_random_state_dicts():
+    """Without timm: convert then to_timm gives back every tensor of the synthetic state dicts
+    (timm's computed buffers aside; BatchNorm's step counter comes back as 0)."""
+    for family, (make, cfg) in FAMILY_CASES.items():
+        sd = make()
+        result = timm_convert.convert(family, sd, cfg, image_size=IMG)
+        back = timm_convert.to_timm(family, result["params"], cfg, result.get("batch_stats"))
+        want = {k: v for k, v in sd.items() if not k.endswith("relative_position_index")}
+        assert sorted(back) == sorted(want), family
+        for name, value in want.items():
+            expected = np.zeros((), np.int64) if name.endswith("num_batches_tracked") else value
+            assert back[name].dtype == expected.dtype, name
+            np.testing.assert_array_equal(back[name], expected, err_msg=f"{family} {name}")
+
+
+def test_to_timm_of_a_scanned_vit_equals_the_unrolled_one():
+    from skipless_jax.models import vit
+
+    make, cfg = FAMILY_CASES["vit"]
+    params = timm_convert.convert("vit", make(), cfg, image_size=IMG)["params"]
+    stacked = jax.tree.map(np.asarray, vit.stack_blocks(params))
+    a, b = timm_convert.to_timm("vit", params, cfg), timm_convert.to_timm("vit", stacked, dict(cfg, scan=True))
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+@pytest.mark.parametrize("family, field, value, message", [
+    ("vit", "skip_sab", False, r"config.model.skip_sab=False: timm's vit cannot express it \(it needs skip_sab=True\)"),
+    ("swin", "skip_ffn", False, r"config.model.skip_ffn=False: timm's swin cannot express it"),
+    ("pvt_v2", "token_graying", "svd", r"config.model.token_graying='svd': timm's pvt_v2 cannot express it"),
+    ("vit", "gelu", "tanh", r"config.model.gelu='tanh': .* \(it needs gelu='exact'\)"),
+    ("vit", "pool", "gap", r"config.model.pool='gap'"),
+    ("cait", "skip_class_ffn", False, r"config.model.skip_class_ffn=False"),
+    ("convmixer", "skip_sab", False, r"config.model.skip_sab=False: timm's convmixer"),
+])
+def test_to_timm_refuses_what_timm_cannot_express(family, field, value, message):
+    make, cfg = FAMILY_CASES[family]
+    result = timm_convert.convert(family, make(), cfg, image_size=IMG)
+    with pytest.raises(ValueError, match=message):
+        timm_convert.to_timm(family, result["params"], {**cfg, field: value}, result.get("batch_stats"))
+
+
+def test_to_timm_errors_and_init_fields():
+    make, cfg = FAMILY_CASES["vit"]
+    params = timm_convert.convert("vit", make(), cfg, image_size=IMG)["params"]
+    # init-only fields choose starting weights, not the forward: they convert.
+    same = timm_convert.to_timm("vit", params, {**cfg, "init": "skipless", "head_zero_init": False, "drop_path": 0.1})
+    jax.tree.map(np.testing.assert_array_equal, same, timm_convert.to_timm("vit", params, cfg))
+    with pytest.raises(ValueError, match=r"does not know 1 parameters, e.g. \['extra/kernel'\]"):
+        timm_convert.to_timm("vit", {**params, "extra": {"kernel": np.zeros((2, 2))}}, cfg)
+    with pytest.raises(ValueError, match=r"family='resnet' is unknown"):
+        timm_convert.to_timm("resnet", params, cfg)
+    make, cfg = FAMILY_CASES["convmixer"]
+    with pytest.raises(ValueError, match=r"needs batch_stats"):
+        timm_convert.to_timm("convmixer", timm_convert.convert("convmixer", make(), cfg, image_size=IMG)["params"], cfg)
+
+
+def test_reverse_cli_writes_safetensors(tmp_path):
+    import subprocess
+    import sys
+
+    from safetensors.numpy import load_file
+
+    make, cfg = FAMILY_CASES["convmixer"]
+    sd = make()
+    result = timm_convert.convert("convmixer", sd, cfg, image_size=IMG)
+    folder = str(tmp_path / "converted")
+    timm_convert.write_checkpoint(result["params"], folder, cfg, "synthetic", result["batch_stats"])
+    out = str(tmp_path / "back.safetensors")
+    command = [sys.executable, "-m", "skipless_jax.models.timm_convert", "--reverse", f"--input={folder}"]
+    done = subprocess.run([*command, f"--output={out}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    back = load_file(out)
+    for name, value in sd.items():
+        if not name.endswith("num_batches_tracked"):
+            np.testing.assert_array_equal(back[name], value, err_msg=name)
+    bad = subprocess.run([*command, f"--output={tmp_path / 'x.pth'}"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == (
+        f"error: --output={str(tmp_path / 'x.pth')!r}: --reverse writes a .safetensors file")
 
 
 def test_converted_convmixer_checkpoint_holds_its_running_statistics(tmp_path):

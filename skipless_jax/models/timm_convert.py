@@ -13,6 +13,16 @@ of that size (fine-tuning on another dataset). For a ViT/DeiT `--variant` is the
 (timm's), ConvMixer's BatchNorm running statistics are converted too (`convert` returns them
 as `batch_stats`; the checkpoint holds the parameters only).
 
+Back to timm (`to_timm`, the exact inverse of `convert`):
+
+    python -m skipless_jax.models.timm_convert --reverse --input=WORKDIR --output=model.safetensors
+
+reads the newest checkpoint of a workdir (or a folder written here) with its saved
+`config.model` and writes timm's state dict; `timm.create_model(...).load_state_dict(
+safetensors.torch.load_file(path), strict=True)` takes it. A model timm cannot express (a
+residual switched off, Token Graying on, the tanh GELU, a ViT without the class token or with
+the fixed sin-cos table) is a one-line error naming the field.
+
 In code: `convert(family, state_dict, model_config, num_classes) -> {'params': ..., 'batch_stats': ...}`
 (nested dicts of numpy arrays), checked against the model's own parameter tree: every
 parameter filled with its shape, every tensor of the state dict used (timm's buffers
@@ -27,6 +37,7 @@ timm) or at the start of stage s + 1 (timm ≥ 0.9), and the head as `head` or `
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -259,6 +270,289 @@ CONVERTERS: dict[str, Callable[[_Reader], dict[str, Any]]] = {
 }
 
 
+# ------------------------------------------------------------------ back to timm (the inverse)
+
+
+def unlinear(k: np.ndarray) -> np.ndarray:
+    """kernel (in, out) -> torch Linear weight (out, in)."""
+    return np.ascontiguousarray(np.asarray(k, np.float32).T)
+
+
+def unconv(k: np.ndarray) -> np.ndarray:
+    """(kh, kw, in/groups, out) -> torch Conv weight (out, in/groups, kh, kw)."""
+    return np.ascontiguousarray(np.asarray(k, np.float32).transpose(3, 2, 0, 1))
+
+
+def unpatch_conv(k: np.ndarray, patch_size: int) -> np.ndarray:
+    """(p·p·in, out) `PatchStem` kernel -> the stride-p patch conv weight (out, in, p, p)."""
+    rows, out = k.shape
+    return unconv(np.asarray(k).reshape(patch_size, patch_size, rows // patch_size**2, out))
+
+
+class _Writer:
+    """Builds a timm state dict from the project's parameter tree, remembering which leaves were used."""
+
+    def __init__(self, params: Mapping[str, Any]):
+        self.flat = {k: np.asarray(v, np.float32) for k, v in _flat(params).items()}
+        self.used: set[str] = set()
+        self.sd: dict[str, np.ndarray] = {}
+
+    def __contains__(self, path: str) -> bool:
+        return path in self.flat
+
+    def __call__(self, path: str) -> np.ndarray:
+        if path not in self.flat:
+            raise ValueError(f"the parameters have no {path!r} (they have e.g. {sorted(self.flat)[:4]})")
+        self.used.add(path)
+        return self.flat[path]
+
+    def put(self, name: str, value: np.ndarray) -> None:
+        self.sd[name] = np.ascontiguousarray(value, np.float32)
+
+    def ln(self, dst: str, src: str) -> None:
+        self.put(f"{dst}.weight", self(f"{src}/scale"))
+        self.put(f"{dst}.bias", self(f"{src}/bias"))
+
+    def dense(self, dst: str, src: str, bias: bool = True) -> None:
+        self.put(f"{dst}.weight", unlinear(self(f"{src}/kernel")))
+        if bias:
+            self.put(f"{dst}.bias", self(f"{src}/bias"))
+
+    def attention(self, dst: str, src: str) -> None:
+        """query/key/value/out -> timm's fused qkv + proj."""
+        self.put(f"{dst}.qkv.weight", np.concatenate([unlinear(self(f"{src}/{n}")) for n in ("query", "key", "value")]))
+        self.put(f"{dst}.qkv.bias", np.concatenate([self(f"{src}/{n}_bias") for n in ("query", "key", "value")]))
+        self.put(f"{dst}.proj.weight", unlinear(self(f"{src}/out")))
+        self.put(f"{dst}.proj.bias", self(f"{src}/out_bias"))
+
+    def mlp(self, dst: str, src: str) -> None:
+        self.dense(f"{dst}.fc1", f"{src}/Dense_0")
+        self.dense(f"{dst}.fc2", f"{src}/Dense_1")
+
+    def indices(self, pattern: str) -> list[int]:
+        return _blocks(pattern, self.flat)
+
+    def unused(self) -> list[str]:
+        return sorted(set(self.flat) - self.used)
+
+
+def _vit_to_timm(w: _Writer, f: dict[str, Any]) -> None:
+    w.put("cls_token", w("cls"))
+    w.put("pos_embed", w("pos_embedding"))
+    w.put("patch_embed.proj.weight", unpatch_conv(w("embedding/kernel"), f["patch_size"]))
+    w.put("patch_embed.proj.bias", w("embedding/bias"))
+    for i in w.indices(r"block_(\d+)/"):
+        s, b = f"block_{i}", f"blocks.{i}"
+        w.ln(f"{b}.norm1", f"{s}/LayerNorm_0")
+        w.attention(f"{b}.attn", f"{s}/MultiHeadAttention_0")
+        w.ln(f"{b}.norm2", f"{s}/LayerNorm_1")
+        w.mlp(f"{b}.mlp", f"{s}/MlpBlock_0")
+    w.ln("norm", "encoder_norm")
+
+
+def _bn_to_timm(w: _Writer, stats: _Writer, dst: str, src: str) -> None:
+    w.ln(dst, src)
+    w.put(f"{dst}.running_mean", stats(f"{src}/mean"))
+    w.put(f"{dst}.running_var", stats(f"{src}/var"))
+    w.sd[f"{dst}.num_batches_tracked"] = np.zeros((), np.int64)  # timm's counter; unused at eval
+
+
+def _convmixer_to_timm(w: _Writer, f: dict[str, Any], stats: _Writer) -> None:
+    w.put("stem.0.weight", unpatch_conv(w("embedding/kernel"), f["patch_size"]))
+    w.put("stem.0.bias", w("embedding/bias"))
+    _bn_to_timm(w, stats, "stem.2", "embedding_norm")
+    for i in w.indices(r"block_(\d+)_depthwise/"):
+        s, b = f"block_{i}", f"blocks.{i}"
+        w.put(f"{b}.0.fn.0.weight", unconv(w(f"{s}_depthwise/kernel")))
+        w.put(f"{b}.0.fn.0.bias", w(f"{s}_depthwise/bias"))
+        _bn_to_timm(w, stats, f"{b}.0.fn.2", f"{s}_depthwise_norm")
+        w.put(f"{b}.1.weight", unlinear(w(f"{s}_pointwise/kernel"))[:, :, None, None])
+        w.put(f"{b}.1.bias", w(f"{s}_pointwise/bias"))
+        _bn_to_timm(w, stats, f"{b}.3", f"{s}_pointwise_norm")
+
+
+def _swin_to_timm(w: _Writer, f: dict[str, Any]) -> None:
+    """timm ≥ 0.9's layout: the patch merging at the start of stage s + 1 (`layers.{s+1}.downsample`)."""
+    w.put("patch_embed.proj.weight", unpatch_conv(w("embedding/kernel"), f["patch_size"]))
+    w.put("patch_embed.proj.bias", w("embedding/bias"))
+    w.ln("patch_embed.norm", "embedding_norm")
+    for s in w.indices(r"stage_(\d+)_"):
+        if f"stage_{s}_merge/kernel" in w:
+            w.ln(f"layers.{s}.downsample.norm", f"stage_{s}_merge_norm")
+            w.dense(f"layers.{s}.downsample.reduction", f"stage_{s}_merge", bias=False)
+        for j in w.indices(rf"stage_{s}_block_(\d+)/"):
+            src, b = f"stage_{s}_block_{j}", f"layers.{s}.blocks.{j}"
+            w.ln(f"{b}.norm1", f"{src}/norm1")
+            w.put(f"{b}.attn.relative_position_bias_table", w(f"{src}/window_attention/relative_position_bias"))
+            w.attention(f"{b}.attn", f"{src}/window_attention/attention")
+            w.ln(f"{b}.norm2", f"{src}/norm2")
+            w.mlp(f"{b}.mlp", f"{src}/mlp")
+    w.ln("norm", "encoder_norm")
+
+
+def _cait_to_timm(w: _Writer, f: dict[str, Any]) -> None:
+    w.put("cls_token", w("cls"))
+    w.put("pos_embed", w("pos_embedding"))
+    w.put("patch_embed.proj.weight", unpatch_conv(w("embedding/kernel"), f["patch_size"]))
+    w.put("patch_embed.proj.bias", w("embedding/bias"))
+    for i in w.indices(r"block_(\d+)/"):
+        s, b = f"block_{i}", f"blocks.{i}"
+        w.attention(f"{b}.attn", f"{s}/attention")
+        for name in ("proj_l", "proj_w"):
+            w.put(f"{b}.attn.{name}.weight", unlinear(w(f"{s}/attention/{name}")))  # talking heads (h, h)
+            w.put(f"{b}.attn.{name}.bias", w(f"{s}/attention/{name}_bias"))
+        _cait_block_rest(w, b, s)
+    for k in w.indices(r"class_block_(\d+)/"):
+        s, b = f"class_block_{k}", f"blocks_token_only.{k}"
+        for dst, name in (("q", "query"), ("k", "key"), ("v", "value"), ("proj", "out")):
+            w.put(f"{b}.attn.{dst}.weight", unlinear(w(f"{s}/attention/{name}")))
+            w.put(f"{b}.attn.{dst}.bias", w(f"{s}/attention/{name}_bias"))
+        _cait_block_rest(w, b, s)
+    w.ln("norm", "encoder_norm")
+
+
+def _cait_block_rest(w: _Writer, b: str, s: str) -> None:
+    w.ln(f"{b}.norm1", f"{s}/norm1")
+    w.ln(f"{b}.norm2", f"{s}/norm2")
+    w.mlp(f"{b}.mlp", f"{s}/mlp")
+    w.put(f"{b}.gamma_1", w(f"{s}/gamma_1"))
+    w.put(f"{b}.gamma_2", w(f"{s}/gamma_2"))
+
+
+def _pvt_v2_to_timm(w: _Writer, f: dict[str, Any]) -> None:
+    del f  # its stem is a plain (overlapping) conv
+    downsamples = [(f"stages.{s}.downsample", f"stage_{s}_downsample") for s in w.indices(r"stage_(\d+)_downsample/")]
+    for dst, src in [("patch_embed", "embedding"), *downsamples]:
+        w.put(f"{dst}.proj.weight", unconv(w(f"{src}/proj/kernel")))
+        w.put(f"{dst}.proj.bias", w(f"{src}/proj/bias"))
+        w.ln(f"{dst}.norm", f"{src}/norm")
+    for s in w.indices(r"stage_(\d+)_norm/"):
+        w.ln(f"stages.{s}.norm", f"stage_{s}_norm")
+        for j in w.indices(rf"stage_{s}_block_(\d+)/"):
+            src, b = f"stage_{s}_block_{j}", f"stages.{s}.blocks.{j}"
+            a = f"{src}/sra/attention"
+            w.ln(f"{b}.norm1", f"{src}/norm1")
+            w.put(f"{b}.attn.q.weight", unlinear(w(f"{a}/query")))
+            w.put(f"{b}.attn.q.bias", w(f"{a}/query_bias"))
+            w.put(f"{b}.attn.kv.weight", np.concatenate([unlinear(w(f"{a}/key")), unlinear(w(f"{a}/value"))]))
+            w.put(f"{b}.attn.kv.bias", np.concatenate([w(f"{a}/key_bias"), w(f"{a}/value_bias")]))
+            w.put(f"{b}.attn.proj.weight", unlinear(w(f"{a}/out")))
+            w.put(f"{b}.attn.proj.bias", w(f"{a}/out_bias"))
+            if f"{src}/sra/sr/kernel" in w:
+                w.put(f"{b}.attn.sr.weight", unconv(w(f"{src}/sra/sr/kernel")))
+                w.put(f"{b}.attn.sr.bias", w(f"{src}/sra/sr/bias"))
+                w.ln(f"{b}.attn.norm", f"{src}/sra/sr_norm")
+            w.ln(f"{b}.norm2", f"{src}/norm2")
+            w.dense(f"{b}.mlp.fc1", f"{src}/mlp/fc1")
+            w.put(f"{b}.mlp.dwconv.weight", unconv(w(f"{src}/mlp/dwconv/kernel")))
+            w.put(f"{b}.mlp.dwconv.bias", w(f"{src}/mlp/dwconv/bias"))
+            w.dense(f"{b}.mlp.fc2", f"{src}/mlp/fc2")
+
+
+REVERSE: dict[str, Callable[..., None]] = {
+    "vit": _vit_to_timm, "convmixer": _convmixer_to_timm, "swin": _swin_to_timm, "cait": _cait_to_timm,
+    "pvt_v2": _pvt_v2_to_timm,
+}
+
+
+def resolved_fields(family: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """`config.model` of `family` with its defaults and variant sizes filled in."""
+    from skipless_jax import models
+
+    cfg = dict(cfg)
+    if cfg.get("name", family) not in (family, None):
+        raise ValueError(f"config.model.name={cfg['name']!r} is not family={family!r}")
+    module = models.family({**cfg, "name": family})
+    if family != "vit":
+        return module.resolve(cfg)
+    defaults = dict(skip_sab=True, skip_ffn=True, pool="tok", posemb="learn", gelu="tanh", token_graying=None)
+    return {**defaults, **{k: v for k, v in module.resolve_sizes(cfg).items() if v is not None}}
+
+
+def timm_forward_fields(family: str) -> dict[str, Any]:
+    """The config.model fields whose value must be timm's for timm's forward to be the model's:
+    the residual switches, Token Graying off, the exact GELU; ViT: class token, learned table."""
+    fields: dict[str, Any] = dict(skip_sab=True, skip_ffn=family != "convmixer", token_graying=None, gelu="exact")
+    if family == "vit":
+        fields.update(pool="tok", posemb="learn")
+    if family == "cait":
+        fields.update(skip_class_sab=True, skip_class_ffn=True)
+    return fields
+
+
+def check_timm_expressible(family: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved fields of `cfg`; a one-line ValueError naming the first field timm cannot express.
+
+    The init fields (init, init_alpha/beta/c, layerscale_init, head_zero_init, ...) only choose
+    the starting weights, so any value converts; dropout and drop-path act in training only.
+    """
+    if family not in REVERSE:
+        raise ValueError(f"family={family!r} is unknown; allowed: {list(REVERSE)}")
+    f = resolved_fields(family, cfg)
+    for field, want in timm_forward_fields(family).items():
+        if f.get(field) != want:
+            raise ValueError(f"config.model.{field}={f.get(field)!r}: timm's {family} cannot express it "
+                             f"(it needs {field}={want!r})")
+    return f
+
+
+def to_timm(family: str, params: Mapping[str, Any], model_config: Mapping[str, Any],
+            batch_stats: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+    """This project's parameters (+ ConvMixer's running statistics) -> a timm state dict, the
+    exact inverse of `convert` (float32 tensors in torch layouts; timm's computed buffers
+    `relative_position_index` / `attn_mask` left out, BatchNorm's `num_batches_tracked` 0).
+
+    Swin comes out in timm ≥ 0.9's layout. Every parameter must be used, so a tree that does
+    not fit the family (or a scanned ViT's stacked blocks, unstacked first) fails in one line.
+    """
+    f = check_timm_expressible(family, model_config)
+    if family == "vit":
+        from skipless_jax.models.vit import unstack_blocks
+
+        params = unstack_blocks(dict(params))
+    w = _Writer(params)
+    if family == "convmixer":
+        if batch_stats is None:
+            raise ValueError("family='convmixer' needs batch_stats (its BatchNorm running statistics)")
+        stats = _Writer(batch_stats)
+        REVERSE[family](w, f, stats)
+        unused_stats = stats.unused()
+        if unused_stats:
+            raise ValueError(f"to_timm('convmixer') does not know the running statistics {unused_stats[:3]}")
+    else:
+        REVERSE[family](w, f)
+    if "head/kernel" in w:
+        w.dense("head.fc" if family == "swin" else "head", "head")
+    unused = w.unused()
+    if unused:
+        raise ValueError(f"to_timm({family!r}) does not know {len(unused)} parameters, e.g. {unused[:3]}")
+    return w.sd
+
+
+def read_checkpoint(path: str) -> tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """(family, config.model, params, batch_stats or None) of the newest checkpoint at `path` (a
+    workdir, or a folder `write_checkpoint` wrote)."""
+    from skipless_jax import checkpoint
+
+    saved = checkpoint.saved_config(path)
+    if saved is None or "model" not in saved:
+        raise ValueError(f"--input={path!r} has no checkpoint with a saved config.model")
+    entries = checkpoint.state_entries(path)
+    if "params" not in entries:
+        raise ValueError(f"--input={path!r}: its checkpoint has no 'params' (it has {entries}); "
+                         "a supervised or converted checkpoint is needed")
+    _, state = checkpoint.load_raw(path)
+    to_np = functools.partial(_tree_map, np.asarray)
+    stats = to_np(state["batch_stats"]) if "batch_stats" in state else None
+    return saved["model"].get("name") or "vit", dict(saved["model"]), to_np(state["params"]), stats
+
+
+def write_safetensors(state_dict: Mapping[str, np.ndarray], output: str, metadata: Mapping[str, str]) -> None:
+    from safetensors.numpy import save_file
+
+    save_file({k: np.ascontiguousarray(v) for k, v in state_dict.items()}, output, metadata=dict(metadata))
+
+
 def model_config(family: str, variant: str, **fields: Any) -> dict[str, Any]:
     """The `config.model` of a timm model of `family`/`variant` (timm's exact GELU; ViT: class token)."""
     if family not in FAMILY_NAMES:
@@ -385,12 +679,30 @@ def _tree_map(fn: Callable[[Any], Any], tree: Mapping[str, Any]) -> dict[str, An
     return {k: _tree_map(fn, v) if isinstance(v, Mapping) else fn(v) for k, v in tree.items()}
 
 
+def reverse_main(input_path: str, output: str) -> None:
+    """`--reverse`: the checkpoint at `input_path` -> a timm state dict in `output` (.safetensors)."""
+    try:
+        if not output.endswith(".safetensors"):
+            raise ValueError(f"--output={output!r}: --reverse writes a .safetensors file")
+        family, cfg, params, stats = read_checkpoint(input_path)
+        sd = to_timm(family, params, cfg, stats)
+        write_safetensors(sd, output, {"family": family, "config.model": json.dumps(cfg), "source": input_path})
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+    count = sum(int(v.size) for k, v in sd.items() if not k.endswith("num_batches_tracked"))
+    print(f"wrote {len(sd)} tensors ({count:,} values) of {family} to {output} (timm: load_state_dict(strict=True))")
+
+
 def main(argv: list[str]) -> None:
     del argv
     from absl import flags
 
     f = flags.FLAGS
+    if f.reverse:
+        return reverse_main(f.input, f.output)
     try:
+        if f.family is None or f.variant is None:
+            raise ValueError("--family and --variant are required (unless --reverse)")
         cfg = model_config(f.family, f.variant)
         sd = load_state_dict(f.input)
         result = convert(f.family, sd, cfg, f.num_classes, f.image_size)
@@ -408,9 +720,11 @@ if __name__ == "__main__":
 
     flags.DEFINE_enum("family", None, list(FAMILY_NAMES), "Model family of the checkpoint.")
     flags.DEFINE_string("variant", None, "The family's variant name (ViT: e.g. 'B/16'; swin: 'T', 'S', 'B'; ...).")
-    flags.DEFINE_string("input", None, "timm state dict: .pth/.pt/.bin (torch), .safetensors or .npz.")
-    flags.DEFINE_string("output", None, "Checkpoint folder to write (for config.init_from).")
+    flags.DEFINE_string("input", None, "timm state dict: .pth/.pt/.bin (torch), .safetensors or .npz "
+                        "(--reverse: a workdir or converted checkpoint folder).")
+    flags.DEFINE_string("output", None, "Checkpoint folder to write (for config.init_from); --reverse: a .safetensors.")
+    flags.DEFINE_bool("reverse", False, "This project's checkpoint (--input) -> a timm state dict (--output).")
     flags.DEFINE_integer("num_classes", None, "Classifier size (default: the checkpoint's).")
     flags.DEFINE_integer("image_size", 224, "Image size the model is checked at (ViT/CaiT: the position table's).")
-    flags.mark_flags_as_required(["family", "variant", "input", "output"])
+    flags.mark_flags_as_required(["input", "output"])
     app.run(main)
