@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from skipless_jax import conditioning
+from skipless_jax import compilation_cache, conditioning
 
 MAX_JACOBIAN_SIZE = 4096  # n·d; the (nd × nd) float64 SVD stays around a second on a CPU core
 
@@ -279,6 +279,7 @@ def main(argv: Sequence[str]) -> None:
     try:
         if cfg_flag.value is None and not flags.FLAGS.workdir:
             raise ValueError("pass --config, or --workdir of a run (its saved config is used)")
+        compilation_cache.setup(cfg_flag.value)  # before anything compiles (--config's field, else the default)
         analyze(
             cfg_flag.value,
             workdir=flags.FLAGS.workdir,

@@ -76,13 +76,15 @@ def runtime(
 ) -> None:
     """Data-parallel mesh (`--config.mesh.fsdp=8` shards parameters over 8 devices, data takes
     the rest), logging, evaluation and checkpoint periods in steps, 3 checkpoints kept, live
-    log-κ monitoring present but off."""
+    log-κ monitoring present but off; the persistent XLA compilation cache in its default folder
+    (`compilation_cache_dir`: None the default, '' off; skipless_jax/compilation_cache.py)."""
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
     c.sharding_rules = [(".*", "fsdp")]
     c.log_every_steps = log_every
     c.eval_every_steps = eval_every
     c.checkpoint_every_steps = checkpoint_every
     c.keep_checkpoints = 3
+    c.compilation_cache_dir = placeholder(str)
     if analysis:
         c.analysis = ml_collections.ConfigDict(dict(every_steps=0, probe_size=32))
 

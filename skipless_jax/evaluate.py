@@ -1,26 +1,31 @@
 r"""Evaluate a finished (or pretrained) checkpoint without training.
 
-    python -m skipless_jax.evaluate --workdir=DIR [--config=configs/X.py[:args]] [--step=N]
+    python -m skipless_jax.evaluate --workdir=DIR [--config=configs/X.py[:args]] [--step=N] [--only=a,b]
 
 The config is the one saved with the workdir's checkpoint (what its parameters are); a
 `--config` adds or replaces the evaluators (`config.evals`) and data settings, and a config that
 trains another model than the saved one is refused in one line. The trainer's evaluators run
 on the state entry the trainer evaluates (a classifier's parameters, DINO's EMA teacher); the
-metrics are printed and written to `DIR/evaluation[_step<N>].json`; evaluators that draw
-(`feature_pca`, `tokencut`) write `DIR/pictures/<prefix>_step<N>.png`.
+metrics are printed and written to `DIR/evaluation[_step<N>].json`, and each evaluator's to
+`DIR/eval/<name>[_step<N>].json`; `--only=voc_lin,voc07_tokencut` runs the named entries of
+`config.evals` only (and leaves `evaluation.json` as it was). Evaluators that draw
+(`feature_pca`, `tokencut`) write `DIR/pictures/<prefix>_step<N>.png`. Compiled programs are
+kept in the persistent compilation cache (skipless_jax/compilation_cache.py), so a second
+evaluation of the same model skips its compiles.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 import ml_collections
 
-from skipless_jax import checkpoint, evaluators, pretrained, sharding, trainers
+from skipless_jax import checkpoint, compilation_cache, evaluators, pretrained, sharding, trainers
 from skipless_jax.trainers import common
 
 
@@ -47,12 +52,46 @@ def resolve_config(workdir: str, config: ml_collections.ConfigDict | None) -> ml
     return resolved
 
 
+def select(config: ml_collections.ConfigDict, only: Sequence[str] | None) -> ml_collections.ConfigDict:
+    """`config` with `config.evals` cut to the entries named in `only` (None: all), in that order;
+    a name the config lacks is a one-line error listing the available ones."""
+    if only is None:
+        return config
+    available = evaluators.entries(config)
+    names = [n.strip() for n in only if n.strip()]
+    unknown = [n for n in names if n not in available]
+    if unknown or not names:
+        raise ValueError(f"--only={','.join(only)}: {unknown[0] if unknown else 'no name'!r} is not an evaluator "
+                         f"of the config; available: {list(available)}")
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.evals = ml_collections.ConfigDict({n: available[n] for n in names})
+    return config
+
+
+@dataclasses.dataclass
+class _Recorded:
+    """An evaluator whose metrics are also recorded under its name (the per-evaluator files)."""
+
+    evaluator: Any
+    results: dict[str, dict[str, float]]
+
+    def __getattr__(self, attr: str) -> Any:  # name, prefix, every_steps
+        return getattr(self.evaluator, attr)
+
+    def run(self, params: Any) -> Iterator[tuple[str, float]]:
+        mine = self.results.setdefault(self.evaluator.name, {})
+        for metric, value in self.evaluator.run(params):
+            mine[f"{self.evaluator.prefix}_{metric}"] = float(value)
+            yield metric, value
+
+
 def evaluate(
     workdir: str, config: ml_collections.ConfigDict | None = None, step: int | None = None,
-    devices: Sequence[jax.Device] | None = None,
+    devices: Sequence[jax.Device] | None = None, only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Runs every evaluator of the (saved) config on the checkpoint; returns {prefix_metric: value, 'step'}."""
-    config = resolve_config(workdir, config)
+    """Runs every evaluator of the (saved) config on the checkpoint, or those named in `only`;
+    returns {prefix_metric: value, 'step'}."""
+    config = select(resolve_config(workdir, config), only)
     trainer = trainers.get(config.get("trainer", "supervised"))
     evaluators.check_config(config, trainer.EVALUATOR_TYPES)
     mesh = sharding.make_mesh(config.mesh, devices)
@@ -64,13 +103,20 @@ def evaluate(
     ctx.step = int(found_step)  # pictures: <workdir>/pictures/<prefix>_step<N>.png
     params = jax.device_put(common.entries(state, key), sharding.replicated(mesh))
     results: dict[str, Any] = {"step": int(found_step)}
+    per_evaluator: dict[str, dict[str, float]] = {}
+    built = [_Recorded(ev, per_evaluator) for ev in evaluators.build(config, ctx)]
     with jax.set_mesh(mesh):
-        for prefix, metric, value in evaluators.run_all(evaluators.build(config, ctx), ctx, params):
+        for prefix, metric, value in evaluators.run_all(built, ctx, params):
             results[f"{prefix}_{metric}"] = value
-    name = "evaluation.json" if step is None else f"evaluation_step{found_step}.json"
+    suffix = "" if step is None else f"_step{found_step}"
     if jax.process_index() == 0:
-        with open(os.path.join(workdir, name), "w") as f:
-            json.dump(results, f, indent=2)
+        os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
+        for name, metrics in per_evaluator.items():
+            with open(os.path.join(workdir, "eval", f"{name}{suffix}.json"), "w") as f:
+                json.dump({"step": int(found_step), **metrics}, f, indent=2)
+        if only is None:
+            with open(os.path.join(workdir, f"evaluation{suffix}.json"), "w") as f:
+                json.dump(results, f, indent=2)
     return results
 
 
@@ -79,7 +125,8 @@ def main(argv: Sequence[str]) -> None:
     from absl import flags
 
     try:
-        results = evaluate(flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.step)
+        compilation_cache.setup(flags.FLAGS.config or checkpoint.saved_config(flags.FLAGS.workdir))
+        results = evaluate(flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.step, only=flags.FLAGS.only)
     except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
         raise SystemExit(f"error: {err}") from None
     print(f"Evaluated step {results['step']}: " + ", ".join(
@@ -95,5 +142,6 @@ if __name__ == "__main__":
     )
     flags.DEFINE_string("workdir", None, "The run's workdir.")
     flags.DEFINE_integer("step", None, "The checkpoint step (default: the newest).")
+    flags.DEFINE_list("only", None, "Run only these entries of config.evals (comma-separated names).")
     flags.mark_flags_as_required(["workdir"])
     app.run(main)

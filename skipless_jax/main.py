@@ -183,13 +183,14 @@ def main(argv: list[str]) -> None:
         usage_error(str(err))
     import jax
 
-    from skipless_jax import checkpoint, trainers
+    from skipless_jax import checkpoint, compilation_cache, trainers
     from skipless_jax.trainers.nonfinite import NonFiniteError
     from skipless_jax.trainers.run import EXIT_PREEMPTED, Preempted
 
     config = flags.FLAGS.config
     trainer = config.get("trainer", "supervised")
     try:  # configuration and missing-data errors: one line for the user, not a traceback
+        compilation_cache.setup(config)  # before anything compiles
         module = trainers.get(trainer)
         module.check_config(config)
     except (ValueError, FileNotFoundError) as err:

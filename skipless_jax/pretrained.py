@@ -25,7 +25,7 @@ RUNTIME_FIELDS = (
     "analysis", "evals", "eval", "eval_at_start", "input.num_workers", "input.device_prefetch", "input.cache_eval",
     "input.eval_batch_size",
     "dataset.data_dir",
-    "resume", "init_from", "init_from_key", "model.remat", "model.attention_impl",
+    "resume", "init_from", "init_from_key", "model.remat", "model.attention_impl", "compilation_cache_dir",
 )
 
 
