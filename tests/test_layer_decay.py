@@ -1,5 +1,7 @@
 """Layer-wise lr decay (docs/method.md §9; MAE util/lr_decay.py) against a numpy per-group AdamW, and SOAP."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,10 +10,13 @@ import pytest
 
 from skipless_jax.models import vit
 from skipless_jax.optim import OPTIMIZERS, decay_mask
-from skipless_jax.optim.layer_decay import layer_decay, layer_scales, scale_by_layer, vit_layer_id
+from skipless_jax.optim.layer_decay import layer_decay, layer_scales, scale_by_layer
+
+vit_layer_id = vit.layer_id
 
 DECAY = 0.65
 DEPTH = 3
+LAYER_ID = functools.partial(vit.layer_id, num_layers=DEPTH)
 
 
 def _paths(tree):
@@ -45,7 +50,7 @@ def test_scales_for_every_leaf_of_a_depth_3_vit():
     model = vit.ViT(num_classes=10, patch_size=4, width=16, depth=DEPTH, mlp_dim=32, num_heads=2)
     params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 3))))["params"]
     assert set(params) == {"cls", "pos_embedding", "embedding", "block_0", "block_1", "block_2", "encoder_norm", "head"}
-    scales = _paths(layer_scales(params, DECAY, DEPTH))
+    scales = _paths(layer_scales(params, DECAY, DEPTH, LAYER_ID))
     assert set(scales) == set(_paths(params))
     for path, scale in scales.items():
         assert scale == pytest.approx(expected_scale(path), rel=1e-12), path
@@ -79,7 +84,7 @@ def test_adamw_with_layer_decay_equals_per_group_torch_adamw():
     params, grads = _toy()
     schedule = optax.linear_schedule(1e-2, 5e-3, 3)
     hyper = dict(b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.05)
-    tx = optax.chain(OPTIMIZERS["adamw"](hyper, schedule), layer_decay(DECAY, DEPTH))
+    tx = optax.chain(OPTIMIZERS["adamw"](hyper, schedule), layer_decay(DECAY, DEPTH, LAYER_ID))
     got, _ = _run(tx, params, grads)
 
     # torch.optim.AdamW per param group: lr = lr_t * lr_scale, weight decay 0 on 1-D / cls (MAE's groups).
@@ -105,7 +110,7 @@ def test_adamw_with_layer_decay_equals_per_group_torch_adamw():
 def test_soap_accepts_scale_by_layer():
     params, grads = _toy()
     hyper = dict(b1=0.9, b2=0.95, weight_decay=0.05, precondition_frequency=2)
-    scales = layer_scales(params, DECAY, DEPTH)
+    scales = layer_scales(params, DECAY, DEPTH, LAYER_ID)
     inner = OPTIMIZERS["soap"](hyper, 1e-2)
     scaled = optax.chain(OPTIMIZERS["soap"](hyper, 1e-2), scale_by_layer(scales))
     # Same gradients and params on both: the inner states evolve identically, scale_by_layer is stateless.

@@ -15,8 +15,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from skipless_jax import checkpoint, evaluate, models
 from skipless_jax.models import mae as mae_lib
 from skipless_jax.models.common import posemb_sincos_2d, resize_posemb
+from skipless_jax.models.vit import layer_id as vit_layer_id
 from skipless_jax.optim import build_optimizer
-from skipless_jax.optim.layer_decay import vit_layer_id
 from skipless_jax.pretrained import init_from, posemb_extra, resize_posemb_table
 from skipless_jax.trainers import common, mae, nonfinite, supervised
 

@@ -3,6 +3,7 @@ encoder computes the unrolled one's function, checkpoints convert between the la
 per-layer optimizer pieces see layers, and remat cuts the train step's temporary memory
 (XLA's memory analysis of the supervised trainer's own step, ViT-B/16 at 224)."""
 
+import functools
 import importlib.util
 import os
 
@@ -77,10 +78,10 @@ def test_optimizer_masks_and_layer_decay_treat_the_stacked_axis_as_layers():
     block = mask["encoder_layers"]["block"]
     assert block["MlpBlock_0"]["Dense_0"]["kernel"] and not block["MlpBlock_0"]["Dense_0"]["bias"]
     assert not block["LayerNorm_0"]["scale"]
-    scales = layer_scales(params, 0.5, 3)
+    scales = layer_scales(params, 0.5, 3, functools.partial(vit.layer_id, num_layers=3))
     np.testing.assert_allclose(np.ravel(scales["encoder_layers"]["block"]["LayerNorm_0"]["bias"]),
                                [0.5**3, 0.5**2, 0.5**1])
-    unrolled = layer_scales(vit.unstack_blocks(params), 0.5, 3)
+    unrolled = layer_scales(vit.unstack_blocks(params), 0.5, 3, functools.partial(vit.layer_id, num_layers=3))
     assert unrolled["block_0"]["LayerNorm_0"]["bias"] == 0.5**3 and scales["head"]["bias"] == 1.0
 
 

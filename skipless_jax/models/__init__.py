@@ -3,8 +3,10 @@
 Each family is one module exposing `build(model_config, num_classes, image_size=None)` (a flax
 module whose `__call__(images, train)` returns `(logits or pooled features, out)`, with
 `out['blocks']` the per-layer dicts of ①, ①+②, ③, ③+④ that the κ analysis reads) and
-`check_config(model_config, image_size)` (one-line ValueErrors); a family whose model keeps
-running statistics (ConvMixer's BatchNorm, collection `batch_stats`) sets `RUNNING_STATS = True`.
+`check_config(model_config, image_size)` (one-line ValueErrors) and `describe(model_config)` (a
+`ModelDescription`: what evaluators, layer decay and trainers may know of the model; nothing
+outside a family module reads its own config fields); a family whose model keeps running
+statistics (ConvMixer's BatchNorm, collection `batch_stats`) sets `RUNNING_STATS = True`.
 Shared parts: `stem.py`
 (patchify → Token Graying → projection), `attention.py`, `blocks.py` (the residual switches),
 `common.py` (DropPath, MLP, position embeddings), `init.py` (the skipless init).
@@ -12,7 +14,9 @@ Shared parts: `stem.py`
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -27,6 +31,36 @@ FAMILIES = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelDescription:
+    """The facts of a model `config.model` describes that code outside its family may read.
+
+    family: the family name; patch_size: the stem's patch (stride) in pixels, whose patch matrix
+    Token Graying acts on; token_stride: pixels per token of `out['encoded']`'s grid (the patch
+    size, × 2 per later stage of a pyramid); width: channels of `out['encoded']`; depth:
+    len(out['blocks']); prefix_tokens: tokens of `out['encoded']` before its grid (a class
+    token); grid_tokens: the other tokens are the row-major (H/stride, W/stride) grid;
+    final_norm: `out['encoded']` went through a final norm; normed_blocks: every block's out has
+    `normed`, its output through that norm on `encoded`'s tokens (multi-block dense probes);
+    block_keys: every block's out has `keys` (B, [prefix +] grid tokens, width) of its attention
+    on `encoded`'s grid (TokenCut); num_layers and layer_id(path) -> 0 … num_layers + 1: the
+    layer of a '/'-joined parameter path for layer-wise lr decay (docs/method.md §9).
+    """
+
+    family: str
+    patch_size: int
+    token_stride: int
+    width: int
+    depth: int
+    prefix_tokens: int
+    grid_tokens: bool
+    final_norm: bool
+    normed_blocks: bool
+    block_keys: bool
+    num_layers: int
+    layer_id: Callable[[str], int]
+
+
 def family(model_config: Any) -> ModuleType:
     """The family module of `config.model` (its `name`, default 'vit')."""
     name = model_config.get("name", "vit") or "vit"
@@ -38,6 +72,11 @@ def family(model_config: Any) -> ModuleType:
 def build(model_config: Any, num_classes: int, image_size: int | None = None) -> nn.Module:
     """The model `config.model` describes; num_classes=0: a backbone returning pooled features."""
     return family(model_config).build(model_config, num_classes, image_size)
+
+
+def describe(model_config: Any) -> ModelDescription:
+    """The `ModelDescription` of `config.model` (its variant resolved)."""
+    return family(model_config).describe(model_config)
 
 
 def has_running_stats(model_config: Any) -> bool:

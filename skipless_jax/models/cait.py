@@ -24,15 +24,17 @@ with zero bias, so the layer starts as plain attention with the ViT's skipless i
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from skipless_jax.models import ModelDescription
 from skipless_jax.models import family_parts as parts
 from skipless_jax.models.blocks import residual
-from skipless_jax.models.common import MlpBlock, resize_posemb
+from skipless_jax.models.common import MlpBlock, resize_posemb, top_name
 from skipless_jax.models.stem import PatchStem
 
 FAMILY = "cait"
@@ -84,7 +86,7 @@ class LayerScaleBlock(nn.Module):
             u = parts.layer_norm(LN_EPS, self.dtype, "norm1")(jnp.concatenate([x, tokens], axis=1))
             y = attention(u[:, :1], kv=u)
         else:
-            y = attention(parts.layer_norm(LN_EPS, self.dtype, "norm1")(x))
+            y = attention(parts.layer_norm(LN_EPS, self.dtype, "norm1")(x), out=out)  # records the keys
         x = residual(x, gamma_1.astype(self.dtype) * y, self.skip_sab, self.drop_path, train, out, "sab")  # ②
         z = MlpBlock(self.mlp_dim, self.init_scheme, 0.0, self.gelu_approximate, self.dtype, name="mlp")(
             parts.layer_norm(LN_EPS, self.dtype, "norm2")(x), train)
@@ -171,7 +173,23 @@ def check_config(model_config: Any, image_size: int) -> None:
     parts.check_patch_divides(f["patch_size"], image_size)
 
 
-def tiny(model_config: dict[str, Any], image_size: int) -> dict[str, Any]:
-    """The config with the smallest sizes of this family (tests; images of 8 px and more)."""
-    return {**dict(model_config), "variant": None, "width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32,
-            "patch_size": 2 if image_size <= 8 else 8, "depth_token_only": 1}
+def layer_id(path: str, depth: int, depth_token_only: int) -> int:
+    """Layer-decay id (docs/method.md §9): 0 the stem, position table and class token; i + 1 for
+    `block_i`; depth + k + 1 for `class_block_k`; depth + depth_token_only + 1 the rest."""
+    name = top_name(path)
+    if name in ("embedding", "pos_embedding", "cls"):
+        return 0
+    for prefix, offset in (("block_", 0), ("class_block_", depth)):
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            return offset + int(name[len(prefix):]) + 1
+    return depth + depth_token_only + 1
+
+
+def describe(model_config: Any) -> ModelDescription:
+    """Patch grid with the class token first in `encoded`; the self-attention blocks record keys."""
+    f = resolve(model_config)
+    layers = f["depth"] + f["depth_token_only"]
+    return ModelDescription(
+        family=FAMILY, patch_size=f["patch_size"], token_stride=f["patch_size"], width=f["width"], depth=f["depth"],
+        prefix_tokens=1, grid_tokens=True, final_norm=True, normed_blocks=False, block_keys=True, num_layers=layers,
+        layer_id=functools.partial(layer_id, depth=f["depth"], depth_token_only=f["depth_token_only"]))

@@ -64,6 +64,15 @@ def resize_posemb(posemb: jax.Array, grid_h: int, grid_w: int, antialias: bool =
     return grid.reshape(1, grid_h * grid_w, d)
 
 
+def top_name(path: str) -> str:
+    """The first name of a '/'-joined parameter path, a leading 'params/' skipped (the module a
+    family's `layer_id` reads: 'block_3/MlpBlock_0/Dense_0/kernel' -> 'block_3')."""
+    parts = path.strip("/").split("/")
+    if parts and parts[0] == "params":
+        parts = parts[1:]
+    return parts[0] if parts else ""
+
+
 # The scanned encoder's parameters (models/vit.py, `config.model.scan`): every leaf under this name
 # carries a leading layer axis.
 SCANNED_BLOCKS = "encoder_layers"

@@ -21,14 +21,17 @@ default init.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 
+from skipless_jax.models import ModelDescription
 from skipless_jax.models import family_parts as parts
 from skipless_jax.models import init as init_lib
 from skipless_jax.models.blocks import residual
+from skipless_jax.models.common import top_name
 from skipless_jax.models.stem import PatchStem
 
 FAMILY = "convmixer"
@@ -120,7 +123,19 @@ def check_config(model_config: Any, image_size: int) -> None:
     parts.check_patch_divides(f["patch_size"], image_size)
 
 
-def tiny(model_config: dict[str, Any], image_size: int) -> dict[str, Any]:
-    """The config with the smallest sizes of this family (tests: any image size ≥ 8 divisible by 2)."""
-    del image_size
-    return {**dict(model_config), "variant": None, "width": 16, "depth": 1, "kernel_size": 3, "patch_size": 2}
+def layer_id(path: str, depth: int) -> int:
+    """Layer-decay id (docs/method.md §9): 0 the stem and its norm, l + 1 for `block_{l}_*`, depth + 1 the head."""
+    name = top_name(path)
+    if name in ("embedding", "embedding_norm"):
+        return 0
+    index = name.split("_")[1] if name.startswith("block_") else ""
+    return int(index) + 1 if index.isdigit() else depth + 1
+
+
+def describe(model_config: Any) -> ModelDescription:
+    """No class token, no attention (no `keys`), no final norm: `encoded` is the last block's output."""
+    f = resolve(model_config)
+    return ModelDescription(
+        family=FAMILY, patch_size=f["patch_size"], token_stride=f["patch_size"], width=f["width"], depth=f["depth"],
+        prefix_tokens=0, grid_tokens=True, final_norm=False, normed_blocks=False, block_keys=False,
+        num_layers=f["depth"], layer_id=functools.partial(layer_id, depth=f["depth"]))

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,11 +31,10 @@ import jax
 import jax.numpy as jnp
 
 from skipless_jax import token_graying
+from skipless_jax.checks import DTYPES, GELUS, require
 from skipless_jax.models import init as init_lib
 from skipless_jax.models.attention import ATTENTION_KERNELS
-
-DTYPES = ("float32", "bfloat16", "float16")
-GELUS = ("tanh", "exact")
+from skipless_jax.models.common import top_name
 
 # Fields every family has, with their defaults (the switches, the init of docs/method.md §3,
 # Token Graying of §4). GELU defaults to the exact form, as timm's models use it.
@@ -100,13 +100,8 @@ def _norm(value: Any) -> Any:
     return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
 def positive_int(name: str, value: Any) -> None:
-    _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+    require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
              f"config.model.{name}={value!r} must be a positive integer")
 
 
@@ -114,21 +109,21 @@ def int_tuple(name: str, value: Any, length: int | None = None) -> None:
     """A non-empty tuple of positive integers (of `length` entries when given)."""
     ok = isinstance(value, (tuple, list)) and len(value) > 0 and all(
         isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
-    _require(ok, f"config.model.{name}={value!r} must be a tuple of positive integers")
+    require(ok, f"config.model.{name}={value!r} must be a tuple of positive integers")
     if length is not None:
-        _require(len(value) == length,
+        require(len(value) == length,
                  f"config.model.{name}={tuple(value)!r} has {len(value)} entries; allowed: one per stage ({length})")
 
 
 def check_common(f: dict[str, Any]) -> None:
     """Switches, drop-path, dtype, GELU, init constants and Token Graying of resolved fields `f`."""
     for name in ("skip_sab", "skip_ffn", "head_zero_init"):
-        _require(isinstance(f[name], bool), f"config.model.{name}={f[name]!r} must be True or False")
+        require(isinstance(f[name], bool), f"config.model.{name}={f[name]!r} must be True or False")
     rate = f["drop_path"]
-    _require(isinstance(rate, (int, float)) and math.isfinite(rate) and 0.0 <= rate < 1.0,
+    require(isinstance(rate, (int, float)) and math.isfinite(rate) and 0.0 <= rate < 1.0,
              f"config.model.drop_path={rate!r} must be in [0, 1)")
-    _require(str(f["dtype"]) in DTYPES, f"config.model.dtype={f['dtype']!r} is unknown; allowed: {list(DTYPES)}")
-    _require(f["gelu"] in GELUS, f"config.model.gelu={f['gelu']!r} is unknown; allowed: {list(GELUS)}")
+    require(str(f["dtype"]) in DTYPES, f"config.model.dtype={f['dtype']!r} is unknown; allowed: {list(DTYPES)}")
+    require(f["gelu"] in GELUS, f"config.model.gelu={f['gelu']!r} is unknown; allowed: {list(GELUS)}")
     init_lib.validate_init_config({k: f[k] for k in ("init", "init_alpha", "init_beta", "init_c")})
     if f["token_graying"] is not None:
         token_graying.validate_token_graying(f["token_graying"], f["tg_eps"])
@@ -145,7 +140,7 @@ def common_kwargs(f: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_patch_divides(patch_size: int, image_size: int) -> None:
-    _require(image_size % patch_size == 0, f"config.model.patch_size={patch_size} does not divide the image size "
+    require(image_size % patch_size == 0, f"config.model.patch_size={patch_size} does not divide the image size "
              f"{image_size}; allowed: divisors of {image_size}")
 
 
@@ -185,6 +180,33 @@ class FamilyModel(nn.Module):
 def drop_path_rates(rate: float, depth: int) -> list[float]:
     """Block ℓ of `depth` gets rate·ℓ/(depth−1) (docs/method.md §1; timm's linspace)."""
     return [rate * i / max(depth - 1, 1) for i in range(depth)]
+
+
+_STAGED = re.compile(r"stage_(\d+)_(.+)")
+_BLOCK = re.compile(r"block_(\d+)")
+
+
+def staged_layer_id(path: str, depths: Sequence[int], stem: Sequence[str], with_first: Sequence[str] = (),
+                    with_last: Sequence[str] = ()) -> int:
+    """Layer-decay id of a parameter of a staged model (docs/method.md §9): 0 for the `stem` names,
+    offset_s + j + 1 for `stage_{s}_block_{j}` (offset_s: the blocks of the stages before s), the
+    id of stage s's first block for `stage_{s}_<with_first>` (its downsampling), of its last block
+    for `stage_{s}_<with_last>` (its norm), sum(depths) + 1 for the rest (final norm, head)."""
+    name = top_name(path)
+    if name in stem:
+        return 0
+    match = _STAGED.fullmatch(name)
+    if match:
+        stage, rest = int(match.group(1)), match.group(2)
+        offset = sum(depths[:stage])
+        block = _BLOCK.fullmatch(rest)
+        if block:
+            return offset + int(block.group(1)) + 1
+        if rest in with_first:
+            return offset + 1
+        if rest in with_last:
+            return offset + depths[stage]
+    return sum(depths) + 1
 
 
 # ------------------------------------------------------------------ initializers
@@ -253,7 +275,9 @@ class Attention(nn.Module):
         return kernel, self.param(f"{name}_bias", nn.initializers.zeros, (h,), jnp.float32)
 
     @nn.compact
-    def __call__(self, x: jax.Array, kv: jax.Array | None = None, bias: jax.Array | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array, kv: jax.Array | None = None, bias: jax.Array | None = None,
+                 out: dict[str, Any] | None = None) -> jax.Array:
+        """`out`: where to record `keys` (B…, n_kv, d), heads concatenated (TokenCut's features)."""
         kv = x if kv is None else kv
         d = x.shape[-1]
         h = self.num_heads
@@ -267,7 +291,10 @@ class Attention(nn.Module):
         def heads(t: jax.Array) -> jax.Array:  # (..., n, d) -> (..., h, n, d_h)
             return jnp.swapaxes(t.reshape(*t.shape[:-1], h, d // h), -2, -3)
 
-        q, k, v = heads(project(x, "query")), heads(project(kv, "key")), heads(project(kv, "value"))
+        keys = project(kv, "key")
+        if out is not None:
+            out["keys"] = keys
+        q, k, v = heads(project(x, "query")), heads(keys), heads(project(kv, "value"))
         logits = (q @ jnp.swapaxes(k, -1, -2)).astype(jnp.float32) / math.sqrt(d // h)
         if bias is not None:
             logits = logits + bias

@@ -26,12 +26,14 @@ later stages scaled uniform orthogonal (flattened (k·k·C_in, C_out)); the stem
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from skipless_jax.models import ModelDescription
 from skipless_jax.models import family_parts as parts
 from skipless_jax.models import init as init_lib
 from skipless_jax.models.blocks import residual
@@ -239,8 +241,14 @@ def check_config(model_config: Any, image_size: int) -> None:
                              f"allowed: <= {grid}")
 
 
-def tiny(model_config: dict[str, Any], image_size: int) -> dict[str, Any]:
-    """The config with the smallest sizes of this family (tests; images of 8 px and more)."""
-    del image_size
-    return {**dict(model_config), "variant": None, "widths": (8, 16), "depths": (1, 1), "num_heads": (1, 2),
-            "sr_ratios": (2, 1), "mlp_ratios": (2, 2), "patch_size": 2}
+def describe(model_config: Any) -> ModelDescription:
+    """No class token; the last stage's grid has stride patch · 2^(stages−1) (on images divisible
+    by it); spatial-reduction keys are not on that grid (no `keys`)."""
+    f = resolve(model_config)
+    depths = tuple(f["depths"])
+    return ModelDescription(
+        family=FAMILY, patch_size=f["patch_size"], token_stride=f["patch_size"] * 2 ** (len(depths) - 1),
+        width=f["widths"][-1], depth=sum(depths), prefix_tokens=0, grid_tokens=True, final_norm=True,
+        normed_blocks=False, block_keys=False, num_layers=sum(depths),
+        layer_id=functools.partial(parts.staged_layer_id, depths=depths, stem=("embedding",),
+                                   with_first=("downsample",), with_last=("norm",)))

@@ -23,6 +23,7 @@ relative position tables keep their default init (truncated normal, σ 0.02).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -30,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from skipless_jax.models import ModelDescription
 from skipless_jax.models import family_parts as parts
 from skipless_jax.models.blocks import residual
 from skipless_jax.models.common import MlpBlock
@@ -227,8 +229,14 @@ def check_config(model_config: Any, image_size: int) -> None:
                              f"of stage {stage}; allowed: a divisor of every stage grid")
 
 
-def tiny(model_config: dict[str, Any], image_size: int) -> dict[str, Any]:
-    """The config with the smallest sizes of this family (images of 8 or 32 px: patch 2, 2 stages, window 2)."""
-    del image_size
-    return {**dict(model_config), "variant": None, "width": 8, "depths": (2, 1), "num_heads": (2, 2),
-            "window_size": 2, "patch_size": 2}
+def describe(model_config: Any) -> ModelDescription:
+    """No class token; the last stage's grid has stride patch · 2^(stages−1); windowed attention
+    keys are not on that grid (no `keys`)."""
+    f = resolve(model_config)
+    depths, scale = tuple(f["depths"]), 2 ** (len(f["depths"]) - 1)
+    return ModelDescription(
+        family=FAMILY, patch_size=f["patch_size"], token_stride=f["patch_size"] * scale, width=f["width"] * scale,
+        depth=sum(depths), prefix_tokens=0, grid_tokens=True, final_norm=True, normed_blocks=False, block_keys=False,
+        num_layers=sum(depths),
+        layer_id=functools.partial(parts.staged_layer_id, depths=depths, stem=("embedding", "embedding_norm"),
+                                   with_first=("merge", "merge_norm")))

@@ -12,6 +12,7 @@ The family's registry entry (models/__init__.py) is this module's `build` and `c
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any
@@ -21,6 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from skipless_jax import sharding, token_graying
+from skipless_jax.checks import DTYPES, GELUS, require
+from skipless_jax.models import ModelDescription
 from skipless_jax.models import init as init_lib
 from skipless_jax.models.attention import ATTENTION_KERNELS, MultiHeadAttention  # noqa: F401 (re-exported)
 from skipless_jax.models.blocks import EncoderBlock
@@ -31,9 +34,11 @@ from skipless_jax.models.common import (  # noqa: F401
     patchify,
     posemb_sincos_2d,
     resize_posemb,
+    top_name,
 )
 from skipless_jax.models.stem import PatchStem
 
+FAMILY = "vit"
 # (width, depth, mlp_dim, num_heads) of the standard ViT sizes.
 VARIANTS: dict[str, tuple[int, int, int, int]] = {
     "Ti": (192, 12, 768, 3),
@@ -46,7 +51,6 @@ VARIANTS: dict[str, tuple[int, int, int, int]] = {
 SIZE_FIELDS = ("width", "depth", "mlp_dim", "num_heads", "patch_size")
 POOLS = ("tok", "gap", "gap_fc_norm")  # gap_fc_norm: MAE fine-tuning (docs/method.md §9)
 POSEMBS = ("learn", "sincos2d")
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def decode_variant(variant: str) -> dict[str, int]:
@@ -307,51 +311,65 @@ def build(model_config: Any, num_classes: int, image_size: int | None = None) ->
     return ViT(**kwargs)
 
 
-build_model = build  # the name earlier code used
-
-GELUS = ("tanh", "exact")
+EMBEDDING_NAMES = ("cls", "pos_embedding", "embedding")  # layer 0 (MAE: cls_token, pos_embed, patch_embed)
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
+def layer_id(path: str, num_layers: int) -> int:
+    """MAE's `get_layer_id_for_vit` on a '/'-joined parameter path (docs/method.md §9): 0 for
+    `cls`, `pos_embedding`, `embedding/*`; i + 1 for `block_i/*`; num_layers + 1 the rest."""
+    first = top_name(path)
+    if first in EMBEDDING_NAMES:
+        return 0
+    match = _BLOCK_NAME.fullmatch(first)
+    return int(match.group(1)) + 1 if match else num_layers + 1
 
+
+def describe(model_config: Any) -> ModelDescription:
+    """Class token first unless pool='gap'; every block records its keys and, with the final
+    `encoder_norm` (not with 'gap_fc_norm'), its output through that norm."""
+    sizes = resolve_sizes(model_config)
+    pool, depth, p = sizes.get("pool", "tok"), sizes["depth"], sizes["patch_size"]
+    final = pool != "gap_fc_norm"
+    return ModelDescription(
+        family=FAMILY, patch_size=p, token_stride=p, width=sizes["width"], depth=depth,
+        prefix_tokens=int(pool != "gap"), grid_tokens=True, final_norm=final, normed_blocks=final, block_keys=True,
+        num_layers=depth, layer_id=functools.partial(layer_id, num_layers=depth))
 
 def check_config(model: Any, image_size: int) -> None:
     """Variant, sizes, heads, patch vs image size, pooling, position embedding, dtype, GELU, TG, init."""
     sizes = resolve_sizes(model)
     for field in SIZE_FIELDS:
         value = sizes.get(field)
-        _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+        require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
                  f"config.model.{field}={value!r} must be a positive integer")
     p = sizes["patch_size"]
-    _require(image_size % p == 0,
+    require(image_size % p == 0,
              f"config.model.patch_size={p} does not divide the image size {image_size}; "
              f"allowed: divisors of {image_size}")
-    _require(sizes["width"] % sizes["num_heads"] == 0,
+    require(sizes["width"] % sizes["num_heads"] == 0,
              f"config.model.num_heads={sizes['num_heads']} does not divide config.model.width={sizes['width']}")
-    _require(model.get("pool", "tok") in POOLS,
+    require(model.get("pool", "tok") in POOLS,
              f"config.model.pool={model.get('pool')!r} is unknown; allowed: {list(POOLS)}")
-    _require(model.get("posemb", "learn") in POSEMBS,
+    require(model.get("posemb", "learn") in POSEMBS,
              f"config.model.posemb={model.get('posemb')!r} is unknown; allowed: {list(POSEMBS)}")
-    _require(str(model.get("dtype", "float32")) in DTYPES,
+    require(str(model.get("dtype", "float32")) in DTYPES,
              f"config.model.dtype={model.get('dtype')!r} is unknown; allowed: {list(DTYPES)}")
-    _require(model.get("gelu", "tanh") in GELUS,
+    require(model.get("gelu", "tanh") in GELUS,
              f"config.model.gelu={model.get('gelu')!r} is unknown; allowed: {list(GELUS)}")
     std = model.get("head_init_std")
-    _require(std is None or (isinstance(std, (int, float)) and math.isfinite(std) and std >= 0),
+    require(std is None or (isinstance(std, (int, float)) and math.isfinite(std) and std >= 0),
              f"config.model.head_init_std={std!r} must be a number >= 0 (None or 0: zero init)")
     for field in ("dropout", "drop_path"):
         value = model.get(field, 0.0)
-        _require(isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value < 1.0,
+        require(isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value < 1.0,
                  f"config.model.{field}={value!r} must be in [0, 1)")
     remat = model.get("remat")
-    _require(remat is None or remat in REMAT_POLICIES,
+    require(remat is None or remat in REMAT_POLICIES,
              f"config.model.remat={remat!r} is unknown; allowed: None, {', '.join(map(repr, REMAT_POLICIES))}")
-    _require(isinstance(model.get("scan", False), bool),
+    require(isinstance(model.get("scan", False), bool),
              f"config.model.scan={model.get('scan')!r} must be True or False")
     impl = model.get("attention_impl")
-    _require(impl in ATTENTION_IMPLS,
+    require(impl in ATTENTION_IMPLS,
              f"config.model.attention_impl={impl!r} is unknown; allowed: {list(ATTENTION_IMPLS)}")
     init_lib.validate_init_config(sizes)
     if model.get("token_graying") is not None:

@@ -141,8 +141,8 @@ def build_optimizer(config: Any, total_steps: int) -> tuple[optax.GradientTransf
         from skipless_jax import models
         from skipless_jax.optim.layer_decay import layer_decay
 
-        depth = models.family(config.model).resolve_sizes(config.model)["depth"]
-        tx = optax.chain(tx, layer_decay(decay, depth))
+        model = models.describe(config.model)
+        tx = optax.chain(tx, layer_decay(decay, model.num_layers, model.layer_id))
     if config.get("grad_clip_norm"):
         tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
     return tx, schedule

@@ -1,13 +1,15 @@
-"""Layer-wise learning-rate decay for ViT fine-tuning (BEiT / MAE `util/lr_decay.py`), docs/method.md §9.
+"""Layer-wise learning-rate decay for fine-tuning (BEiT / MAE `util/lr_decay.py`), docs/method.md §9.
 
-    layer id:  0 for `cls`, `pos_embedding`, `embedding/*`;  i + 1 for `block_i/*`;
+    layer id:  the family's `layer_id(path)` (`models.describe(config.model)`), 0 … num_layers + 1;
+               the ViT's: 0 for `cls`, `pos_embedding`, `embedding/*`;  i + 1 for `block_i/*`;
                num_layers + 1 for everything else (`encoder_norm`, `fc_norm`, `head`, ...)
     scale:     decay ** (num_layers + 1 − id)          (MAE: num_layers = len(blocks) + 1 there)
 
-`num_layers` is the ViT's depth. `scale_by_layer(scales)` multiplies each leaf's *final* update by
-its scale; chain it after the whole optimizer (learning rate and weight decay included):
+`scale_by_layer(scales)` multiplies each leaf's *final* update by its scale; chain it after the
+whole optimizer (learning rate and weight decay included):
 
-    tx = optax.chain(OPTIMIZERS[name](config.optimizer, schedule), layer_decay(0.65, depth))
+    d = models.describe(config.model)
+    tx = optax.chain(OPTIMIZERS[name](config.optimizer, schedule), layer_decay(0.65, d.num_layers, d.layer_id))
 
 Why this is torch's per-group `lr = lr_t · lr_scale`:
 
@@ -29,7 +31,6 @@ Scales are Python floats computed from the tree's key paths only (no state, noth
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -40,27 +41,9 @@ import optax
 from skipless_jax import sharding
 from skipless_jax.models.common import SCANNED_BLOCKS
 
-EMBEDDING_NAMES = ("cls", "pos_embedding", "embedding")  # layer 0 (MAE: cls_token, pos_embed, patch_embed)
 
-_BLOCK = re.compile(r"block_(\d+)")
-
-
-def vit_layer_id(path: str, num_layers: int) -> int:
-    """MAE's `get_layer_id_for_vit` on a '/'-joined parameter path (a leading 'params/' is ignored)."""
-    parts = path.strip("/").split("/")
-    if parts and parts[0] == "params":
-        parts = parts[1:]
-    first = parts[0] if parts else ""
-    if first in EMBEDDING_NAMES:
-        return 0
-    match = _BLOCK.fullmatch(first)
-    if match:
-        return int(match.group(1)) + 1
-    return num_layers + 1
-
-
-def layer_scales(params: Any, decay: float, num_layers: int) -> Any:
-    """Pytree like `params` of floats decay ** (num_layers + 1 − vit_layer_id(path)); a scanned
+def layer_scales(params: Any, decay: float, num_layers: int, layer_id: Callable[[str], int]) -> Any:
+    """Pytree like `params` of floats decay ** (num_layers + 1 − layer_id(path)); a scanned
     encoder's stacked leaves (models/vit.py) get the vector of their layers' scales, broadcast
     along the leading layer axis."""
 
@@ -69,7 +52,7 @@ def layer_scales(params: Any, decay: float, num_layers: int) -> Any:
         if SCANNED_BLOCKS in name.split("/"):
             ids = np.arange(1, x.shape[0] + 1)  # layer l of the stack is block_l: id l + 1
             return (float(decay) ** (num_layers + 1 - ids)).reshape((-1,) + (1,) * (x.ndim - 1)).astype(np.float32)
-        return float(decay) ** (num_layers + 1 - vit_layer_id(name, num_layers))
+        return float(decay) ** (num_layers + 1 - layer_id(name))
 
     return jax.tree_util.tree_map_with_path(scale, params)
 
@@ -96,6 +79,6 @@ def scale_by_layer(scales: Any | Callable[[Any], Any]) -> optax.GradientTransfor
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def layer_decay(decay: float, num_layers: int) -> optax.GradientTransformation:
-    """`scale_by_layer` with the ViT layer-decay scales of whatever tree it is applied to."""
-    return scale_by_layer(lambda tree: layer_scales(tree, decay, num_layers))
+def layer_decay(decay: float, num_layers: int, layer_id: Callable[[str], int]) -> optax.GradientTransformation:
+    """`scale_by_layer` with the layer-decay scales of whatever tree it is applied to."""
+    return scale_by_layer(lambda tree: layer_scales(tree, decay, num_layers, layer_id))
