@@ -14,6 +14,7 @@ import ml_collections
 from skipless_jax.evaluators.classification import Classification
 from skipless_jax.evaluators.common import Context, Evaluator, dense_dataset, due, run_all  # noqa: F401
 from skipless_jax.evaluators.feature_pca import FeaturePCA
+from skipless_jax.evaluators.fewshot import FewShot
 from skipless_jax.evaluators.knn import KNN
 from skipless_jax.evaluators.linear_probe import LinearProbe
 from skipless_jax.evaluators.segmentation import LinearSegmentation
@@ -26,14 +27,16 @@ EVALUATORS = {
     "tokencut": TokenCut,
     "linear_segmentation": LinearSegmentation,
     "feature_pca": FeaturePCA,
+    "fewshot": FewShot,
 }
 COMMON_FIELDS = ("type", "split", "every_steps", "prefix")
 TYPE_FIELDS = {
-    "classification": (),
+    "classification": ("dataset", "data_dir"),
     "knn": ("train_split", "k", "temperature"),
     "linear_probe": ("train_split", "l2", "steps"),
     "tokencut": ("dataset", "data_dir", "block", "tau", "eps", "iou", "picture_images"),
     "feature_pca": ("images",),
+    "fewshot": ("datasets", "data_dir", "shots", "seeds", "l2_reg"),
     "linear_segmentation": (
         "dataset", "data_dir", "protocol", "train_split", "steps", "batch_size", "lr", "weight_decay", "warmup",
         "num_classes", "crop_size", "blocks", "flip", "photometric",
