@@ -64,7 +64,7 @@ def make_state(config: Any, image_size: int, fsdp: int):
     optimizer moments as after training; target = abstract state + shardings, for restoring."""
     config.mesh.fsdp = fsdp
     mesh = sharding.make_mesh(config.mesh)
-    model = vit.build_model(config.model, NUM_CLASSES)
+    model = vit.build(config.model, NUM_CLASSES)
     tx, _ = build_optimizer(config, 1000)
     dummy = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
 
