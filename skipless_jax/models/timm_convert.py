@@ -661,16 +661,20 @@ def write_checkpoint(params: Mapping[str, Any], output: str, model_cfg: Mapping[
                      batch_stats: Mapping[str, Any] | None = None) -> None:
     """`output` as a checkpoint folder of this project (step 0, state {'params': params} and, for
     a model with running statistics, 'batch_stats'; `config.init_from` loads both)."""
+    state = {"params": params}
+    if batch_stats is not None:
+        state["batch_stats"] = batch_stats
+    save_state(output, state, json.dumps({"model": dict(model_cfg), "converted_from": source}))
+
+
+def save_state(output: str, state: Mapping[str, Any], config_json: str) -> None:
+    """`output` as a workdir with one checkpoint: step 0, `state` (nested dicts of arrays), the config."""
     import jax.numpy as jnp
 
     from skipless_jax import checkpoint
 
     mngr = checkpoint.manager(output, keep=1, async_save=False)
-    state = {"params": _tree_map(jnp.asarray, params)}
-    if batch_stats is not None:
-        state["batch_stats"] = _tree_map(jnp.asarray, batch_stats)
-    config = {"model": dict(model_cfg), "converted_from": source}
-    checkpoint.save(mngr, 0, state, {"step": 0, "config": json.dumps(config)})
+    checkpoint.save(mngr, 0, _tree_map(jnp.asarray, state), {"step": 0, "config": config_json})
     mngr.wait_until_finished()
     mngr.close()
 
