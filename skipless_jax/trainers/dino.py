@@ -29,7 +29,7 @@ from skipless_jax.data import device_images, device_input, inputs, multicrop, so
 from skipless_jax.models import dino_head
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
-from skipless_jax.trainers import common, nonfinite
+from skipless_jax.trainers import common, nonfinite, perf
 from skipless_jax.trainers.run import Run, open_workdir
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -561,9 +561,11 @@ def train_and_evaluate(
 
     # ---- Loop.
     a = abstract_state
-    run = Run(config, workdir, mngr, total_steps, first_step,
-                     guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]))
     local = multicrop.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
+    p_train_step, cost, local = perf.compile_for(p_train_step, state, local, sharding.batch_sharding(mesh), config)
+    run = Run(config, workdir, mngr, total_steps, first_step,
+              guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]),
+              cost, config.input.batch_size)  # images, each once however many crops
     data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):

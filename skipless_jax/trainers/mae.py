@@ -31,7 +31,7 @@ from skipless_jax.models import mae as mae_lib
 from skipless_jax.models import vit
 from skipless_jax.models.common import patchify, unpatchify
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, nonfinite
+from skipless_jax.trainers import common, nonfinite, perf
 from skipless_jax.trainers.run import Run, every, open_workdir
 
 EVALUATOR_TYPES = ("knn", "linear_probe")
@@ -292,8 +292,10 @@ def train_and_evaluate(
     picture = picture_fn(config, model, ctx, workdir)
 
     # ---- Loop.
-    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state))
     local = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
+    p_train_step, cost, local = perf.compile_for(p_train_step, state, local, sharding.batch_sharding(mesh), config)
+    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
+              cost, config.input.batch_size)
     data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):

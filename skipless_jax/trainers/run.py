@@ -27,6 +27,7 @@ from etils import epath
 
 from skipless_jax import checkpoint
 from skipless_jax.pretrained import check_saved_config
+from skipless_jax.trainers import perf
 from skipless_jax.trainers.nonfinite import NonFiniteError, all_finite, inexact_names, nonfinite_error
 
 # A run stopped by SIGTERM or a preemption notice saved its state and is not finished:
@@ -161,8 +162,12 @@ class Run:
         total_steps: int,
         first_step: int,
         guarded: Mapping[str, Any],
+        cost: perf.StepCost | None = None,
+        images_per_step: int | None = None,
     ):
-        """`guarded`: the abstract trees the step's non-finite guard checks, in its order."""
+        """`guarded`: the abstract trees the step's non-finite guard checks, in its order.
+        `cost` (of the compiled step, `perf.compile_step`) and `images_per_step` (each image once):
+        the train records' perf/* fields (none without them)."""
         self.config, self.workdir, self.mngr = config, workdir, mngr
         self.total_steps, self.step = total_steps, first_step
         self.guarded = inexact_names(guarded)
@@ -185,15 +190,21 @@ class Run:
         self._history_path = epath.Path(workdir, HISTORY)
         if self.is_chief:
             truncate_history(self._history_path, first_step)
+        self.meter = perf.Meter(cost, images_per_step, config, first_step) if cost and images_per_step else None
+        self.profiler = perf.Profiler(config, workdir, first_step, total_steps)
 
-    def record(self, step: int, values: Mapping[str, float], prefix: str) -> None:
-        """Scalars `prefix/name` to TensorBoard, `prefix_name` to the final metrics and history."""
-        self.writer.write_scalars(step, {f"{prefix}/{k}": v for k, v in values.items()})
+    def record(
+        self, step: int, values: Mapping[str, float], prefix: str, named: Mapping[str, float] | None = None
+    ) -> None:
+        """Scalars `prefix/name` to TensorBoard, `prefix_name` to the final metrics and history;
+        `named` (e.g. perf/img_per_sec) under their own names to TensorBoard and history only."""
+        named = {k: float(v) for k, v in (named or {}).items()}
+        self.writer.write_scalars(step, {**{f"{prefix}/{k}": v for k, v in values.items()}, **named})
         flat = {f"{prefix}_{k}": float(v) for k, v in values.items()}
         self.metrics.update(flat)
         if self.is_chief:  # appended: O(1) bytes per record, not the whole history again
             with self._history_path.open("a") as f:
-                f.write(json.dumps({"step": step, **flat}) + "\n")
+                f.write(json.dumps({"step": step, **flat, **named}) + "\n")
 
     def check_finite(self, state: Mapping[str, Any], step: int) -> None:
         error = nonfinite_error(jax.device_get(state["nonfinite"]), self.guarded, step, self.last_saved)
@@ -205,12 +216,14 @@ class Run:
         self.step = step
         self.pending.append(metrics)
         self.progress(step)
+        self.profiler.after_step(step, state)
         if every(step, self.config.log_every_steps, self.total_steps):
             self.check_finite(state, step)
             means = {k: float(np.mean(v)) for k, v in jax.device_get(stack_metrics(self.pending)).items()}
             means["nonfinite_steps"] = float(self.pending[-1]["nonfinite_steps"])
             self.pending = []
-            self.record(step, means, "train")
+            # The device_get above waited for the period's steps: the wall-clock is theirs.
+            self.record(step, means, "train", self.meter.fields(step) if self.meter is not None else None)
 
     def evaluate(self, step: int, results: Iterable[tuple[str, str, float]], prefix: str = "") -> None:
         """Records `(evaluator prefix, metric, value)` triples (an evaluator run) at `step`."""
@@ -250,6 +263,7 @@ class Run:
     def close(self) -> None:
         """Completes pending saves and metric writes (called whatever stopped the loop)."""
         try:
+            self.profiler.close()
             self.mngr.wait_until_finished()
         finally:
             self.mngr.close()

@@ -23,7 +23,7 @@ from skipless_jax import checkpoint, evaluators, models, pretrained, sharding, v
 from skipless_jax.data import device_images, device_input, device_mix, inputs, sources
 from skipless_jax.evaluators.classification import cross_entropy
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, nonfinite
+from skipless_jax.trainers import common, nonfinite, perf
 from skipless_jax.trainers.run import Run, every, open_workdir
 
 EVALUATOR_TYPES = ("classification", "knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca")
@@ -235,8 +235,10 @@ def train_and_evaluate(
     probe = _kappa_probe(config, model, ctx)
 
     # ---- Loop.
-    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state))
     local = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
+    p_train_step, cost, local = perf.compile_for(p_train_step, state, local, sharding.batch_sharding(mesh), config)
+    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
+              cost, config.input.batch_size)
     data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):

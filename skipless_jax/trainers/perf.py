@@ -1,0 +1,214 @@
+"""How well a run uses its devices: the step compiled ahead of time with its XLA cost and
+memory (the fit check, before the loop), the perf/* fields of the train records, and the
+profiler trace of a few steps after warm-up.
+
+    step, cost = compile_step(jax.jit(train_step, ...), state, abstract_batch(first_batch, sharding))
+    fit_check(cost, config)                       # one line; a ValueError if it cannot fit
+    meter = Meter(cost, images_per_step, config)  # Run.train_step_done adds meter.fields(step)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+# Peak dense bf16 TFLOP/s per device (a TPU chip, or one GPU), by `device_kind` substring;
+# `config.peak_tflops` overrides it. Absent kinds (CPUs, others): no perf/mfu.
+PEAK_TFLOPS = {
+    "TPU v4": 275.0,
+    "TPU v5 lite": 197.0,  # v5e
+    "TPU v5e": 197.0,
+    "TPU v5p": 459.0,
+    "TPU v5": 459.0,  # v5p reports "TPU v5"
+    "TPU v6 lite": 918.0,  # v6e (Trillium)
+    "TPU v6e": 918.0,
+    "A100": 312.0,
+    "H100": 989.0,
+    "H200": 989.0,
+}
+
+
+class StepCost(NamedTuple):
+    """Per-device figures of the compiled step (XLA's cost and memory analyses)."""
+
+    flops: float
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int  # outputs that reuse a donated argument's buffer
+    temp_bytes: int
+    devices: int  # the devices the step runs on
+
+    @property
+    def bytes_needed(self) -> int:
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+
+def abstract_batch(local: Mapping[str, np.ndarray], batch_sharding: jax.sharding.NamedSharding) -> dict[str, Any]:
+    """A process-local host batch -> the global batch's ShapeDtypeStructs (leading dim × processes)."""
+    return {
+        k: jax.ShapeDtypeStruct((x.shape[0] * jax.process_count(), *x.shape[1:]), x.dtype, sharding=batch_sharding)
+        for k, x in local.items()
+    }
+
+
+def peek(local: Iterator[Any]) -> tuple[Any, Iterator[Any]]:
+    """(the first item, an iterator of every item, the first included, that closes `local`)."""
+    first = next(local)
+
+    def chained():
+        try:
+            yield first
+            yield from local
+        finally:
+            close = getattr(local, "close", None)
+            if close is not None:
+                close()
+
+    return first, chained()
+
+
+def compile_step(jitted: Any, *args: Any, devices: int = 1) -> tuple[Any, StepCost]:
+    """(the step compiled ahead of time for `args` (arrays or ShapeDtypeStructs), its per-device
+    cost); `devices`: how many the step is laid over."""
+    compiled = jitted.lower(*args).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # older jax: one dict per device
+    mem = compiled.memory_analysis()
+    return compiled, StepCost(
+        flops=float((cost or {}).get("flops", 0.0)),
+        argument_bytes=int(mem.argument_size_in_bytes),
+        output_bytes=int(mem.output_size_in_bytes),
+        alias_bytes=int(mem.alias_size_in_bytes),
+        temp_bytes=int(mem.temp_size_in_bytes),
+        devices=devices,
+    )
+
+
+def memory_limit(device: jax.Device) -> int | None:
+    """The bytes the device says it can hold (`memory_stats()['bytes_limit']`), None where unknown (CPU)."""
+    try:
+        stats = device.memory_stats()
+    except Exception:  # backends without memory stats
+        return None
+    return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def fit_check(cost: StepCost, config: ml_collections.ConfigDict, limit: int | None = None) -> str:
+    """Logs the step's per-device bytes and FLOPs in one line and returns it; a one-line
+    ValueError if the devices report a memory `limit` (default: the first local device's) that
+    the step exceeds, naming the knobs that shrink it."""
+    limit = memory_limit(jax.local_devices()[0]) if limit is None else limit
+    line = (
+        f"Train step per device: arguments {_gib(cost.argument_bytes)}, outputs {_gib(cost.output_bytes)} "
+        f"({_gib(cost.alias_bytes)} donated), temporaries {_gib(cost.temp_bytes)}, "
+        f"{cost.flops / 1e12:.4g} TFLOP; device memory limit {_gib(limit) if limit else 'unknown'}"
+    )
+    logging.info("%s", line)
+    if limit is not None and cost.bytes_needed > limit:
+        raise ValueError(
+            f"the train step needs {_gib(cost.bytes_needed)} per device ({cost.bytes_needed} bytes) but the device "
+            f"has {_gib(limit)} ({limit} bytes); lower config.input.batch_size={config.input.batch_size}, raise "
+            f"config.grad_accum_steps={config.get('grad_accum_steps', 1)}, set config.model.remat=True or shard "
+            f"the state over more devices (config.mesh.fsdp={config.mesh.get('fsdp', 1)})"
+        )
+    return line
+
+
+def peak_tflops(config: ml_collections.ConfigDict, device: jax.Device) -> float | None:
+    """`config.peak_tflops`, else the PEAK_TFLOPS entry whose name is in the device kind (longest match)."""
+    if config.get("peak_tflops"):
+        return float(config.peak_tflops)
+    kind = device.device_kind
+    matches = [name for name in PEAK_TFLOPS if name.lower() in kind.lower()]
+    return PEAK_TFLOPS[max(matches, key=len)] if matches else None
+
+
+class Meter:
+    """The perf/* fields of a train record, from the wall-clock between records.
+
+    steps/s s over the period; perf/img_per_sec = s × images per step (the global batch, each
+    image once); perf/img_per_sec_per_device = that / devices; perf/tflops_per_device = the
+    compiled step's per-device FLOPs × s / 1e12; perf/mfu = that / the peak (absent where
+    unknown); perf/core_hours = devices × the hours since this process's loop began.
+    """
+
+    def __init__(self, cost: StepCost, images_per_step: int, config: ml_collections.ConfigDict, first_step: int):
+        """`first_step`: the loop's first step is first_step + 1, from now on."""
+        self.devices = cost.devices
+        self.flops, self.images = cost.flops, images_per_step
+        self.peak = peak_tflops(config, jax.devices()[0])
+        self.start = self.last_time = time.perf_counter()
+        self.last_step = first_step
+
+    def fields(self, step: int, now: float | None = None) -> dict[str, float]:
+        now = time.perf_counter() if now is None else now
+        steps_per_sec = (step - self.last_step) / max(now - self.last_time, 1e-9)
+        self.last_time, self.last_step = now, step
+        out = {
+            "perf/img_per_sec": steps_per_sec * self.images,
+            "perf/img_per_sec_per_device": steps_per_sec * self.images / self.devices,
+            "perf/tflops_per_device": self.flops * steps_per_sec / 1e12,
+            "perf/core_hours": self.devices * (now - self.start) / 3600,
+        }
+        if self.peak:
+            out["perf/mfu"] = out["perf/tflops_per_device"] / self.peak
+        return out
+
+
+class Profiler:
+    """Traces `config.profile_steps` steps (default 5; 0 off) after `warmup` steps past the
+    first, on process 0, into `<workdir>/plugins/profile/` (TensorBoard's profile layout)."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str, first_step: int, total_steps: int,
+                 warmup: int = 2):
+        steps = config.get("profile_steps", 5)
+        steps = 5 if steps is None else int(steps)
+        self.start = first_step + warmup + 1
+        self.stop = min(self.start + steps, total_steps + 1)
+        self.enabled = steps > 0 and jax.process_index() == 0 and self.start < self.stop
+        self.workdir, self.active = workdir, False
+
+    def after_step(self, step: int, state: Any) -> None:
+        """Called after each step: the trace begins after step start - 1 and ends after stop - 1."""
+        if self.enabled and not self.active and step == self.start - 1:
+            jax.block_until_ready(state)  # earlier steps' device work stays out of the trace
+            jax.profiler.start_trace(self.workdir)
+            self.active = True
+        elif self.active and step >= self.stop - 1:
+            self.close(state)
+
+    def close(self, state: Any = None) -> None:
+        if self.active:
+            if state is not None:
+                jax.block_until_ready(state)  # the traced steps' device work ends inside the trace
+            jax.profiler.stop_trace()
+            self.active = False
+            logging.info("Profile of steps %d-%d in %s/plugins/profile/", self.start, self.stop - 1, self.workdir)
+
+
+def compile_for(
+    jitted: Any, state: Any, local: Iterator[Mapping[str, np.ndarray]], batch_sharding: jax.sharding.NamedSharding,
+    config: ml_collections.ConfigDict,
+) -> tuple[Any, StepCost, Iterator[Mapping[str, np.ndarray]]]:
+    """(the train step compiled ahead of time, its cost, `local` again): the batch's shapes from
+    the first host batch (nothing is on the devices yet), then the fit check; `local` is closed
+    if either fails."""
+    first, local = peek(local)
+    try:
+        batch = abstract_batch(first, batch_sharding)
+        compiled, cost = compile_step(jitted, state, batch, devices=batch_sharding.mesh.size)
+        fit_check(cost, config)
+    except BaseException:
+        local.close()
+        raise
+    return compiled, cost, local

@@ -1,0 +1,106 @@
+"""Runs that measure themselves: the perf/* fields of the train records against XLA's cost
+analysis of the compiled step, the profiler trace of a default run, and the fit check."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from skipless_jax.trainers import perf, supervised
+
+from util import tiny_config
+
+DEVICES = 2
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One tiny supervised run on 2 devices, with the compiled step and its cost captured."""
+    workdir = str(tmp_path_factory.mktemp("perf"))
+    captured = {}
+    compile_for = perf.compile_for
+
+    def capture(*args, **kwargs):
+        compiled, cost, local = compile_for(*args, **kwargs)
+        captured.update(compiled=compiled, cost=cost)
+        return compiled, cost, local
+
+    config = tiny_config(peak_tflops=0.5)
+    perf.compile_for = capture
+    try:
+        final = supervised.train_and_evaluate(config, workdir, devices=jax.devices()[:DEVICES])
+    finally:
+        perf.compile_for = compile_for
+    history = [json.loads(line) for line in Path(workdir, "history.jsonl").read_text().splitlines()]
+    return workdir, config, final, captured, [h for h in history if "perf/img_per_sec" in h]
+
+
+def test_perf_fields_agree_with_each_other_and_the_cost_analysis(tiny_run):
+    _, config, final, captured, records = tiny_run
+    assert [r["step"] for r in records] == [4, 8, 12] and final["step"] == 12
+    cost = captured["cost"]
+    analysis = captured["compiled"].cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+    assert cost.flops == analysis["flops"] > 0 and cost.devices == DEVICES
+    hours = 0.0
+    for r in records:
+        steps_per_sec = r["perf/img_per_sec"] / config.input.batch_size
+        np.testing.assert_allclose(r["perf/img_per_sec_per_device"], r["perf/img_per_sec"] / DEVICES, rtol=1e-12)
+        np.testing.assert_allclose(r["perf/tflops_per_device"], cost.flops * steps_per_sec / 1e12, rtol=1e-12)
+        np.testing.assert_allclose(r["perf/mfu"], r["perf/tflops_per_device"] / 0.5, rtol=1e-12)
+        # core-hours grow by at least the record period's 4 steps × devices / (steps/s)
+        assert r["perf/core_hours"] >= hours + 4 * DEVICES / steps_per_sec / 3600 * (1 - 1e-9)
+        hours = r["perf/core_hours"]
+
+
+def test_default_run_leaves_a_trace(tiny_run):
+    workdir = tiny_run[0]
+    assert glob.glob(os.path.join(workdir, "plugins", "profile", "*", "*.xplane.pb"))
+
+
+def test_meter_and_peak_table():
+    cost = perf.StepCost(flops=2e12, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0, devices=4)
+    meter = perf.Meter(cost, 256, ml_collections.ConfigDict(dict(peak_tflops=8.0)), first_step=10)
+    meter.start = meter.last_time = 100.0
+    fields = meter.fields(30, now=110.0)  # 20 steps in 10 s
+    assert fields == {"perf/img_per_sec": 512.0, "perf/img_per_sec_per_device": 128.0,
+                      "perf/tflops_per_device": 4.0, "perf/core_hours": 4 * 10 / 3600, "perf/mfu": 0.5}
+
+    class Device:
+        def __init__(self, kind):
+            self.device_kind = kind
+
+    none = ml_collections.ConfigDict()
+    kinds = {"TPU v4": 275, "TPU v5 lite": 197, "TPU v5p": 459, "TPU v6 lite": 918, "NVIDIA A100-SXM4-80GB": 312,
+             "NVIDIA H100 80GB HBM3": 989, "NVIDIA H200": 989, "cpu": None}
+    assert {k: perf.peak_tflops(none, Device(k)) for k in kinds} == kinds
+    assert "perf/mfu" not in perf.Meter(cost, 1, none, 0).fields(1)  # CPU: no peak, no MFU
+
+
+def test_fit_check_refuses_an_oversized_step_in_one_line():
+    cost = perf.StepCost(flops=1e9, argument_bytes=3 << 30, output_bytes=3 << 30, alias_bytes=2 << 30,
+                         temp_bytes=1 << 30, devices=8)
+    config = tiny_config()
+    line = perf.fit_check(cost, config, limit=5 << 30)  # exactly fits: 3 + 3 − 2 + 1 GiB
+    assert line.startswith("Train step per device: arguments 3.00 GiB, outputs 3.00 GiB (2.00 GiB donated), "
+                           "temporaries 1.00 GiB, 0.001 TFLOP")
+    with pytest.raises(ValueError) as err:
+        perf.fit_check(cost, config, limit=(5 << 30) - 1)
+    message = str(err.value)
+    assert "\n" not in message and f"needs 5.00 GiB per device ({5 << 30} bytes)" in message
+    for knob in ("config.input.batch_size=32", "config.grad_accum_steps", "config.model.remat", "config.mesh.fsdp"):
+        assert knob in message
+
+
+def test_trainer_stops_before_the_loop_when_the_step_does_not_fit(tmp_path, monkeypatch):
+    monkeypatch.setattr(perf, "memory_limit", lambda device: 1024)  # a simulated 1 KiB device
+    with pytest.raises(ValueError, match=r"the train step needs .* but the device has 0.00 GiB \(1024 bytes\)"):
+        supervised.train_and_evaluate(tiny_config(), str(tmp_path), devices=jax.devices()[:1])
+    assert not os.path.exists(tmp_path / "history.jsonl")  # no step ran
