@@ -1,4 +1,4 @@
-r"""Official DINO and MAE checkpoints as this project's workdirs (docs/method.md §19).
+r"""Official DINO and MAE checkpoints as this project's workdirs (docs/method.md §20).
 
     python -m skipless_jax.models.official_convert --source=dino --input=dino_deitsmall16_pretrain_full_checkpoint.pth \
         --config=configs/dino_vits_baseline.py --workdir=/tmp/dino_official [--which=teacher]
@@ -24,7 +24,7 @@ workdir holds one checkpoint (step 0) that `python -m skipless_jax.evaluate` and
   `patch_embed`, `blocks`, `norm`; the decoder and `mask_token` are dropped) becomes a
   supervised ViT workdir (state {'params'}) with `posemb='learn'` holding MAE's own fixed
   sin-cos table, so its forward is MAE's exactly (the project's `sincos2d` has other
-  frequencies, §19); no classifier in the checkpoint: a zero head of the dataset's classes.
+  frequencies, §20); no classifier in the checkpoint: a zero head of the dataset's classes.
   A fine-tuned checkpoint (`fc_norm`, `head`, no `norm`) becomes `pool='gap_fc_norm'`.
 """
 
