@@ -23,8 +23,8 @@ Graying, when set, acts in the stem on the full patch matrix, before masking; th
 target is the raw image's patches (`target='raw'`) or the grayed patch matrix (`target='grayed'`).
 
 The decoder's position table is the repository's fixed 2-D sin-cos (`common.posemb_sincos_2d`, the
-ViT's `sincos2d`) with a zero row for CLS; MAE's numpy table orders its sin/cos halves differently,
-which for a fixed, non-learned embedding changes nothing of substance.
+ViT's `sincos2d`) with a zero row for CLS; MAE's numpy table has the same block order but other
+frequencies (docs/method.md §20), which for a fixed, non-learned embedding changes nothing of substance.
 """
 
 from __future__ import annotations
