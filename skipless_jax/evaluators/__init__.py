@@ -16,6 +16,7 @@ from skipless_jax.evaluators.common import Context, Evaluator, dense_dataset, du
 from skipless_jax.evaluators.feature_pca import FeaturePCA
 from skipless_jax.evaluators.fewshot import FewShot
 from skipless_jax.evaluators.knn import KNN
+from skipless_jax.evaluators.linear_eval import DinoLinear
 from skipless_jax.evaluators.linear_probe import LinearProbe
 from skipless_jax.evaluators.segmentation import LinearSegmentation
 from skipless_jax.evaluators.tokencut import TokenCut
@@ -28,8 +29,10 @@ EVALUATORS = {
     "linear_segmentation": LinearSegmentation,
     "feature_pca": FeaturePCA,
     "fewshot": FewShot,
+    "dino_linear": DinoLinear,
 }
 COMMON_FIELDS = ("type", "split", "every_steps", "prefix")
+TRAIN_SPLIT_TYPES = ("knn", "linear_probe", "linear_segmentation", "dino_linear")  # they also read a train split
 TYPE_FIELDS = {
     "classification": ("dataset", "data_dir"),
     "knn": ("train_split", "k", "temperature"),
@@ -37,6 +40,7 @@ TYPE_FIELDS = {
     "tokencut": ("dataset", "data_dir", "block", "tau", "eps", "iou", "picture_images"),
     "feature_pca": ("images",),
     "fewshot": ("datasets", "data_dir", "shots", "seeds", "l2_reg"),
+    "dino_linear": ("train_split", "n_last_blocks", "avgpool", "epochs", "batch_size", "lr"),
     "linear_segmentation": (
         "dataset", "data_dir", "protocol", "train_split", "steps", "batch_size", "lr", "weight_decay", "warmup",
         "num_classes", "crop_size", "blocks", "flip", "photometric",
@@ -84,7 +88,7 @@ def check_config(config: ml_collections.ConfigDict, allowed_types: tuple[str, ..
                 raise ValueError(
                     f"config.evals.{name}.dataset={dataset!r} is unknown; allowed: {sorted(sources.DATASETS)}"
                 )
-            needs = ("split", "train_split") if kind in ("knn", "linear_probe", "linear_segmentation") else ("split",)
+            needs = ("split", "train_split") if kind in TRAIN_SPLIT_TYPES else ("split",)
             for f in needs:
                 if entry.get(f) is None:
                     raise ValueError(f"config.evals.{name}.{f} is required for its own dataset {dataset!r} "
@@ -98,8 +102,14 @@ def data_needed(config: ml_collections.ConfigDict) -> list[tuple[str, str, str |
     for name, entry in entries(config).items():
         dataset, data_dir = dense_dataset(name, entry, config)
         out.append((dataset, entry.get("split") or config.dataset.eval_split, data_dir))
-        if entry.get("type") in ("knn", "linear_probe", "linear_segmentation"):
+        if entry.get("type") in TRAIN_SPLIT_TYPES:
             out.append((dataset, entry.get("train_split") or config.dataset.train_split, data_dir))
+        if entry.get("type") == "fewshot":  # its own datasets, train and test
+            from skipless_jax.evaluators import fewshot
+
+            for d in entry.get("datasets") or ("digits",):
+                own_dir = config.dataset.get("data_dir") if d == config.dataset.name else entry.get("data_dir")
+                out += [(d, s, own_dir) for s in fewshot.default_splits(d)]
     return out
 
 

@@ -13,12 +13,12 @@ from skipless_jax.evaluators.common import Context
 
 
 def derived(ctx: Context, where: str, dataset: str | None = None, data_dir: str | None = None,
-            **input_fields: Any) -> Context:
+            train_split: str | None = None, **input_fields: Any) -> Context:
     """A new `Context` (own caches) with the model functions of `ctx`, reading `dataset` (default
     the run's; `data_dir` default the run's when it is the run's dataset) with `config.input`
-    fields replaced by `input_fields`. Images are brought to the run's input size, and a
-    dataset whose images have another number of channels than the run's is a one-line error
-    naming `where` (the config entry)."""
+    fields replaced by `input_fields` and the train split by `train_split`. Images are brought
+    to the run's input size; a dataset whose images have another number of channels than the
+    run's is a one-line error naming `where` (the config entry)."""
     config = ml_collections.ConfigDict(ctx.config.to_dict())
     run = sources.dataset_info(ctx.config.dataset.name)
     if dataset is not None and dataset != ctx.config.dataset.name:
@@ -31,6 +31,8 @@ def derived(ctx: Context, where: str, dataset: str | None = None, data_dir: str 
         config.dataset.data_dir = data_dir
     elif data_dir is not None:
         config.dataset.data_dir = data_dir
+    if train_split is not None:
+        config.dataset.train_split = train_split
     config.input.image_size = inputs.image_size(ctx.config)
     for key, value in input_fields.items():
         config.input[key] = value
