@@ -33,7 +33,7 @@ from skipless_jax.trainers import common, nonfinite, perf
 from skipless_jax.trainers.run import Run, open_workdir
 
 _HIGHEST = jax.lax.Precision.HIGHEST
-EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca")
+EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca", "fewshot", "dino_linear")
 
 # ----------------------------------------------------------------------------------------
 # Schedules: DINO's per-iteration arrays (utils.cosine_scheduler) as closed forms of the step.

@@ -34,7 +34,7 @@ from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common, nonfinite, perf
 from skipless_jax.trainers.run import Run, every, open_workdir
 
-EVALUATOR_TYPES = ("knn", "linear_probe")
+EVALUATOR_TYPES = ("knn", "linear_probe", "fewshot", "dino_linear")
 TARGETS = ("raw", "grayed")
 # config.model fields of a classifier that MAE's encoder does not have.
 _CLASSIFIER_ONLY = ("pool", "posemb", "dropout", "head_zero_init", "head_init_std", "image_size",

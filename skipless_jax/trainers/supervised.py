@@ -26,7 +26,9 @@ from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common, nonfinite, perf
 from skipless_jax.trainers.run import Run, every, open_workdir
 
-EVALUATOR_TYPES = ("classification", "knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca")
+EVALUATOR_TYPES = (
+    "classification", "knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca", "fewshot", "dino_linear",
+)
 
 
 def check_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
