@@ -26,6 +26,7 @@ RUNTIME_FIELDS = (
     "input.eval_batch_size",
     "dataset.data_dir",
     "resume", "init_from", "init_from_key", "model.remat", "model.attention_impl", "compilation_cache_dir",
+    "profile_steps", "peak_tflops",
 )
 
 
@@ -185,8 +186,7 @@ def resize_posemb_table(table: Any, shape: tuple[int, ...]) -> jax.Array:
 
     extra = posemb_extra(tuple(table.shape), tuple(shape))
     grid = math.isqrt(shape[1] - extra)
-    table = jnp.asarray(table)
-    return jnp.concatenate([table[:, :extra], resize_posemb(table[:, extra:], grid, grid)], axis=1)
+    return resize_posemb(jnp.asarray(table), grid, grid, extra=extra)
 
 
 def _leaf_at(tree: Any, path: tuple[Any, ...]) -> Any:

@@ -20,6 +20,31 @@ from skipless_jax.models import init as init_lib
 ATTENTION_KERNELS = ("query", "key", "value", "out")
 
 
+def kernel_params(module: nn.Module, d: int) -> dict[str, jax.Array]:
+    """The four (d, d) float32 params `query`, `key`, `value`, `out` of an attention `module` (its
+    fields num_heads, init_scheme, init_alpha, init_beta, init_c; called in its compact method):
+    Xavier uniform each under the default init; one joint draw of the four (models/init.py,
+    docs/method.md §3) under the skipless and mimetic inits. Both attention modules (this one and
+    `family_parts.Attention`) build their kernels here."""
+    if module.init_scheme == "default":
+        xavier = nn.initializers.xavier_uniform()
+        return {n: module.param(n, xavier, (d, d), jnp.float32) for n in ATTENTION_KERNELS}
+    joint = None
+    if module.is_initializing():
+        joint = init_lib.attention_kernels(
+            module.make_rng("params"), module.init_scheme, d, module.num_heads,
+            module.init_alpha, module.init_beta, module.init_c,
+        )
+    # Flax evaluates an initializer's shape on apply too; outside init it is a placeholder.
+    return {
+        n: module.param(
+            n,
+            lambda _, n=n: jnp.zeros((d, d), jnp.float32) if joint is None else jnp.asarray(joint[n], jnp.float32),
+        )
+        for n in ATTENTION_KERNELS
+    }
+
+
 class MultiHeadAttention(nn.Module):
     """(B, n, d) -> ((B, n, d), {'keys': (B, n, d) with bias, heads concatenated[, 'attention': (B, h, n, n)]})."""
 
@@ -34,31 +59,11 @@ class MultiHeadAttention(nn.Module):
     # attention on NVIDIA GPUs, bf16/fp16 only); softmax in float32 either way.
     implementation: str | None = None
 
-    def _kernels(self, d: int) -> dict[str, jax.Array]:
-        if self.init_scheme == "default":
-            xavier = nn.initializers.xavier_uniform()
-            return {n: self.param(n, xavier, (d, d), jnp.float32) for n in ATTENTION_KERNELS}
-        # The skipless and mimetic inits draw the four kernels jointly from one key.
-        joint = None
-        if self.is_initializing():
-            joint = init_lib.attention_kernels(
-                self.make_rng("params"), self.init_scheme, d, self.num_heads,
-                self.init_alpha, self.init_beta, self.init_c,
-            )
-        # Flax evaluates an initializer's shape on apply too; outside init it is a placeholder.
-        return {
-            n: self.param(
-                n,
-                lambda _, n=n: jnp.zeros((d, d), jnp.float32) if joint is None else jnp.asarray(joint[n], jnp.float32),
-            )
-            for n in ATTENTION_KERNELS
-        }
-
     @nn.compact
     def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         b, n, d = x.shape
         h = self.num_heads
-        kernels = self._kernels(d)
+        kernels = kernel_params(self, d)
         biases = {
             name: self.param(f"{name}_bias", nn.initializers.zeros, (d,), jnp.float32)
             for name in ATTENTION_KERNELS

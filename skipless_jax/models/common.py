@@ -49,19 +49,21 @@ def posemb_sincos_2d(grid_h: int, grid_w: int, width: int, temperature: float = 
     return pe[None].astype(jnp.float32)
 
 
-def resize_posemb(posemb: jax.Array, grid_h: int, grid_w: int, antialias: bool = True) -> jax.Array:
-    """Bicubic resize of a square (1, g·g, d) grid embedding to (1, grid_h·grid_w, d).
+def resize_posemb(posemb: jax.Array, grid_h: int, grid_w: int, antialias: bool = True, extra: int = 0) -> jax.Array:
+    """(1, extra + g·g, d) position table -> (1, extra + grid_h·grid_w, d): the `extra` leading rows
+    (a class token's) kept, the square grid part resized bicubically. The one position-table
+    resizer: the ViT's other resolutions, MAE's encoder table and `init_from` (docs/method.md §9).
 
     `antialias=False` is DINO's `interpolate_pos_encoding` (torch bicubic without antialiasing,
     docs/method.md §6); with it, downsampling low-pass filters first (jax.image's default).
     """
     n, d = posemb.shape[1:]
-    g = int(round(n**0.5))
+    g = int(round((n - extra) ** 0.5))
     if (g, g) == (grid_h, grid_w):
         return posemb
-    grid = posemb.reshape(1, g, g, d)
+    grid = jnp.asarray(posemb)[:, extra:].reshape(1, g, g, d)
     grid = jax.image.resize(grid, (1, grid_h, grid_w, d), method="bicubic", antialias=antialias)
-    return grid.reshape(1, grid_h * grid_w, d)
+    return jnp.concatenate([jnp.asarray(posemb)[:, :extra], grid.reshape(1, grid_h * grid_w, d)], axis=1)
 
 
 def top_name(path: str) -> str:

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from skipless_jax import token_graying
 from skipless_jax.checks import DTYPES, GELUS, require
 from skipless_jax.models import init as init_lib
-from skipless_jax.models.attention import ATTENTION_KERNELS
+from skipless_jax.models.attention import ATTENTION_KERNELS, kernel_params
 from skipless_jax.models.common import top_name
 
 # Fields every family has, with their defaults (the switches, the init of docs/method.md §3,
@@ -249,24 +249,6 @@ class Attention(nn.Module):
     talking_heads: bool = False
     dtype: Any = jnp.float32
 
-    def _kernels(self, d: int) -> dict[str, jax.Array]:
-        if self.init_scheme == "default":
-            xavier = nn.initializers.xavier_uniform()
-            return {n: self.param(n, xavier, (d, d), jnp.float32) for n in ATTENTION_KERNELS}
-        joint = None
-        if self.is_initializing():
-            joint = init_lib.attention_kernels(
-                self.make_rng("params"), self.init_scheme, d, self.num_heads,
-                self.init_alpha, self.init_beta, self.init_c,
-            )
-        return {
-            n: self.param(
-                n,
-                lambda _, n=n: jnp.zeros((d, d), jnp.float32) if joint is None else jnp.asarray(joint[n], jnp.float32),
-            )
-            for n in ATTENTION_KERNELS
-        }
-
     def _mixing(self, name: str, h: int) -> tuple[jax.Array, jax.Array]:
         if self.init_scheme == "default":
             kernel = self.param(name, nn.initializers.xavier_uniform(), (h, h), jnp.float32)
@@ -281,7 +263,7 @@ class Attention(nn.Module):
         kv = x if kv is None else kv
         d = x.shape[-1]
         h = self.num_heads
-        kernels = self._kernels(d)
+        kernels = kernel_params(self, d)
         biases = {n: self.param(f"{n}_bias", nn.initializers.zeros, (d,), jnp.float32) for n in ATTENTION_KERNELS}
 
         def project(inputs: jax.Array, name: str) -> jax.Array:

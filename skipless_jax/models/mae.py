@@ -110,7 +110,7 @@ def encoder_position_table(grid: int, width: int, shape: tuple[int, ...]) -> jax
     g = int(round((shape[1] - 1) ** 0.5))
     if shape[0] != 1 or shape[2] != width or g * g != shape[1] - 1:
         raise ValueError(f"a position table of shape {tuple(shape)} is not (1, 1 + g², {width})")
-    return jnp.concatenate([table[:, :1], resize_posemb(table[:, 1:], g, g)], axis=1)
+    return resize_posemb(table, g, g, extra=1)
 
 
 _XAVIER = dict(kernel_init=nn.initializers.xavier_uniform(), bias_init=nn.initializers.zeros)

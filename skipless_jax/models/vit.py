@@ -114,8 +114,7 @@ class ViT(nn.Module):
             "pos_embedding", nn.initializers.normal(stddev=d**-0.5), (1, extra + native[0] * native[1], d), jnp.float32
         )
         if native != (grid_h, grid_w):
-            resized = resize_posemb(pe[:, extra:], grid_h, grid_w, antialias=self.posemb_antialias)
-            pe = jnp.concatenate([pe[:, :extra], resized], 1)
+            pe = resize_posemb(pe, grid_h, grid_w, antialias=self.posemb_antialias, extra=extra)
         return pe
 
     @nn.compact
