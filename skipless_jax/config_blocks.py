@@ -85,6 +85,8 @@ def runtime(
     c.checkpoint_every_steps = checkpoint_every
     c.keep_checkpoints = 3
     c.compilation_cache_dir = placeholder(str)
+    c.profile_steps = 5  # steps traced after warm-up into <workdir>/plugins/profile/ (0: off; trainers/perf.py)
+    c.peak_tflops = placeholder(float)  # per-device peak for perf/mfu; None: trainers/perf.py's table by device
     if analysis:
         c.analysis = ml_collections.ConfigDict(dict(every_steps=0, probe_size=32))
 

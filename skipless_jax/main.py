@@ -185,6 +185,7 @@ def main(argv: list[str]) -> None:
 
     from skipless_jax import checkpoint, compilation_cache, trainers
     from skipless_jax.trainers.nonfinite import NonFiniteError
+    from skipless_jax.trainers.perf import DoesNotFit
     from skipless_jax.trainers.run import EXIT_PREEMPTED, Preempted
 
     config = flags.FLAGS.config
@@ -199,7 +200,9 @@ def main(argv: list[str]) -> None:
         metrics = module.train_and_evaluate(
             config, flags.FLAGS.workdir, allow_config_change=flags.FLAGS.allow_config_change
         )
-    except (checkpoint.IncompatibleCheckpointError, checkpoint.CorruptCheckpointError, NonFiniteError) as err:
+    except (
+        checkpoint.IncompatibleCheckpointError, checkpoint.CorruptCheckpointError, NonFiniteError, DoesNotFit
+    ) as err:
         sys.exit(f"error: {err}")
     except Preempted as err:  # saved and stopped: not finished, so no final metrics
         print(

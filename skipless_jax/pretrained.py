@@ -186,7 +186,8 @@ def resize_posemb_table(table: Any, shape: tuple[int, ...]) -> jax.Array:
 
     extra = posemb_extra(tuple(table.shape), tuple(shape))
     grid = math.isqrt(shape[1] - extra)
-    return resize_posemb(jnp.asarray(table), grid, grid, extra=extra)
+    table = jnp.asarray(table)
+    return jnp.concatenate([table[:, :extra], resize_posemb(table[:, extra:], grid, grid)], axis=1)
 
 
 def _leaf_at(tree: Any, path: tuple[Any, ...]) -> Any:

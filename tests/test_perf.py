@@ -101,6 +101,6 @@ def test_fit_check_refuses_an_oversized_step_in_one_line():
 
 def test_trainer_stops_before_the_loop_when_the_step_does_not_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(perf, "memory_limit", lambda device: 1024)  # a simulated 1 KiB device
-    with pytest.raises(ValueError, match=r"the train step needs .* but the device has 0.00 GiB \(1024 bytes\)"):
+    with pytest.raises(perf.DoesNotFit, match=r"the train step needs .* but the device has 0.00 GiB \(1024 bytes\)"):
         supervised.train_and_evaluate(tiny_config(), str(tmp_path), devices=jax.devices()[:1])
     assert not os.path.exists(tmp_path / "history.jsonl")  # no step ran

@@ -34,6 +34,10 @@ PEAK_TFLOPS = {
 }
 
 
+class DoesNotFit(ValueError):
+    """The compiled train step needs more memory than a device has (one line: bytes and knobs)."""
+
+
 class StepCost(NamedTuple):
     """Per-device figures of the compiled step (XLA's cost and memory analyses)."""
 
@@ -105,7 +109,7 @@ def _gib(n: float) -> str:
 
 def fit_check(cost: StepCost, config: ml_collections.ConfigDict, limit: int | None = None) -> str:
     """Logs the step's per-device bytes and FLOPs in one line and returns it; a one-line
-    ValueError if the devices report a memory `limit` (default: the first local device's) that
+    DoesNotFit (a ValueError) if the devices report a memory `limit` (default: the first local device's) that
     the step exceeds, naming the knobs that shrink it."""
     limit = memory_limit(jax.local_devices()[0]) if limit is None else limit
     line = (
@@ -115,7 +119,7 @@ def fit_check(cost: StepCost, config: ml_collections.ConfigDict, limit: int | No
     )
     logging.info("%s", line)
     if limit is not None and cost.bytes_needed > limit:
-        raise ValueError(
+        raise DoesNotFit(
             f"the train step needs {_gib(cost.bytes_needed)} per device ({cost.bytes_needed} bytes) but the device "
             f"has {_gib(limit)} ({limit} bytes); lower config.input.batch_size={config.input.batch_size}, raise "
             f"config.grad_accum_steps={config.get('grad_accum_steps', 1)}, set config.model.remat=True or shard "
