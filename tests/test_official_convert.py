@@ -217,3 +217,26 @@ def test_one_line_errors():
     del broken["teacher"]["head.last_layer.weight_g"]
     with pytest.raises(ValueError, match=r"no weight-normalized last_layer"):
         official_convert.convert_dino(broken, dino_config(), "teacher", HEADS)
+
+
+def test_cli_converts_a_flat_state_dict_and_refuses_an_unknown_source(tmp_path):
+    import subprocess
+    import sys
+
+    from skipless_jax import checkpoint
+    from tests.util import ROOT
+
+    path = str(tmp_path / "teacher.npz")
+    np.savez(path, **dino_checkpoint()["teacher"])  # a released-style flat state dict
+    workdir = str(tmp_path / "dino")
+    command = [sys.executable, "-m", "skipless_jax.models.official_convert", f"--input={path}",
+               f"--config={ROOT}/configs/dino_digits.py", f"--workdir={workdir}", "--num_heads=2"]
+    done = subprocess.run([*command, "--source=dino"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "wrote the dino ViT (width 8, depth 2, patch 4, 2 heads, pool tok)" in done.stdout
+    saved = checkpoint.saved_config(workdir)
+    assert saved["trainer"] == "dino" and saved["converted_from"] == "teacher.npz"
+    assert saved["dino"]["out_dim"] == OUT and saved["model"]["num_heads"] == 2
+    bad = subprocess.run([*command, "--source=moco"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines()[-1] == "error: --source='moco' is unknown; allowed: ['dino', 'mae']"
