@@ -61,4 +61,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         knn=dict(type="knn", k=20, temperature=0.07, split=placeholder(str), train_split="train[:10%]", prefix="test"),
     ))
     config_blocks.runtime(c, eval_every=10000, checkpoint_every=2000, analysis=False)
+    config_blocks.imagenet_evals(c, classifier=False)
     return c

@@ -149,6 +149,32 @@ def dense_evals(selection: str, root: str | None) -> dict[str, ml_collections.Co
     return out
 
 
+# big_vision's i1k minival: 1% of train held out for model selection (docs/method.md §16).
+MINIVAL_TRAIN, MINIVAL = "train[:99%]", "train[99%:]"
+
+
+def imagenet_evals(c: ml_collections.ConfigDict, classifier: bool) -> None:
+    """What every ImageNet recipe evaluates besides `validation` (docs/method.md §16): it trains on
+    `train[:99%]` and reads a minival on `train[99%:]` (a classifier's accuracy; a self-supervised
+    recipe's kNN, with its kNN's bank), and a classifier also ImageNet-ReaL and ImageNet-v2 from
+    the run's data_dir (tfds `imagenet2012_real`, `imagenet_v2`)."""
+    c.dataset.train_split = MINIVAL_TRAIN
+    evals = c.get("evals") or ml_collections.ConfigDict(dict(test=dict(type="classification")))
+    if classifier:
+        data_dir = c.dataset.get_ref("data_dir")
+        evals.minival = ml_collections.ConfigDict(dict(type="classification", split=MINIVAL, prefix="minival"))
+        evals.real = ml_collections.ConfigDict(dict(type="classification", dataset="imagenet2012_real",
+                                                    split="validation", data_dir=data_dir, prefix="real"))
+        evals.v2 = ml_collections.ConfigDict(dict(type="classification", dataset="imagenet_v2", split="test",
+                                                  data_dir=data_dir, prefix="v2"))
+    else:
+        knn = evals.knn
+        evals.minival = ml_collections.ConfigDict(dict(type="knn", k=knn.k, temperature=knn.temperature,
+                                                       split=MINIVAL, train_split=knn.get("train_split"),
+                                                       prefix="minival"))
+    c.evals = evals
+
+
 def mae(**overrides: Any) -> ml_collections.ConfigDict:
     """`config.mae` of facebookresearch/mae's pre-training (docs/method.md §9): mask ratio 0.75,
     decoder 512 wide, 8 blocks, 16 heads (MLP ×4) with its skips, the raw image as the target,

@@ -36,7 +36,9 @@ def _module(name: str):
 def _train_examples(c: ml_collections.ConfigDict) -> int:
     if c.dataset.name == "tiny_imagenet":
         return tiny_imagenet.SPLITS[tiny_imagenet.parse_split(c.dataset.train_split)[0]]
-    return sources.dataset_info(c.dataset.name).splits[c.dataset.train_split]
+    splits = sources.dataset_info(c.dataset.name).splits
+    sliced = re.fullmatch(r"(\w+)\[:(\d+)%\]", c.dataset.train_split)  # the ImageNet recipes' train[:99%]
+    return round(splits[sliced[1]] * int(sliced[2]) / 100) if sliced else splits[c.dataset.train_split]
 
 
 def _total_steps(c: ml_collections.ConfigDict) -> int:
