@@ -1,0 +1,29 @@
+"""The notebooks in examples/ run top to bottom on the embedded digits (CPU, tiny configs) with
+nbclient and an ipykernel (requirements-test.txt pins both); each checks its own numbers in
+`assert` cells and shows its pictures."""
+
+import os
+
+import pytest
+
+from tests.util import ROOT
+
+NOTEBOOKS = ("signal_propagation", "dino_features", "mae_reconstructions")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs(name, tmp_path, monkeypatch):
+    nbclient = pytest.importorskip("nbclient")
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("ipykernel")
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # the kernel inherits this environment
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv("SKIPLESS_EXAMPLES_DIR", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    nb = nbformat.read(os.path.join(ROOT, "examples", f"{name}.ipynb"), as_version=4)
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": os.path.join(ROOT, "examples")}}).execute()
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert any("image/png" in o.get("data", {}) for o in outputs), "the notebook shows no picture"
