@@ -16,7 +16,6 @@ from skipless_jax.models.common import posemb_sincos_2d
 from skipless_jax.trainers import dino
 from tests.test_timm_convert import (
     HEADS,
-    MLP,
     D,
     P,
     _add,
@@ -27,10 +26,10 @@ from tests.test_timm_convert import (
     _linear,
     _ln,
     _merge,
-    _mlp,
     _mlp_np,
     _np,
     _softmax,
+    vit_state_dict,
 )
 from tests.util import load_config
 
@@ -39,21 +38,8 @@ GRID = IMG // P
 
 
 def vit_backbone(sd, rng, prefix="", norm="norm", pos_embed=None):
-    _add(sd, rng, f"{prefix}cls_token", 1, 1, D)
-    if pos_embed is None:
-        _add(sd, rng, f"{prefix}pos_embed", 1, GRID * GRID + 1, D)
-    else:
-        sd[f"{prefix}pos_embed"] = pos_embed
-    _add(sd, rng, f"{prefix}patch_embed.proj.weight", D, CHANNELS, P, P)
-    _add(sd, rng, f"{prefix}patch_embed.proj.bias", D)
-    for i in range(DEPTH):
-        b = f"{prefix}blocks.{i}"
-        _ln(sd, rng, f"{b}.norm1", D)
-        _linear(sd, rng, f"{b}.attn.qkv", 3 * D, D)
-        _linear(sd, rng, f"{b}.attn.proj", D, D)
-        _ln(sd, rng, f"{b}.norm2", D)
-        _mlp(sd, rng, f"{b}.mlp", D, MLP)
-    _ln(sd, rng, f"{prefix}{norm}", D)
+    sd.update(vit_state_dict(DEPTH, rng=rng, channels=CHANNELS, tokens=GRID * GRID, prefix=prefix, norm=norm,
+                             pos_embed=pos_embed, head=False))
 
 
 HIDDEN, BOTTLENECK, OUT = 16, 8, 12

@@ -45,21 +45,27 @@ def _mlp(sd, rng, name, d, hidden):
     _linear(sd, rng, f"{name}.fc2", d, hidden)
 
 
-def vit_state_dict(depth=2, seed=0):
-    rng, sd = _rng(seed), {}
-    _add(sd, rng, "cls_token", 1, 1, D)
-    _add(sd, rng, "pos_embed", 1, N + 1, D)
-    _add(sd, rng, "patch_embed.proj.weight", D, 3, P, P)
-    _add(sd, rng, "patch_embed.proj.bias", D)
+def vit_state_dict(depth=2, seed=0, rng=None, channels=3, tokens=N, prefix="", norm="norm", pos_embed=None,
+                   head=True):
+    """timm's ViT names (also DINO's and MAE's backbones: `prefix`, the final `norm`'s name, a given table)."""
+    rng, sd = rng or _rng(seed), {}
+    _add(sd, rng, f"{prefix}cls_token", 1, 1, D)
+    if pos_embed is None:
+        _add(sd, rng, f"{prefix}pos_embed", 1, tokens + 1, D)
+    else:
+        sd[f"{prefix}pos_embed"] = pos_embed
+    _add(sd, rng, f"{prefix}patch_embed.proj.weight", D, channels, P, P)
+    _add(sd, rng, f"{prefix}patch_embed.proj.bias", D)
     for i in range(depth):
-        b = f"blocks.{i}"
+        b = f"{prefix}blocks.{i}"
         _ln(sd, rng, f"{b}.norm1", D)
         _linear(sd, rng, f"{b}.attn.qkv", 3 * D, D)
         _linear(sd, rng, f"{b}.attn.proj", D, D)
         _ln(sd, rng, f"{b}.norm2", D)
         _mlp(sd, rng, f"{b}.mlp", D, MLP)
-    _ln(sd, rng, "norm", D)
-    _linear(sd, rng, "head", CLASSES, D)
+    _ln(sd, rng, f"{prefix}{norm}", D)
+    if head:
+        _linear(sd, rng, "head", CLASSES, D)
     return sd
 
 

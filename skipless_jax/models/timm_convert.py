@@ -63,24 +63,34 @@ def patch_conv(w: np.ndarray) -> np.ndarray:
     return k.reshape(-1, k.shape[-1])
 
 
-class _Reader:
-    """Takes tensors out of a state dict by name, remembering which were used."""
+class _Tensors:
+    """Arrays by name (`source`), remembering which were taken: what was left unused is an error."""
 
-    def __init__(self, state_dict: Mapping[str, Any]):
-        self.sd = {k: np.asarray(v, np.float32) for k, v in state_dict.items() if not IGNORED.fullmatch(k)}
+    what = "the state dict"
+
+    def __init__(self, source: Mapping[str, Any]):
+        self.source = source
         self.used: set[str] = set()
 
     def __contains__(self, name: str) -> bool:
-        return name in self.sd
+        return name in self.source
 
     def __call__(self, name: str) -> np.ndarray:
-        if name not in self.sd:
-            raise ValueError(f"the state dict has no {name!r} (it has e.g. {sorted(self.sd)[:4]})")
+        if name not in self.source:
+            raise ValueError(f"{self.what} has no {name!r} (it has e.g. {sorted(self.source)[:4]})")
         self.used.add(name)
-        return self.sd[name]
+        return self.source[name]
 
     def unused(self) -> list[str]:
-        return sorted(set(self.sd) - self.used)
+        return sorted(set(self.source) - self.used)
+
+
+class _Reader(_Tensors):
+    """Takes tensors out of a timm state dict by name (timm's computed buffers ignored)."""
+
+    def __init__(self, state_dict: Mapping[str, Any]):
+        super().__init__({k: np.asarray(v, np.float32) for k, v in state_dict.items() if not IGNORED.fullmatch(k)})
+        self.sd = self.source
 
 
 def _set(tree: dict[str, Any], path: str, value: np.ndarray) -> None:
@@ -289,22 +299,14 @@ def unpatch_conv(k: np.ndarray, patch_size: int) -> np.ndarray:
     return unconv(np.asarray(k).reshape(patch_size, patch_size, rows // patch_size**2, out))
 
 
-class _Writer:
-    """Builds a timm state dict from the project's parameter tree, remembering which leaves were used."""
+class _Writer(_Tensors):
+    """Builds a timm state dict (`sd`) from the project's parameter tree, read by '/'-joined path."""
+
+    what = "the parameters"
 
     def __init__(self, params: Mapping[str, Any]):
-        self.flat = {k: np.asarray(v, np.float32) for k, v in _flat(params).items()}
-        self.used: set[str] = set()
+        super().__init__({k: np.asarray(v, np.float32) for k, v in _flat(params).items()})
         self.sd: dict[str, np.ndarray] = {}
-
-    def __contains__(self, path: str) -> bool:
-        return path in self.flat
-
-    def __call__(self, path: str) -> np.ndarray:
-        if path not in self.flat:
-            raise ValueError(f"the parameters have no {path!r} (they have e.g. {sorted(self.flat)[:4]})")
-        self.used.add(path)
-        return self.flat[path]
 
     def put(self, name: str, value: np.ndarray) -> None:
         self.sd[name] = np.ascontiguousarray(value, np.float32)
@@ -330,10 +332,7 @@ class _Writer:
         self.dense(f"{dst}.fc2", f"{src}/Dense_1")
 
     def indices(self, pattern: str) -> list[int]:
-        return _blocks(pattern, self.flat)
-
-    def unused(self) -> list[str]:
-        return sorted(set(self.flat) - self.used)
+        return _blocks(pattern, self.source)
 
 
 def _vit_to_timm(w: _Writer, f: dict[str, Any]) -> None:
