@@ -87,6 +87,10 @@ def runtime(
     c.compilation_cache_dir = placeholder(str)
     c.profile_steps = 5  # steps traced after warm-up into <workdir>/plugins/profile/ (0: off; trainers/perf.py)
     c.peak_tflops = placeholder(float)  # per-device peak for perf/mfu; None: trainers/perf.py's table by device
+    # Hosted tracking next to TensorBoard: off unless a project is named (trainers/wandb_writer.py).
+    c.wandb = ml_collections.ConfigDict(
+        dict(project=placeholder(str), entity=placeholder(str), name=placeholder(str), mode=placeholder(str))
+    )
     if analysis:
         c.analysis = ml_collections.ConfigDict(dict(every_steps=0, probe_size=32))
 

@@ -27,7 +27,7 @@ from etils import epath
 
 from skipless_jax import checkpoint
 from skipless_jax.pretrained import check_saved_config
-from skipless_jax.trainers import perf
+from skipless_jax.trainers import perf, wandb_writer
 from skipless_jax.trainers.nonfinite import NonFiniteError, all_finite, inexact_names, nonfinite_error
 
 # A run stopped by SIGTERM or a preemption notice saved its state and is not finished:
@@ -178,6 +178,10 @@ class Run:
             if self.is_chief
             else metric_writers.MultiWriter([])
         )
+        hosted = self.is_chief and wandb_writer.enabled(config)
+        self._wandb = wandb_writer.WandbWriter(config, workdir) if hosted else None
+        if self._wandb is not None:
+            self.writer = metric_writers.MultiWriter([self.writer, self._wandb])
         if first_step == 0:
             self.writer.write_hparams({k: str(v) for k, v in flatten_dict(config.to_dict()).items()})
         self.progress = periodic_actions.ReportProgress(
@@ -268,6 +272,8 @@ class Run:
         finally:
             self.mngr.close()
             self.writer.flush()
+            if self._wandb is not None:
+                self._wandb.close()
 
     def finish(self) -> dict[str, Any]:
         """Final metrics of a run that reached its last step, written to `final_metrics.json`."""
