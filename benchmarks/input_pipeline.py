@@ -3,7 +3,7 @@ accelerator needs.
 
 Generates JPEGs of ImageNet-like sizes and file sizes (400–500 × 333–375 pixels, ~100 KB; the
 ImageNet train set averages ~115 KB per image) into an in-memory source that decodes on read
-(`sources.EncodedSource`, as `tfds.data_source` does), then reads batches through the
+(`record_sources.EncodedSource`, as `tfds.data_source` does), then reads batches through the
 trainers' own pipeline (`pipeline.train_batches` / `eval_batches`, the transforms as the
 trainers build them with `on_device=True`: uint8 out, normalization and erasing on device):
   train      decode + the DeiT train transform (224², RandAugment 'rand-m9-mstd0.5-inc1',
@@ -44,7 +44,8 @@ from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from skipless_jax import config_blocks
-from skipless_jax.data import augment, multicrop, pipeline, sources
+from skipless_jax.data import augment, multicrop, pipeline, record_sources
+from skipless_jax.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 IMAGE_SIZE = 224
@@ -119,8 +120,8 @@ def transforms() -> dict[str, Callable]:
     deit = ml_collections.ConfigDict(config_blocks.deit_aug())
     train = dataclasses.replace(augment.train_transform(deit, IMAGE_SIZE), uint8=True)
     evaluate = dataclasses.replace(augment.eval_transform(IMAGE_SIZE, 0.875), uint8=True)
-    crops = multicrop.MultiCrop(global_size=IMAGE_SIZE, local_size=96, num_local=10, mean=augment.IMAGENET_MEAN,
-                                std=augment.IMAGENET_STD, uint8=True)
+    crops = multicrop.MultiCrop(global_size=IMAGE_SIZE, local_size=96, num_local=10, mean=IMAGENET_MEAN,
+                                std=IMAGENET_STD, uint8=True)
     return {"train": train, "eval": evaluate, "multicrop": crops}
 
 
@@ -157,18 +158,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def batches(name: str, source: sources.EncodedSource, workers: int, batch_size: int, steps: int) -> Any:
+def batches(name: str, source: record_sources.EncodedSource, workers: int, batch_size: int, steps: int) -> Any:
     transform = transforms()[name]
     if name == "eval":  # the split repeated: enough batches to time
         copies = math.ceil((steps + 1) * batch_size / len(source))
-        source = sources.EncodedSource(source.blobs * copies, np.tile(source.labels, copies))
+        source = record_sources.EncodedSource(source.blobs * copies, np.tile(source.labels, copies))
         return pipeline.eval_batches(source, transform, num_classes=1000, global_batch_size=batch_size,
                                      num_workers=workers)
     return pipeline.train_batches(source, transform, num_classes=1000, global_batch_size=batch_size, seed=0,
                                   num_workers=workers)
 
 
-def measure(name: str, source: sources.EncodedSource, workers: int, batch_size: int, steps: int) -> dict[str, Any]:
+def measure(
+    name: str, source: record_sources.EncodedSource, workers: int, batch_size: int, steps: int
+) -> dict[str, Any]:
     """One run: a warm-up batch (worker start-up excluded), then `steps` timed batches."""
     it = batches(name, source, workers, batch_size, steps)
     first = next(it)
@@ -214,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
         targets[key] = float(value)
 
     jpegs = make_jpegs(args.images)
-    source = sources.EncodedSource(jpegs, np.arange(len(jpegs)) % 1000)
+    source = record_sources.EncodedSource(jpegs, np.arange(len(jpegs)) % 1000)
     sizes = [Image.open(io.BytesIO(j)).size for j in jpegs]
     jpeg_kb = float(np.mean([len(j) for j in jpegs]) / 1024)
     print(f"{len(jpegs)} JPEGs, mean {jpeg_kb:.0f} KB, mean {np.mean([w for w, _ in sizes]):.0f}x"

@@ -39,7 +39,7 @@ import ml_collections
 import numpy as np
 
 from skipless_jax import config_blocks, models, sharding
-from skipless_jax.data import augment, device_images, device_input, inputs, sources
+from skipless_jax.data import device_images, device_input, inputs, sources
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common, dino, supervised
 
@@ -181,10 +181,9 @@ def supervised_program(config: ml_collections.ConfigDict, axes: dict[str, int],
     # What the trainer's pipeline ships (inputs.train_iterator(on_device=True)): uint8 images,
     # one-hot labels, and the random-erasing boxes when the recipe erases.
     aug = config.input.get("aug")
-    host_mix = augment.mix_site(aug) == "host"  # then float32 images, erased on the host
-    shapes = {"image": ((b, size, size, info.image_shape[-1]), jnp.float32 if host_mix else jnp.uint8),
+    shapes = {"image": ((b, size, size, info.image_shape[-1]), jnp.uint8),
               "label": ((b, info.num_classes), jnp.float32)}
-    if aug is not None and aug.get("reprob", 0) > 0 and not host_mix:
+    if aug is not None and aug.get("reprob", 0) > 0:
         shapes["erase"] = ((b, 4), jnp.int32)
     return _program(config, mesh, init_state, lambda: supervised.make_train_step(model, tx, schedule, config), shapes)
 

@@ -11,15 +11,10 @@ from typing import Any
 import jax
 
 from skipless_jax import sharding
+from skipless_jax.checks import is_finite, is_int, is_number, require
 from skipless_jax.data import sources
 
 TRAINERS = ("supervised", "dino", "mae")
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
 
 
 def _get(config: Any, field: str) -> Any:
@@ -30,26 +25,14 @@ def _get(config: Any, field: str) -> Any:
     return holder.get(name)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_finite(value: Any) -> bool:
-    return _is_number(value) and math.isfinite(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _positive(config: Any, field: str, allow_zero: bool = False, allow_none: bool = False) -> None:
     value = _get(config, field)
     if value is None and allow_none:
         return
-    if _is_number(value) and not math.isfinite(value):
+    if is_number(value) and not math.isfinite(value):
         raise ValueError(f"config.{field}={value!r} must be a finite number {'>= 0' if allow_zero else '> 0'}")
-    ok = _is_number(value) and (value >= 0 if allow_zero else value > 0)
-    _require(ok, f"config.{field}={value!r} must be a {'non-negative' if allow_zero else 'positive'} number")
+    ok = is_number(value) and (value >= 0 if allow_zero else value > 0)
+    require(ok, f"config.{field}={value!r} must be a {'non-negative' if allow_zero else 'positive'} number")
 
 
 def _finite(config: Any, field: str, minimum: str = "> 0", allow_none: bool = False, none_means: str = "") -> None:
@@ -57,8 +40,8 @@ def _finite(config: Any, field: str, minimum: str = "> 0", allow_none: bool = Fa
     value = _get(config, field)
     if value is None and allow_none:
         return
-    ok = _is_finite(value) and (value > 0 if minimum == "> 0" else value >= 0)
-    _require(ok,
+    ok = is_finite(value) and (value > 0 if minimum == "> 0" else value >= 0)
+    require(ok,
              f"config.{field}={value!r} must be a finite number {minimum}" + (f" ({none_means})" if none_means else ""))
 
 
@@ -67,9 +50,9 @@ def _count(config: Any, field: str, allow_zero: bool = False, allow_none: bool =
     value = _get(config, field)
     if value is None and allow_none:
         return
-    ok = _is_int(value) and (value >= 0 if allow_zero else value > 0)
+    ok = is_int(value) and (value >= 0 if allow_zero else value > 0)
     what = "non-negative" if allow_zero else "positive"
-    _require(ok, f"config.{field}={value!r} must be a {what} integer" + (f" ({zero_means})" if zero_means else ""))
+    require(ok, f"config.{field}={value!r} must be a {what} integer" + (f" ({zero_means})" if zero_means else ""))
 
 
 def _nonfinite_numbers(tree: Any, prefix: str) -> None:
@@ -80,9 +63,9 @@ def _nonfinite_numbers(tree: Any, prefix: str) -> None:
             _nonfinite_numbers(value, f"{prefix}.{key}")
         elif isinstance(value, (tuple, list)):
             for i, v in enumerate(value):
-                _require(not _is_number(v) or math.isfinite(v), f"{prefix}.{key}[{i}]={v!r} must be a finite number")
+                require(not is_number(v) or math.isfinite(v), f"{prefix}.{key}[{i}]={v!r} must be a finite number")
         else:
-            _require(not _is_number(value) or math.isfinite(value), f"{prefix}.{key}={value!r} must be a finite number")
+            require(not is_number(value) or math.isfinite(value), f"{prefix}.{key}={value!r} must be a finite number")
 
 
 def steps_per_epoch(config: Any, num_train: int) -> float:
@@ -105,14 +88,14 @@ def _check_schedule_name(sched: Any) -> None:
     from skipless_jax.optim import SCHEDULES
 
     name = sched.get("name", "warmup_cosine")
-    _require(name in SCHEDULES, f"config.schedule.name={name!r} is unknown; allowed: {', '.join(SCHEDULES)}")
+    require(name in SCHEDULES, f"config.schedule.name={name!r} is unknown; allowed: {', '.join(SCHEDULES)}")
     if name != "triangular":
         return
     for field in ("warmup_steps", "warmup_epochs", "end_lr"):
-        _require(not sched.get(field), f"config.schedule.{field}={sched.get(field)!r}: the triangular schedule rises "
+        require(not sched.get(field), f"config.schedule.{field}={sched.get(field)!r}: the triangular schedule rises "
                  "from 0 and ends at 0 by itself; allowed: 0 or None")
     a, b, f = sched.get("peak_at", 0.4), sched.get("fall_at", 0.8), sched.get("fall_to", 0.05)
-    _require(all(_is_finite(v) for v in (a, b, f)) and 0 < a < b < 1 and f >= 0,
+    require(all(is_finite(v) for v in (a, b, f)) and 0 < a < b < 1 and f >= 0,
              f"config.schedule peak_at={a!r}, fall_at={b!r}, fall_to={f!r}: need 0 < peak_at < fall_at < 1 and "
              "fall_to >= 0")
 
@@ -132,7 +115,7 @@ def _check_warmup(config: Any) -> None:
     from skipless_jax.trainers.common import steps_of  # the trainers' own count
 
     total, warmup = steps_of(config, "total", spe), steps_of(config, "warmup", spe)
-    _require(
+    require(
         warmup <= total,
         f"{_steps_field(config, 'warmup')} is a warm-up of {warmup} steps, longer than the run's {total} steps "
         f"({_steps_field(config, 'total')}); allowed: at most {total} steps",
@@ -150,18 +133,18 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
     """Raises ValueError (one line) for the first bad field of a training config."""
     num_devices = num_devices or jax.device_count()
     trainer = config.get("trainer", "supervised")
-    _require(trainer in TRAINERS, f"config.trainer={trainer!r} is unknown; allowed: {list(TRAINERS)}")
-    _require(isinstance(config.get("seed"), int), f"config.seed={config.get('seed')!r} must be an integer")
+    require(trainer in TRAINERS, f"config.trainer={trainer!r} is unknown; allowed: {list(TRAINERS)}")
+    require(isinstance(config.get("seed"), int), f"config.seed={config.get('seed')!r} must be an integer")
 
     # Data.
     name = config.dataset.get("name")
     info = sources.dataset_info(name)
     for field in ("train_split", "eval_split"):
         split = config.dataset.get(field)
-        _require(isinstance(split, str) and split, f"config.dataset.{field}={split!r} must name a split")
+        require(isinstance(split, str) and split, f"config.dataset.{field}={split!r} must name a split")
     size = config.input.get("image_size")
-    _require(
-        size is None or (_is_int(size) and size > 0),
+    require(
+        size is None or (is_int(size) and size > 0),
         f"config.input.image_size={size!r} must be a positive integer (None: the dataset's own, {info.image_shape[0]})",
     )
     image_size = size or info.image_shape[0]
@@ -170,7 +153,7 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
     _count(config, "input.num_workers", allow_zero=True, allow_none=True, zero_means="reads in the training process")
     _count(config, "input.device_prefetch", allow_zero=True, allow_none=True, zero_means="no batch ahead")
     cache_eval = config.input.get("cache_eval")
-    _require(cache_eval is None or isinstance(cache_eval, bool),
+    require(cache_eval is None or isinstance(cache_eval, bool),
              f"config.input.cache_eval={cache_eval!r} must be True or False (keep the eval batches in host memory)")
 
     # Mesh: sizes vs devices, batch vs data-parallel shards, processes.
@@ -181,21 +164,21 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
     for field in ("batch_size", "eval_batch_size"):
         batch = config.input.get(field)
         if batch:
-            _require(batch % shards == 0,
+            require(batch % shards == 0,
                      f"config.input.{field}={batch} is not divisible by the {shards} data-parallel devices "
                      f"of the mesh {dict(zip(names, sizes))}")
-            _require(batch % jax.process_count() == 0,
+            require(batch % jax.process_count() == 0,
                      f"config.input.{field}={batch} is not divisible by the {jax.process_count()} processes")
     sharding.validate_rules(config.get("sharding_rules", []))
     if config.get("analysis") is not None:  # live log-κ monitoring on a probe batch
         _positive(config, "analysis.every_steps", allow_zero=True, allow_none=True)
         every = config.analysis.get("every_steps")
-        _require(every is None or (isinstance(every, int) and not isinstance(every, bool)),
+        require(every is None or (isinstance(every, int) and not isinstance(every, bool)),
                  f"config.analysis.every_steps={every!r} must be an integer (0: off)")
         if every:
             probe = config.analysis.get("probe_size", 32)
             split_size = info.splits.get(config.dataset.eval_split)  # None: not known before reading
-            _require(
+            require(
                 isinstance(probe, int) and not isinstance(probe, bool) and probe > 0
                 and probe % shards == 0 and probe % jax.process_count() == 0
                 and (split_size is None or probe <= split_size),
@@ -204,7 +187,7 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
                 + (f", at most the {split_size} examples of the eval split" if split_size else ""),
             )
     accum = config.get("grad_accum_steps") or 1
-    _require(
+    require(
         isinstance(accum, int) and accum > 0 and config.input.batch_size % (accum * shards) == 0,
         f"config.grad_accum_steps={accum!r} must be a positive integer dividing config.input.batch_size"
         f"={config.input.batch_size} into micro-batches divisible by the {shards} data-parallel devices",
@@ -217,21 +200,21 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
     from skipless_jax.optim import OPTIMIZERS
 
     opt = config.optimizer
-    _require(opt.get("name") in OPTIMIZERS,
+    require(opt.get("name") in OPTIMIZERS,
              f"config.optimizer.name={opt.get('name')!r} is unknown; allowed: {sorted(OPTIMIZERS)}")
     _finite(config, "optimizer.lr")
     _finite(config, "optimizer.weight_decay", ">= 0", allow_none=True)
     for field in ("b1", "b2"):
         value = opt.get(field)
-        _require(value is None or (_is_finite(value) and 0.0 <= value < 1.0),
+        require(value is None or (is_finite(value) and 0.0 <= value < 1.0),
                  f"config.optimizer.{field}={value!r} must be in [0, 1)")
     decay = opt.get("layer_decay")
-    _require(decay is None or (_is_finite(decay) and 0.0 < decay <= 1.0),
+    require(decay is None or (is_finite(decay) and 0.0 < decay <= 1.0),
              f"config.optimizer.layer_decay={decay!r} must be in (0, 1] (None or 1: off)")
-    _require(decay in (None, 1.0) or config.model.get("name", "vit") in (None, "vit"),
+    require(decay in (None, 1.0) or config.model.get("name", "vit") in (None, "vit"),
              f"config.optimizer.layer_decay={decay!r} is defined for the ViT's layers; "
              f"config.model.name={config.model.get('name')!r} has none (allowed: None)")
-    _require(config.get("schedule") is not None, "config.schedule must be set (warmup_steps or warmup_epochs, end_lr)")
+    require(config.get("schedule") is not None, "config.schedule must be set (warmup_steps or warmup_epochs, end_lr)")
     _finite(config, "schedule.end_lr", ">= 0", allow_none=True)
     _nonfinite_numbers(opt, "config.optimizer")
     if opt.name == "soap":
@@ -244,7 +227,7 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
             )
         except ValueError as err:
             raise ValueError(f"config.optimizer: {err}") from None
-    _require(
+    require(
         config.get("total_steps") is not None or config.get("total_epochs") is not None,
         "config.total_steps or config.total_epochs must be set",
     )
@@ -257,14 +240,14 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
     _check_warmup(config)
     _finite(config, "grad_clip_norm", allow_none=True, none_means="None: no clipping")
     smoothing = config.get("label_smoothing", 0.0)
-    _require(_is_finite(smoothing) and 0.0 <= smoothing < 1.0,
+    require(is_finite(smoothing) and 0.0 <= smoothing < 1.0,
              f"config.label_smoothing={smoothing!r} must be in [0, 1)")
     _count(config, "log_every_steps")
     for field in ("eval_every_steps", "checkpoint_every_steps"):
         _count(config, field, allow_zero=True, allow_none=True, zero_means="0 or None: only at the end")
     keep = config.get("keep_checkpoints", 3)
-    _require(
-        _is_int(keep) and keep > 0,
+    require(
+        is_int(keep) and keep > 0,
         f"config.keep_checkpoints={keep!r} must be a positive integer "
         "(the newest checkpoints kept; 0 would end a run with none)",
     )

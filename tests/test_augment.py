@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from skipless_jax.data import augment
+from skipless_jax.data import augment, randaugment, random_erasing, transforms
 
-MEAN, STD = augment.IMAGENET_MEAN, augment.IMAGENET_STD
+MEAN, STD = transforms.IMAGENET_MEAN, transforms.IMAGENET_STD
 
 
 def _rng(seed: int) -> np.random.Generator:
@@ -85,7 +85,7 @@ def _bicubic_reference(image: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
 
 def test_eval_resize_center_crop_equals_explicit_pil_on_known_image():
     image = _smooth_image(375, 500)
-    out = augment.resize_center_crop(image, 224, crop_pct=0.875)
+    out = transforms.resize_center_crop(image, 224, crop_pct=0.875)
     # 224 / 0.875 = 256: shorter side 375 → 256, longer int(256·500/375) = 341; the centre
     # crop starts at round((256−224)/2) = 16 rows and round((341−224)/2) = round(58.5) = 58.
     expected = np.asarray(
@@ -98,21 +98,21 @@ def test_eval_resize_center_crop_equals_explicit_pil_on_known_image():
 
 def test_eval_portrait_and_identity():
     portrait = _smooth_image(500, 333)
-    out = augment.resize_center_crop(portrait, 224, crop_pct=0.875)
+    out = transforms.resize_center_crop(portrait, 224, crop_pct=0.875)
     # shorter side 333 → 256, longer int(256·500/333) = 384; crop rows round(80) = 80.
     expected = np.asarray(Image.fromarray(portrait).resize((256, 384), Image.Resampling.BICUBIC))
     np.testing.assert_array_equal(out, expected[80:304, 16:240])
     odd = _smooth_image(375, 503)  # longer side int(343.38) = 343: left = round(59.5) = 60, not 59
     expected = np.asarray(Image.fromarray(odd).resize((343, 256), Image.Resampling.BICUBIC))
-    np.testing.assert_array_equal(augment.resize_center_crop(odd, 224), expected[16:240, 60:284])
+    np.testing.assert_array_equal(transforms.resize_center_crop(odd, 224), expected[16:240, 60:284])
     small = _noise_image(32, 32)  # CIFAR at its own size with crop_pct 1: untouched
-    np.testing.assert_array_equal(augment.resize_center_crop(small, 32, crop_pct=1.0), small)
+    np.testing.assert_array_equal(transforms.resize_center_crop(small, 32, crop_pct=1.0), small)
 
 
 def test_eval_transform_normalizes_the_crop():
     image = _smooth_image(375, 500)
     out = augment.eval_transform(224, 0.875, MEAN, STD)(image)
-    crop = augment.resize_center_crop(image, 224).astype(np.float64)
+    crop = transforms.resize_center_crop(image, 224).astype(np.float64)
     reference = (crop / 255.0 - np.array(MEAN)) / np.array(STD)
     assert out.dtype == np.float32 and out.shape == (224, 224, 3)
     np.testing.assert_allclose(out, reference, atol=2e-6)
@@ -121,13 +121,13 @@ def test_eval_transform_normalizes_the_crop():
 def test_normalize_matches_float64_reference():
     image = _noise_image(7, 5)
     mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-    out = augment.normalize(image, mean, std)
+    out = transforms.normalize(image, mean, std)
     reference = (image / 255.0 - np.array(mean)) / np.array(std)
     assert out.dtype == np.float32
     np.testing.assert_allclose(out, reference, atol=2e-6)
-    np.testing.assert_array_equal(out, augment.normalize(image.astype(np.float32), mean, std))
+    np.testing.assert_array_equal(out, transforms.normalize(image.astype(np.float32), mean, std))
     with pytest.raises(ValueError, match="one entry per channel"):
-        augment.normalize(image, (0.5,), (0.5,))
+        transforms.normalize(image, (0.5,), (0.5,))
 
 
 # ------------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def test_random_resized_crop_box_within_scale_and_ratio():
     height, width = 375, 500
     fractions, aspects = [], []
     for seed in range(400):
-        top, left, h, w = augment.random_resized_crop_box(height, width, _rng(seed))
+        top, left, h, w = transforms.random_resized_crop_box(height, width, _rng(seed))
         assert top >= 0 and top + h <= height and left >= 0 and left + w <= width
         # rounding h and w to integers moves the area by at most (h + w)/2 + 1/4 pixels
         slack = (0.5 * (h + w) + 0.25) / (height * width)
@@ -152,15 +152,15 @@ def test_random_resized_crop_box_within_scale_and_ratio():
 
 def test_random_resized_crop_box_fallback_is_clamped_centre_crop():
     # No 10×10 image holds a crop of area 1 with w/h = 2: fall back to the centre crop at w/h = 2.
-    assert augment.random_resized_crop_box(10, 10, _rng(0), (1.0, 1.0), (2.0, 2.0)) == (2, 0, 5, 10)
-    assert augment.random_resized_crop_box(10, 40, _rng(0), (1.0, 1.0), (1.0, 1.0)) == (0, 15, 10, 10)
+    assert transforms.random_resized_crop_box(10, 10, _rng(0), (1.0, 1.0), (2.0, 2.0)) == (2, 0, 5, 10)
+    assert transforms.random_resized_crop_box(10, 40, _rng(0), (1.0, 1.0), (1.0, 1.0)) == (0, 15, 10, 10)
 
 
 def test_random_resized_crop_equals_pil_crop_then_bicubic_resize():
     image = _smooth_image(375, 500)
     for seed in range(5):
-        out = augment.random_resized_crop(image, _rng(seed), 224)
-        top, left, h, w = augment.random_resized_crop_box(375, 500, _rng(seed))
+        out = transforms.random_resized_crop(image, _rng(seed), 224)
+        top, left, h, w = transforms.random_resized_crop_box(375, 500, _rng(seed))
         expected = np.asarray(Image.fromarray(image[top:top + h, left:left + w]).resize(
             (224, 224), Image.Resampling.BICUBIC))
         assert out.dtype == np.uint8 and out.shape == (224, 224, 3)
@@ -172,22 +172,22 @@ def test_random_pad_crop_is_a_window_of_the_zero_padded_image():
     padded = np.pad(image, ((4, 4), (4, 4), (0, 0)))
     offsets = set()
     for seed in range(300):
-        out = augment.random_pad_crop(image, _rng(seed), 32, padding=4)
+        out = transforms.random_pad_crop(image, _rng(seed), 32, padding=4)
         rng = _rng(seed)
         top, left = int(rng.integers(0, 9)), int(rng.integers(0, 9))
         np.testing.assert_array_equal(out, padded[top:top + 32, left:left + 32])
         offsets.add((top, left))
     assert len(offsets) > 70  # most of the 9 × 9 offsets occur
-    np.testing.assert_array_equal(augment.random_pad_crop(image, _rng(0), 32, padding=0), image)
+    np.testing.assert_array_equal(transforms.random_pad_crop(image, _rng(0), 32, padding=0), image)
     with pytest.raises(ValueError, match="smaller than the crop 48"):
-        augment.random_pad_crop(image, _rng(0), 48, padding=4)
+        transforms.random_pad_crop(image, _rng(0), 48, padding=4)
 
 
 def test_random_flip_mirrors_half_the_time():
     image = _noise_image(4, 6)
     flipped = 0
     for seed in range(400):
-        out = augment.random_flip(image, _rng(seed))
+        out = transforms.random_flip(image, _rng(seed))
         if np.array_equal(out, image[:, ::-1]):
             flipped += 1
         else:
@@ -200,10 +200,10 @@ def test_random_flip_mirrors_half_the_time():
 
 
 def test_randaug_op_lists_are_timms():
-    assert len(augment.RAND_INCREASING_OPS) == len(augment.RAND_OPS) == 15
-    assert "Cutout" not in augment.RAND_INCREASING_OPS
-    for name in augment.RAND_OPS + augment.RAND_INCREASING_OPS:
-        assert name in augment.LEVEL_TO_ARG and name in augment.APPLY_OP
+    assert len(randaugment.RAND_INCREASING_OPS) == len(randaugment.RAND_OPS) == 15
+    assert "Cutout" not in randaugment.RAND_INCREASING_OPS
+    for name in randaugment.RAND_OPS + randaugment.RAND_INCREASING_OPS:
+        assert name in randaugment.LEVEL_TO_ARG and name in randaugment.APPLY_OP
 
 
 @pytest.mark.parametrize("name, magnitude, expected", [
@@ -222,8 +222,8 @@ def test_randaug_op_lists_are_timms():
     ("Sharpness", 0, 0.1),
 ])
 def test_randaug_level_to_arg(name, magnitude, expected):
-    ctx = augment.OpContext((124, 116, 104), Image.Resampling.BICUBIC, 0.45)
-    args = {augment.LEVEL_TO_ARG[name](magnitude, _rng(seed), ctx) for seed in range(20)}
+    ctx = randaugment.OpContext((124, 116, 104), Image.Resampling.BICUBIC, 0.45)
+    args = {randaugment.LEVEL_TO_ARG[name](magnitude, _rng(seed), ctx) for seed in range(20)}
     signed = name.startswith(("Rotate", "Shear", "Translate"))
     want = {expected, -expected} if signed else {expected}
     assert len(args) == len(want)
@@ -232,9 +232,9 @@ def test_randaug_level_to_arg(name, magnitude, expected):
 
 
 def test_randaug_increasing_enhance_is_one_plus_or_minus():
-    ctx = augment.OpContext((124, 116, 104), Image.Resampling.BICUBIC, 0.45)
+    ctx = randaugment.OpContext((124, 116, 104), Image.Resampling.BICUBIC, 0.45)
     for name in ("ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing"):
-        args = sorted({round(augment.LEVEL_TO_ARG[name](9, _rng(s), ctx), 12) for s in range(20)})
+        args = sorted({round(randaugment.LEVEL_TO_ARG[name](9, _rng(s), ctx), 12) for s in range(20)})
         assert args == pytest.approx([0.19, 1.81])
 
 
@@ -242,22 +242,22 @@ def test_pixel_ops_match_numpy_references():
     image = _noise_image(16, 12)
     pil = Image.fromarray(image)
     x = image.astype(np.int64)
-    np.testing.assert_array_equal(np.asarray(augment.invert(pil)), 255 - x)
-    np.testing.assert_array_equal(np.asarray(augment.solarize(pil, 26)), np.where(x >= 26, 255 - x, x))
-    np.testing.assert_array_equal(np.asarray(augment.solarize(pil, 256)), x)
-    np.testing.assert_array_equal(np.asarray(augment.solarize_add(pil, 99)),
+    np.testing.assert_array_equal(np.asarray(randaugment.invert(pil)), 255 - x)
+    np.testing.assert_array_equal(np.asarray(randaugment.solarize(pil, 26)), np.where(x >= 26, 255 - x, x))
+    np.testing.assert_array_equal(np.asarray(randaugment.solarize(pil, 256)), x)
+    np.testing.assert_array_equal(np.asarray(randaugment.solarize_add(pil, 99)),
                                   np.where(x < 128, np.minimum(x + 99, 255), x))
     for bits in range(0, 9):
         keep = (0xFF << (8 - bits)) & 0xFF
-        np.testing.assert_array_equal(np.asarray(augment.posterize(pil, bits)), x & keep)
+        np.testing.assert_array_equal(np.asarray(randaugment.posterize(pil, bits)), x & keep)
     low = (image // 2 + 40).astype(np.uint8)  # range [40, 167]: autocontrast stretches it
     lo, hi = low.min((0, 1)).astype(np.float64), low.max((0, 1)).astype(np.float64)
     stretched = np.floor((low - lo) * 255.0 / (hi - lo))
-    np.testing.assert_array_equal(np.asarray(augment.auto_contrast(Image.fromarray(low))), stretched)
-    bright = np.asarray(augment.brightness(pil, 0.5)).astype(np.float64)
+    np.testing.assert_array_equal(np.asarray(randaugment.auto_contrast(Image.fromarray(low))), stretched)
+    bright = np.asarray(randaugment.brightness(pil, 0.5)).astype(np.float64)
     assert np.max(np.abs(bright - x * 0.5)) <= 1.0
     narrow = (_noise_image(64, 64) // 4 + 60).astype(np.uint8)  # values 60..123
-    equalized = np.asarray(augment.equalize(Image.fromarray(narrow)))
+    equalized = np.asarray(randaugment.equalize(Image.fromarray(narrow)))
     for c in range(3):  # a monotone per-channel map spreading the values over [0, 255]
         order = np.argsort(narrow[..., c], axis=None, kind="stable")
         assert np.all(np.diff(equalized[..., c].ravel()[order].astype(int)) >= 0)
@@ -267,53 +267,53 @@ def test_pixel_ops_match_numpy_references():
 def test_geometric_ops_shift_and_fill():
     image = _noise_image(20, 30)
     pil, fill = Image.fromarray(image), (124, 116, 104)
-    moved = np.asarray(augment.translate_x(pil, 5, fill))  # out(x) = in(x + 5)
+    moved = np.asarray(randaugment.translate_x(pil, 5, fill))  # out(x) = in(x + 5)
     np.testing.assert_array_equal(moved[:, :25], image[:, 5:])
     assert np.all(moved[:, 25:] == np.array(fill, np.uint8))
-    moved = np.asarray(augment.translate_y(pil, -3, fill))  # out(y) = in(y − 3)
+    moved = np.asarray(randaugment.translate_y(pil, -3, fill))  # out(y) = in(y − 3)
     np.testing.assert_array_equal(moved[3:], image[:17])
     assert np.all(moved[:3] == np.array(fill, np.uint8))
     white = Image.fromarray(np.full((64, 64, 3), 255, np.uint8))
-    rotated = np.asarray(augment.rotate(white, 45.0, fill))
+    rotated = np.asarray(randaugment.rotate(white, 45.0, fill))
     np.testing.assert_array_equal(rotated[0, 0], fill)  # uncovered corner: the fill colour
     np.testing.assert_array_equal(rotated[32, 32], (255, 255, 255))
-    sheared = np.asarray(augment.shear_x(white, 0.3, fill))  # out(x, y) = in(x + 0.3 y, y)
+    sheared = np.asarray(randaugment.shear_x(white, 0.3, fill))  # out(x, y) = in(x + 0.3 y, y)
     np.testing.assert_array_equal(sheared[63, 63], fill)
     np.testing.assert_array_equal(sheared[0, 63], (255, 255, 255))
 
 
 def test_rand_augment_shapes_determinism_and_identity():
     image = _smooth_image(48, 40)
-    out = augment.rand_augment(image, _rng(3))
+    out = randaugment.rand_augment(image, _rng(3))
     assert out.dtype == np.uint8 and out.shape == image.shape
-    np.testing.assert_array_equal(out, augment.rand_augment(image, _rng(3)))
-    distinct = {augment.rand_augment(image, _rng(s)).tobytes() for s in range(12)}
+    np.testing.assert_array_equal(out, randaugment.rand_augment(image, _rng(3)))
+    distinct = {randaugment.rand_augment(image, _rng(s)).tobytes() for s in range(12)}
     assert len(distinct) >= 6  # P(no op fires) = 1/4 per seed
-    np.testing.assert_array_equal(augment.rand_augment(image, _rng(0), num_layers=0), image)
+    np.testing.assert_array_equal(randaugment.rand_augment(image, _rng(0), num_layers=0), image)
 
 
 def test_rand_augment_applies_each_chosen_op_with_probability_half():
     image = (_smooth_image(48, 40) // 2 + 60).astype(np.uint8)  # mid-range: every op changes it
-    changed = sum(not np.array_equal(augment.rand_augment(image, _rng(s), num_layers=1), image)
+    changed = sum(not np.array_equal(randaugment.rand_augment(image, _rng(s), num_layers=1), image)
                   for s in range(400))
     assert 160 <= changed <= 240  # Binomial(400, 0.5): ±4 σ
-    assert augment._mean_fill(MEAN) == (124, 116, 104)  # DeiT's fill colour, round(255·mean)
+    assert randaugment.mean_fill(MEAN) == (124, 116, 104)  # DeiT's fill colour, round(255·mean)
 
 
 def test_parse_randaug():
-    spec = augment.parse_randaug("rand-m9-mstd0.5-inc1")
-    assert spec == augment.RandAugmentSpec(num_layers=2, magnitude=9.0, magnitude_std=0.5,
+    spec = randaugment.parse_randaug("rand-m9-mstd0.5-inc1")
+    assert spec == randaugment.RandAugmentSpec(num_layers=2, magnitude=9.0, magnitude_std=0.5,
                                            magnitude_max=10.0, increasing=True)
-    assert augment.parse_randaug("rand-n3-m7").num_layers == 3
-    assert augment.parse_randaug("rand-mstd101").magnitude_std == math.inf
+    assert randaugment.parse_randaug("rand-n3-m7").num_layers == 3
+    assert randaugment.parse_randaug("rand-mstd101").magnitude_std == math.inf
     with pytest.raises(ValueError, match="must be a string starting with 'rand'"):
-        augment.parse_randaug("auto-m9")
+        randaugment.parse_randaug("auto-m9")
     with pytest.raises(ValueError, match="unknown section 'w0'"):
-        augment.parse_randaug("rand-m9-w0")
+        randaugment.parse_randaug("rand-m9-w0")
     with pytest.raises(ValueError, match="bad value '9x' in section 'm9x'"):
-        augment.parse_randaug("rand-m9x")
+        randaugment.parse_randaug("rand-m9x")
     with pytest.raises(ValueError, match=r"m=12 must be in \[0, 10\]"):
-        augment.parse_randaug("rand-m12")
+        randaugment.parse_randaug("rand-m12")
 
 
 # ------------------------------------------------------------------------------------------
@@ -324,7 +324,7 @@ def test_random_erasing_box_area_and_aspect_within_bounds():
     height, width = 224, 224
     fractions, aspects = [], []
     for seed in range(500):
-        box = augment.random_erasing_box(height, width, _rng(seed))
+        box = random_erasing.random_erasing_box(height, width, _rng(seed))
         assert box is not None
         top, left, h, w = box
         assert top >= 0 and top + h <= height and left >= 0 and left + w <= width
@@ -338,12 +338,12 @@ def test_random_erasing_box_area_and_aspect_within_bounds():
 
 
 def test_random_erasing_replaces_exactly_its_box_with_noise():
-    image = augment.normalize(_noise_image(56, 64), MEAN, STD)
+    image = transforms.normalize(_noise_image(56, 64), MEAN, STD)
     for seed in range(10):
-        out = augment.random_erasing(image, _rng(seed), prob=1.0)
+        out = random_erasing.random_erasing(image, _rng(seed), prob=1.0)
         rng = _rng(seed)
         rng.random()  # the apply/skip draw comes first
-        top, left, h, w = augment.random_erasing_box(56, 64, rng)
+        top, left, h, w = random_erasing.random_erasing_box(56, 64, rng)
         mask = np.zeros((56, 64), bool)
         mask[top:top + h, left:left + w] = True
         assert out.dtype == np.float32
@@ -351,96 +351,12 @@ def test_random_erasing_replaces_exactly_its_box_with_noise():
         assert np.all(out[mask] != image[mask])
         assert abs(out[mask].mean()) < 0.2 and 0.8 < out[mask].std() < 1.2  # N(0, 1) per pixel
     chw = np.moveaxis(image, -1, 0)
-    out_chw = augment.random_erasing(chw, _rng(0), prob=1.0, channels_last=False)
-    np.testing.assert_array_equal(np.moveaxis(out_chw, 0, -1), augment.random_erasing(image, _rng(0), prob=1.0))
-    np.testing.assert_array_equal(augment.random_erasing(image, _rng(0), prob=0.0), image)
-    erased = sum(not np.array_equal(augment.random_erasing(image, _rng(s), prob=0.25), image)
+    out_chw = random_erasing.random_erasing(chw, _rng(0), prob=1.0, channels_last=False)
+    np.testing.assert_array_equal(np.moveaxis(out_chw, 0, -1), random_erasing.random_erasing(image, _rng(0), prob=1.0))
+    np.testing.assert_array_equal(random_erasing.random_erasing(image, _rng(0), prob=0.0), image)
+    erased = sum(not np.array_equal(random_erasing.random_erasing(image, _rng(s), prob=0.25), image)
                  for s in range(400))
     assert 65 <= erased <= 135  # Binomial(400, 0.25): ±4 σ
-
-
-# ------------------------------------------------------------------------------------------
-# Mixup / CutMix.
-
-
-def _batch(size: int = 8, hw: int = 16):
-    images = augment.normalize(_noise_image(size * hw, hw).reshape(size, hw, hw, 3), MEAN, STD)
-    return images, np.arange(size, dtype=np.int32)  # distinct labels: partners are separable
-
-
-def test_mixup_cutmix_labels_sum_to_one_and_keep_dtypes():
-    images, labels = _batch()
-    for seed in range(30):
-        out, soft = augment.mixup_cutmix(images, labels, 10, _rng(seed))
-        assert out.dtype == np.float32 and out.shape == images.shape
-        assert soft.dtype == np.float32 and soft.shape == (8, 10)
-        np.testing.assert_allclose(soft.sum(1), 1.0, atol=1e-6)
-        assert soft.min() >= 0.1 / 10 - 1e-7  # label smoothing's floor s/K
-    out, soft = augment.mixup_cutmix(images, labels, 10, _rng(4))
-    out2, soft2 = augment.mixup_cutmix(images, labels, 10, _rng(4))
-    np.testing.assert_array_equal(out, out2)
-    np.testing.assert_array_equal(soft, soft2)
-
-
-def test_cutmix_pastes_the_reversed_batch_and_weights_labels_by_area():
-    images, labels = _batch()
-    for seed in range(10):
-        out, soft = augment.mixup_cutmix(images, labels, 8, _rng(seed), mixup_alpha=0.0,
-                                         cutmix_alpha=1.0, label_smoothing=0.0)
-        pasted = np.all(out == images[::-1], axis=-1)  # (B, H, W)
-        kept = np.all(out == images, axis=-1)
-        assert np.all(pasted | kept)
-        assert np.all(pasted == pasted[0])  # one box for the whole batch
-        box_fraction = pasted[0].mean()
-        rows, cols = np.nonzero(pasted[0])
-        if rows.size:  # a rectangle
-            assert pasted[0, rows.min():rows.max() + 1, cols.min():cols.max() + 1].all()
-        for i in range(8):
-            np.testing.assert_allclose(soft[i, labels[i]], 1.0 - box_fraction, atol=1e-6)
-            np.testing.assert_allclose(soft[i, labels[7 - i]], box_fraction, atol=1e-6)
-
-
-def test_mixup_blends_with_the_reversed_batch():
-    images, labels = _batch()
-    for seed in range(10):
-        out, soft = augment.mixup_cutmix(images, labels, 8, _rng(seed), mixup_alpha=0.8,
-                                         cutmix_alpha=0.0, label_smoothing=0.0)
-        lam = float(soft[0, labels[0]])
-        expected = lam * images.astype(np.float64) + (1 - lam) * images[::-1].astype(np.float64)
-        np.testing.assert_allclose(out, expected, atol=1e-5)
-        np.testing.assert_allclose(soft[np.arange(8), labels[::-1]], 1 - lam, atol=1e-6)
-
-
-def test_mixup_switches_to_cutmix_with_switch_prob():
-    images, labels = _batch(4, 8)
-    cut = 0
-    for seed in range(200):
-        out, _ = augment.mixup_cutmix(images, labels, 4, _rng(seed), switch_prob=0.5)
-        exact = np.all((out == images) | (out == images[::-1]))
-        cut += bool(exact)
-    assert 70 <= cut <= 130  # Binomial(200, 0.5): ±4 σ
-
-
-def test_no_mixing_gives_smoothed_one_hot_for_int_and_one_hot_labels():
-    images, labels = _batch()
-    out, soft = augment.mixup_cutmix(images, labels, 10, _rng(0), prob=0.0, label_smoothing=0.1)
-    np.testing.assert_array_equal(out, images)
-    expected = np.full((8, 10), 0.01)
-    expected[np.arange(8), labels] = 0.91
-    np.testing.assert_allclose(soft, expected, atol=1e-7)
-    one_hot = np.eye(10, dtype=np.float32)[labels]
-    _, soft_from_one_hot = augment.mixup_cutmix(images, one_hot, 10, _rng(5))
-    np.testing.assert_array_equal(soft_from_one_hot, augment.mixup_cutmix(images, labels, 10, _rng(5))[1])
-
-
-def test_mixup_cutmix_rejects_bad_input():
-    images, labels = _batch()
-    with pytest.raises(ValueError, match="expected float"):
-        augment.mixup_cutmix((images * 10).astype(np.uint8), labels, 10, _rng(0))
-    with pytest.raises(ValueError, match=r"values must be in \[0, 4\)"):
-        augment.mixup_cutmix(images, labels, 4, _rng(0))
-    with pytest.raises(ValueError, match="8 images but 7 labels"):
-        augment.mixup_cutmix(images, labels[:7], 10, _rng(0))
 
 
 # ------------------------------------------------------------------------------------------
@@ -498,7 +414,7 @@ def test_train_transform_without_extras_is_crop_then_normalize():
     config = _deit_aug(randaug=None, flip=False, reprob=0.0, scale=(0.5, 1.0))
     transform = augment.train_transform(config, 24, MEAN, STD)
     image = _smooth_image(40, 30)
-    expected = augment.normalize(augment.random_resized_crop(image, _rng(1), 24, (0.5, 1.0)), MEAN, STD)
+    expected = transforms.normalize(transforms.random_resized_crop(image, _rng(1), 24, (0.5, 1.0)), MEAN, STD)
     np.testing.assert_array_equal(transform(image, _rng(1)), expected)
 
 
@@ -506,17 +422,7 @@ def test_train_transform_pad_crop_mode():
     config = _deit_aug(randaug=None, flip=False, reprob=0.0, crop="pad", crop_padding=4)
     image = _noise_image(32, 32)
     out = augment.train_transform(config, 32, MEAN, STD)(image, _rng(5))
-    expected = augment.normalize(augment.random_pad_crop(image, _rng(5), 32, 4), MEAN, STD)
+    expected = transforms.normalize(transforms.random_pad_crop(image, _rng(5), 32, 4), MEAN, STD)
     np.testing.assert_array_equal(out, expected)
 
 
-def test_batch_transform_from_config():
-    images, labels = _batch()
-    mix = augment.batch_transform(_deit_aug(), num_classes=10)
-    out, soft = mix(images, labels, _rng(2))
-    # Smoothing (the last argument) 0.0: the loss applies it.
-    ref_out, ref_soft = augment.mixup_cutmix(images, labels, 10, _rng(2), 0.8, 1.0, 0.5, 1.0, 0.0)
-    np.testing.assert_array_equal(out, ref_out)
-    np.testing.assert_array_equal(soft, ref_soft)
-    with pytest.raises(ValueError, match="num_classes=0"):
-        augment.batch_transform(_deit_aug(), num_classes=0)

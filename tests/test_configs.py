@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from skipless_jax import trainers
-from skipless_jax.data import augment, inputs, sources, tiny_imagenet
+from skipless_jax.data import inputs, randaugment, sources, tiny_imagenet
 
 from util import ROOT, TINY_MODELS, tiny_model
 
@@ -68,7 +68,7 @@ PHRASES: list[tuple[str, str, Callable[[ml_collections.ConfigDict, re.Match], li
     ("clipping", rf"gradient clipping {NUMBER}", lambda c, m: [(float(m[1]), c.grad_clip_norm)]),
     ("smoothing", rf"label smoothing {NUMBER}", lambda c, m: [(float(m[1]), c.label_smoothing)]),
     ("randaug", r"RandAugment m(\d+)",
-     lambda c, m: [(float(m[1]), augment.parse_randaug(c.input.aug.randaug).magnitude)]),
+     lambda c, m: [(float(m[1]), randaugment.parse_randaug(c.input.aug.randaug).magnitude)]),
     ("mixup", rf"mixup {NUMBER} / cutmix {NUMBER}",
      lambda c, m: [(float(m[1]), c.input.aug.mixup), (float(m[2]), c.input.aug.cutmix)]),
     ("erasing", rf"random erasing {NUMBER}", lambda c, m: [(float(m[1]), c.input.aug.reprob)]),

@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from skipless_jax.data import augment, device_images, inputs, pipeline
+from skipless_jax.data import augment, device_images, inputs, pipeline, transforms
 
 from util import load_config
 
-MEAN, STD = augment.IMAGENET_MEAN, augment.IMAGENET_STD
+MEAN, STD = transforms.IMAGENET_MEAN, transforms.IMAGENET_STD
 
 
 def _aug(reprob=1.0):

@@ -61,30 +61,49 @@ def test_draws_follow_the_switches(mixup, cutmix, prob):
         assert any(cuts) == (cutmix > 0) and all(cuts) == (mixup == 0)
 
 
-def _aug_config(mix_on=None):
+def test_switch_prob_picks_cutmix_that_often():
+    cuts = [bool(device_mix.draws(jax.random.PRNGKey(s), 8, 10, 0.8, 1.0, 0.5, 1.0)[1]) for s in range(200)]
+    assert 70 <= sum(cuts) <= 130  # Binomial(200, 0.5): ±4 σ
+
+
+def test_mixup_cutmix_from_the_config_is_deterministic_and_mixup_prob_acts():
+    """The config entry point: the same key gives the same mix; labels stay distributions (no
+    smoothing inside: the loss applies it); mixup_prob 0 never mixes."""
+    images, labels = _batch()
+    aug = ml_collections.ConfigDict(config_blocks.deit_aug(randaug=None))
+    key = jax.random.PRNGKey(3)
+    out, mixed = device_mix.mixup_cutmix(key, jnp.asarray(images), jnp.asarray(labels), aug)
+    again, mixed_again = device_mix.mixup_cutmix(key, jnp.asarray(images), jnp.asarray(labels), aug)
+    np.testing.assert_array_equal(out, again)
+    np.testing.assert_array_equal(mixed, mixed_again)
+    np.testing.assert_allclose(np.asarray(mixed).sum(-1), 1.0, rtol=1e-6)
+    assert not np.array_equal(np.asarray(out), images)
+    aug.mixup_prob = 0.0
+    out, mixed = device_mix.mixup_cutmix(key, jnp.asarray(images), jnp.asarray(labels), aug)
+    np.testing.assert_array_equal(out, images)
+    np.testing.assert_array_equal(mixed, labels)
+
+
+def _aug_config():
     c = tiny_config()
     c.input.aug = ml_collections.ConfigDict(config_blocks.deit_aug(randaug=None, reprob=0.0))
-    if mix_on is not None:
-        c.input.aug.mix_on = mix_on
     return c
 
 
-def _global_batch(mix_on: str, process_count: int, num_workers: int = 0, on_device: bool = False,
-                  reprob: float = 0.0) -> dict:
+def _global_batch(process_count: int, num_workers: int = 0, on_device: bool = False, reprob: float = 0.0) -> dict:
     """Step 3's global batch of the train pipeline over 40 RGB 8×8 images, the processes' local
     batches concatenated, with the config's transforms."""
-    from skipless_jax.data import pipeline, sources
+    from skipless_jax.data import pipeline, record_sources
 
-    c = _aug_config(mix_on)
+    c = _aug_config()
     c.input.aug.reprob = reprob
     rng = np.random.default_rng(0)
-    source = sources.ArraySource(rng.integers(0, 256, (40, 8, 8, 3)).astype(np.uint8), rng.integers(0, 10, 40))
+    source = record_sources.ArraySource(rng.integers(0, 256, (40, 8, 8, 3)).astype(np.uint8), rng.integers(0, 10, 40))
     c.dataset.name = "cifar10"  # 3 channels, stored at 32: the transforms resize and crop
     c.input.image_size = 8
-    transform, _, batch_transform = inputs._transforms(c, on_device)
+    transform, _ = inputs.image_transforms(c, on_device)
     local = [next(pipeline.train_batches(source, transform, num_classes=10, global_batch_size=8, seed=0, start_step=3,
-                                         process_index=p, process_count=process_count,
-                                         batch_transform=batch_transform, num_workers=num_workers))
+                                         process_index=p, process_count=process_count, num_workers=num_workers))
              for p in range(process_count)]
     return {k: np.concatenate([b[k] for b in local]) for k in local[0]}
 
@@ -104,28 +123,31 @@ def test_the_step_input_after_erasing_and_mixing_is_the_same_for_any_processes_a
                                       jax.random.fold_in(key, 1))
         return device_mix.mixup_cutmix(jax.random.fold_in(key, 2), batch["image"], batch["label"], c.input.aug)
 
-    one = _global_batch("device", 1, on_device=True, reprob=0.5)
-    two = _global_batch("device", 2, num_workers=2, on_device=True, reprob=0.5)
+    one = _global_batch(1, on_device=True, reprob=0.5)
+    two = _global_batch(2, num_workers=2, on_device=True, reprob=0.5)
     assert one["image"].dtype == np.uint8 and one["erase"][:, 2].any()  # some boxes
     for a, b in zip(step_input(one), step_input(two)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_the_global_batch_before_the_step_does_not_depend_on_the_process_count():
-    """With mixing on the device the pipeline's global batch at step s is the same for 1 and 2
-    processes (the mix is then a function of it and (seed, step)); the host mix is not."""
-    assert device_mix.enabled(_aug_config()) and not device_mix.enabled(_aug_config("host"))
-    one, two = _global_batch("device", 1), _global_batch("device", 2)
+    """The pipeline's global batch at step s is the same for 1 and 2 processes (the mix is then a
+    function of it and (seed, step)), and not mixed: one-hot labels."""
+    assert device_mix.enabled(_aug_config())
+    no_mix = _aug_config()
+    no_mix.input.aug.update(mixup=0.0, cutmix=0.0)
+    assert not device_mix.enabled(no_mix)
+    one, two = _global_batch(1), _global_batch(2)
     for key in ("image", "label"):
         np.testing.assert_array_equal(two[key], one[key])
-    np.testing.assert_array_equal(one["label"].max(-1), 1.0)  # one-hot: not mixed on the host
-    host_one, host_two = _global_batch("host", 1), _global_batch("host", 2)
-    assert not np.array_equal(host_one["label"], host_two["label"])  # each process mixed its own half
+    np.testing.assert_array_equal(one["label"].max(-1), 1.0)
 
 
-def test_bad_mix_on_is_a_one_line_error():
+def test_the_removed_mix_on_field_is_a_one_line_error():
     from skipless_jax.trainers import supervised
 
-    c = _aug_config("gpu")
-    with pytest.raises(ValueError, match=r"aug\.mix_on='gpu' is unknown; allowed: \['device', 'host'\]"):
+    c = _aug_config()
+    c.input.aug.mix_on = "host"
+    with pytest.raises(ValueError, match=r"aug\.mix_on='host' is no longer a field: mixup/cutmix always run on the "
+                                         r"device"):
         supervised.check_config(c)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from skipless_jax.data import digit_scenes as ds
-from skipless_jax.data.sources import _digits_split
+from skipless_jax.data.record_sources import digits_split
 
 
 def _build_uncached(*args, **kwargs):
@@ -121,7 +121,7 @@ def test_train_test_use_disjoint_digits(train):
         local = a[a >= 0]
         assert local.max() < len(idx)
         # Box labels are the classes of the split's digits that were used.
-        _, classes = _digits_split()[name]
+        _, classes = digits_split()[name]
         np.testing.assert_array_equal(classes[a[a >= 0]], src.arrays["box_labels_padded"][a >= 0])
         np.testing.assert_array_equal(target[idx[local]], classes[local])
         used[name] = set(idx[local].tolist())
@@ -137,7 +137,7 @@ def _resize_bilinear(img8, s):
 
 
 def test_mask_is_the_thresholded_resized_source_digit(train):
-    images, _ = _digits_split()["train"]
+    images, _ = digits_split()["train"]
     for i in range(0, 60, 3):
         x = train[i]
         for (x0, y0, x1, y1), lab, di in zip(x["boxes"].astype(int), x["box_labels"], x["digit_indices"]):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from skipless_jax.data import augment, inputs, multicrop, pipeline, sources
+from skipless_jax.data import augment, inputs, multicrop, pipeline, record_sources
 
 from util import load_config
 
@@ -15,7 +15,7 @@ from util import load_config
 def _source(n=40, size=20, seed=0):
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (n, size, size + 4, 3), dtype=np.uint8)
-    return sources.ArraySource(images, rng.integers(0, 5, n))
+    return record_sources.ArraySource(images, rng.integers(0, 5, n))
 
 
 def _deit_transform(size=16):
@@ -131,7 +131,7 @@ def test_cached_eval_batches_are_read_once_and_replayed(monkeypatch):
     second = jax.device_get(list(second))
     assert len(reads) == 1 and n == 360 and len(first) == 3
     ctx.batches("test", 32)  # another batch size (one-batch callers): read, not cached
-    assert len(reads) == 2 and list(ctx._eval_cache) == ["test"]
+    assert len(reads) == 2 and list(ctx.cache.eval_batches) == ["test"]
     _assert_batches_equal(first, second)
     assert first[0]["image"].dtype == np.float32  # normalized on the devices
     del config.input["cache_eval"]

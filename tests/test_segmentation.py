@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from skipless_jax.data import dense_sources, sources
 from skipless_jax.evaluators import segmentation as seg
 
 
@@ -113,11 +114,11 @@ def test_all_empty_gives_nan():
 
 def test_ade20k_labels():
     label = np.array([[0, 1, 150], [2, 0, 75]], np.uint8)
-    out = seg.ade20k_labels(label)
+    out = dense_sources.ade20k_labels(label)
     assert out.dtype == np.uint8
     np.testing.assert_array_equal(out, [[255, 0, 149], [1, 255, 74]])
-    assert seg.ade20k_labels(label.astype(np.int32)).dtype == np.int64
+    assert dense_sources.ade20k_labels(label.astype(np.int32)).dtype == np.int64
     with pytest.raises(ValueError, match="ADE20K"):
-        seg.ade20k_labels(np.array([151]))
-    m = seg.confusion_matrix(np.array([0, 149, 3]), out.ravel()[:3], seg.NUM_CLASSES["ade20k"])
+        dense_sources.ade20k_labels(np.array([151]))
+    m = seg.confusion_matrix(np.array([0, 149, 3]), out.ravel()[:3], sources.dataset_info("ade20k").num_classes)
     assert m.sum() == 2

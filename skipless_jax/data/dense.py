@@ -26,6 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+# The label of pixels no metric counts (VOC's object borders, ADE20K's "other", unused COCO-Stuff
+# ids) in every segmentation record (data/dense_sources.py) and crop padding.
 IGNORE_INDEX = 255
 
 

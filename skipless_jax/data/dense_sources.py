@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from skipless_jax.data import sources
+from skipless_jax.data import record_sources
+from skipless_jax.data.dense import IGNORE_INDEX
 
 DOCS = "docs/data.md"
 
@@ -69,6 +70,26 @@ COCO_STUFF_27[:182] = _FINE_TO_COARSE
 # The 15 coarse stuff classes (coarse ids 12..26 → 0..14; things ignored), IIC's / STEGO's "cocostuff15".
 COCO_STUFF_15 = np.where((COCO_STUFF_27 >= 12) & (COCO_STUFF_27 != 255), COCO_STUFF_27 - 12, 255).astype(np.uint8)
 COCO_STUFF_TABLES = {171: COCO_STUFF_171, 27: COCO_STUFF_27, 15: COCO_STUFF_15}
+
+
+def ade20k_labels(label: np.ndarray) -> np.ndarray:
+    """ADE20K stored labels 0..150 → training labels: 0 ("other") → 255, c → c − 1 (150 classes).
+
+    Same shape; uint8 input stays uint8, other integer types become int64. docs/method.md §8.
+    """
+    label = np.asarray(label)
+    if not (np.issubdtype(label.dtype, np.integer) or label.dtype == np.bool_):
+        raise ValueError(f"segmentation: label must be an integer array, got dtype {label.dtype}")
+    x = label.astype(np.int64, copy=False)
+    if x.size and (x.min() < 0 or x.max() > 150):
+        raise ValueError(f"segmentation: ADE20K labels must lie in [0, 150], got [{x.min()}, {x.max()}]")
+    out = np.where(x == 0, IGNORE_INDEX, x - 1)
+    return out.astype(np.uint8) if label.dtype == np.uint8 else out
+
+
+def voc_gt_box(xmin: float, ymin: float, xmax: float, ymax: float) -> tuple[float, float, float, float]:
+    """VOC's 1-based inclusive (xmin, ymin, xmax, ymax) → (xmin − 1, ymin − 1, xmax, ymax). docs/method.md §7."""
+    return xmin - 1, ymin - 1, xmax, ymax
 
 
 def _read_image(path: str) -> np.ndarray:
@@ -151,8 +172,6 @@ def voc_seg(data_dir: str | None, split: str) -> _ListSource:
 def voc_xml_boxes(path: str) -> np.ndarray:
     """(k, 4) float32 boxes of every object of a VOC annotation XML, difficult ones included,
     as (xmin − 1, ymin − 1, xmax, ymax) (docs/method.md §7)."""
-    from skipless_jax.evaluators.tokencut import voc_gt_box
-
     boxes = []
     for obj in ET.parse(path).getroot().iter("object"):
         b = obj.find("bndbox")
@@ -185,7 +204,7 @@ def voc_boxes(year: str, data_dir: str | None, split: str) -> Any:
     folder = [os.path.join(data_dir or "", s) for s in (f"VOCdevkit/VOC{year}", f"VOC{year}", "")]
     if not data_dir or not any(os.path.isdir(os.path.join(f, "Annotations")) for f in folder):
         tfds_split = {"trainval": "train+validation", "val": "validation"}.get(split, split)
-        return _TfdsVocBoxes(sources._tfds_source(f"voc/{year}", tfds_split, data_dir))
+        return _TfdsVocBoxes(record_sources.tfds_source(f"voc/{year}", tfds_split, data_dir))
     root = _find_root(data_dir, name, "Annotations", f"VOCdevkit/VOC{year}", f"VOC{year}")
     ids = _ids(os.path.join(root, "ImageSets", "Main", f"{split}.txt"), name)
 
@@ -200,8 +219,6 @@ def voc_boxes(year: str, data_dir: str | None, split: str) -> Any:
 
 
 def ade20k(data_dir: str | None, split: str) -> _ListSource:
-    from skipless_jax.evaluators.segmentation import ade20k_labels
-
     root = _find_root(data_dir, "ade20k", "annotations", "ADEChallengeData2016")
     folder = {"train": "training", "val": "validation"}[split]
     images = os.path.join(root, "images", folder)
@@ -280,8 +297,8 @@ READERS = {  # name -> (reader(data_dir, split), split names)
 }
 
 
-def get_source(name: str, split: str, data_dir: str | None) -> sources.Source:
+def get_source(name: str, split: str, data_dir: str | None) -> record_sources.Source:
     reader, allowed = READERS[name]
-    base, rows = sources.parse_split(split, name, list(allowed))
+    base, rows = record_sources.parse_split(split, name, list(allowed))
     source = reader(data_dir, base)
-    return source if rows is None else sources.SliceSource(source, *rows(len(source)))
+    return source if rows is None else record_sources.SliceSource(source, *rows(len(source)))

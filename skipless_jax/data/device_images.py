@@ -8,7 +8,7 @@ batch:
     x[top:top+h, left:left+w] = z,  z ~ N(0, 1) per pixel and channel   (timm 'pixel' erasing;
                                     box (top, left, h, w) from the host, h = w = 0: none)
 
-The noise comes from `key` (the trainer's fold_in(run key, step, ERASE_TAG)) over the whole
+The noise comes from `key` (the trainer's fold_in(run key, step, rng_streams.ERASE)) over the whole
 global batch, so it is the same whatever the number of processes, devices or workers.
 `augment.TrainTransform` (uint8=False) is the host reference of the same chain.
 """
@@ -20,8 +20,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-
-ERASE_TAG = 0x657273  # fold_in tag of the erasing-noise key ("ers")
 
 
 def normalize(images: jax.Array, mean: Sequence[float], std: Sequence[float]) -> jax.Array:

@@ -1,10 +1,10 @@
-"""Mixup / CutMix of the global batch inside the jitted train step (docs/data.md, "Augmentation").
+"""Mixup / CutMix of the global batch inside the jitted train step (docs/data.md, "Augmentation"),
+the project's one mixup.
 
-The host version (`augment.mixup_cutmix`, timm's Mixup in 'batch' mode) mixes each process's
-local batch with its reverse, from a generator seeded by (seed, step, process): the batch a step
-trains on then depends on the number of processes. Here the same operation runs on the device
-over the *global* batch, its draws from `key` = fold_in(run key, step) alone, so step s trains
-on the same mixed batch whatever the number of processes, devices or workers:
+timm's Mixup in 'batch' mode, run on the device over the *global* batch with its draws from
+`key` = fold_in(run key, step) alone, so step s trains on the same mixed batch whatever the
+number of processes, devices or workers (a host mix of each process's local batch would depend
+on the process count):
 
     with probability `prob`: CutMix with probability `switch_prob` when both are on (λ ~
     Beta(cutmix_alpha), timm's box: side ⌊H·√(1−λ)⌋ × ⌊W·√(1−λ)⌋ centred at a uniform pixel,
@@ -75,7 +75,6 @@ def mixup_cutmix(key: jax.Array, images: jax.Array, labels: jax.Array, aug: Any)
 
 
 def enabled(config: Any) -> bool:
-    """Whether the supervised step mixes the batch (mixup or cutmix on, `aug.mix_on='device'`)."""
-    from skipless_jax.data import augment
-
-    return augment.mix_site(config.input.get("aug")) == "device"
+    """Whether the supervised step mixes the batch (`config.input.aug` with mixup or cutmix on)."""
+    aug = config.input.get("aug")
+    return aug is not None and bool(aug.get("mixup", 0) or aug.get("cutmix", 0))

@@ -1,7 +1,7 @@
 """Digit scenes: an embedded real-data miniature for dense evaluations (object discovery, segmentation).
 
 Built deterministically from scikit-learn's bundled handwritten digits (1,797 real 8×8
-images), through the fixed split of `skipless_jax.data.sources._digits_split()`: 'train'
+images), through the fixed split of `skipless_jax.data.record_sources.digits_split()`: 'train'
 scenes only use digits of its train split and 'test' scenes only digits of its test split.
 
 A scene is an (H, W) canvas (default 32×32) with one to three digits:
@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from skipless_jax import rng_streams
 from skipless_jax.data import dense
-from skipless_jax.data.sources import _digits_split
+from skipless_jax.data.record_sources import digits_split
 
 MAX_OBJECTS = 3
 NUM_CLASSES = 10  # digit classes; the mask has NUM_CLASSES + 1 values (0 = background)
@@ -139,7 +140,7 @@ def build_digit_scenes(
     Returns {'image': (N, H, W, C) uint8, 'mask': (N, H, W) uint8, 'label': (N,) int32,
     'boxes_padded': (N, MAX_OBJECTS, 4) float32 (−1 padding), 'box_labels_padded':
     (N, MAX_OBJECTS) int32 (−1 padding), 'digit_indices_padded': (N, MAX_OBJECTS) int32 (indices
-    into the split's digits of `_digits_split()`, −1 padding), 'num_boxes': (N,) int32}.
+    into the split's digits of `digits_split()`, −1 padding), 'num_boxes': (N,) int32}.
     """
     if split not in _SPLIT_CODE:
         raise ValueError(f"digit_scenes: split={split!r} is unknown; allowed: {sorted(_SPLIT_CODE)}")
@@ -153,14 +154,14 @@ def build_digit_scenes(
     if min(h, w) < lo:
         raise ValueError(f"digit_scenes: image_size={image_size} is smaller than the smallest digit ({lo} px)")
     hi = min(hi, h, w)
-    images8, classes = _digits_split()[split]
+    images8, classes = digits_split()[split]
     digits = images8[..., 0].astype(np.float64)
     m = len(digits)
     n = 2 * m if num_scenes is None else int(num_scenes)
     if n < 1:
         raise ValueError(f"digit_scenes: num_scenes={num_scenes} must be >= 1")
     code = _SPLIT_CODE[split]
-    perm = np.random.default_rng([seed, code, 0x5CE]).permutation(m)
+    perm = np.random.default_rng([seed, code, rng_streams.DIGIT_SCENE_ORDER]).permutation(m)
     out = {
         "image": np.zeros((n, h, w, channels), np.uint8),
         "mask": np.zeros((n, h, w), np.uint8),

@@ -29,33 +29,24 @@ class _IgnoreRng:
         return self.transform(image)
 
 
-def _transforms(config: Any, on_device: bool = False):
-    """(train, eval, batch) transforms; `on_device`: they stop at uint8 (the train one also
+def image_transforms(config: Any, on_device: bool = False) -> tuple[Any, Any]:
+    """(train, eval) per-example transforms of the config; `on_device`: they stop at uint8 (the train one also
     returns its erasing box), normalization and erasing happen in the step (data/device_images.py)."""
     from skipless_jax.data import augment
 
     info = sources.dataset_info(config.dataset.name)
     size = image_size(config)
     aug = config.input.get("aug")
-    host_mix = augment.mix_site(aug) == "host"
-    on_device = on_device and not host_mix  # the host mixes float32 images
     if aug is None and info.fixed_size and size == info.image_shape[0]:  # stored at the model's size
         plain = np.asarray if on_device else functools.partial(pipeline.normalize, mean=info.mean, std=info.std)
-        return _IgnoreRng(plain), plain, None
+        return _IgnoreRng(plain), plain
     crop_pct = config.input.get("crop_pct", 0.875)
     evaluate = dataclasses.replace(augment.eval_transform(size, crop_pct, info.mean, info.std), uint8=on_device)
     if aug is None:  # no augmentation: train images go through the eval transform
         train = _IgnoreRng(evaluate)
     else:
         train = dataclasses.replace(augment.train_transform(aug, size, info.mean, info.std), uint8=on_device)
-    batch = None
-    if host_mix:
-        mix = augment.batch_transform(aug, info.num_classes)  # mixup/cutmix with aug.mixup_prob
-
-        def batch(b: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
-            images, labels = mix(b["image"], b["label"], rng)
-            return {**b, "image": images, "label": labels}
-    return train, evaluate, batch
+    return train, evaluate
 
 
 def train_iterator(
@@ -73,7 +64,7 @@ def train_iterator(
     info = sources.dataset_info(config.dataset.name)
     source = sources.get_source(config.dataset.name, config.dataset.train_split, config.dataset.get("data_dir"))
     if transform is None:
-        transform, _, batch_transform = _transforms(config, on_device)
+        transform, _ = image_transforms(config, on_device)
     return pipeline.train_batches(
         source,
         transform,
@@ -102,7 +93,7 @@ def eval_iterator(
     info = sources.dataset_info(config.dataset.name)
     split = split or config.dataset.eval_split
     source = sources.get_source(config.dataset.name, split, config.dataset.get("data_dir"))
-    _, evaluate, _ = _transforms(config, on_device)
+    _, evaluate = image_transforms(config, on_device)
     batches = pipeline.eval_batches(
         source,
         evaluate,

@@ -15,14 +15,14 @@ pipeline stacks one array per example); `MultiCrop.unpack` splits a batch into
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
-from skipless_jax.data import augment, inputs, pipeline, sources
+from skipless_jax.checks import is_finite
+from skipless_jax.data import inputs, pipeline, sources, transforms
 
 _BICUBIC = Image.Resampling.BICUBIC
 
@@ -104,7 +104,7 @@ class MultiCrop:
         solarize_p: float,
     ) -> np.ndarray:
         """One augmented crop, float32 (size, size, C), normalized."""
-        top, left, h, w = augment.random_resized_crop_box(image.shape[0], image.shape[1], rng, scale)
+        top, left, h, w = transforms.random_resized_crop_box(image.shape[0], image.shape[1], rng, scale)
         # Crop first, then resize: the filter must not read pixels outside the box.
         img = _to_pil(image[top : top + h, left : left + w]).resize((size, size), _BICUBIC)
         if rng.random() < self.flip_prob:
@@ -158,12 +158,8 @@ def _bad(field: str, value: Any, allowed: str) -> ValueError:
     return ValueError(f"config.input.multicrop.{field}={value!r} is invalid; allowed: {allowed}")
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _pair(value: Any) -> bool:
-    return isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_number, value))
+    return isinstance(value, (tuple, list)) and len(value) == 2 and all(map(is_finite, value))
 
 
 def validate_multicrop_config(mc: Any, patch_size: int) -> None:
@@ -184,16 +180,16 @@ def validate_multicrop_config(mc: Any, patch_size: int) -> None:
             raise _bad(field, v, "(lo, hi) with 0 < lo <= hi <= 1")
     for field in _PROBS:
         v = mc.get(field)
-        if not _is_number(v) or not 0 <= v <= 1:
+        if not is_finite(v) or not 0 <= v <= 1:
             raise _bad(field, v, "a probability in [0, 1]")
     blur = mc.get("blur_prob")
-    if not isinstance(blur, (tuple, list)) or len(blur) != 3 or not all(_is_number(p) and 0 <= p <= 1 for p in blur):
+    if not isinstance(blur, (tuple, list)) or len(blur) != 3 or not all(is_finite(p) and 0 <= p <= 1 for p in blur):
         raise _bad("blur_prob", blur, "three probabilities (global 1, global 2, local) in [0, 1]")
     sigma = mc.get("blur_sigma")
     if not _pair(sigma) or not 0 < sigma[0] <= sigma[1]:
         raise _bad("blur_sigma", sigma, "(lo, hi) with 0 < lo <= hi")
     jitter = mc.get("jitter")
-    if not isinstance(jitter, (tuple, list)) or len(jitter) != 4 or not all(_is_number(j) and j >= 0 for j in jitter):
+    if not isinstance(jitter, (tuple, list)) or len(jitter) != 4 or not all(is_finite(j) and j >= 0 for j in jitter):
         raise _bad("jitter", jitter, "(brightness, contrast, saturation, hue) >= 0")
     if not (jitter[0] <= 1 and jitter[1] <= 1 and jitter[2] <= 1 and jitter[3] <= 0.5):
         raise _bad("jitter", jitter, "brightness, contrast, saturation <= 1 and hue <= 0.5")

@@ -28,7 +28,8 @@ from typing import Any
 import grain
 import numpy as np
 
-from skipless_jax.data import sources
+from skipless_jax import rng_streams
+from skipless_jax.data import record_sources
 
 Transform = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 BatchTransform = Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]]
@@ -88,7 +89,7 @@ class _TrainExamples:
     is global position (start_step + j // local)·B + offset + j % local of the seeded stream.
     Pickles without the stream (a worker process rebuilds it on first use)."""
 
-    def __init__(self, source: sources.Source, example: _Example, seed: int, global_batch_size: int,
+    def __init__(self, source: record_sources.Source, example: _Example, seed: int, global_batch_size: int,
                  offset: int, local: int, start_step: int):
         self.source, self.example, self.seed = source, example, seed
         self.global_batch_size, self.offset, self.local, self.start_step = global_batch_size, offset, local, start_step
@@ -116,7 +117,7 @@ class _EvalExamples:
     position (j // local)·B + offset + j % local of the split, `mask` 0 past its end (padding
     repeats example 0)."""
 
-    def __init__(self, source: sources.Source, transform: Callable[[np.ndarray], np.ndarray],
+    def __init__(self, source: record_sources.Source, transform: Callable[[np.ndarray], np.ndarray],
                  global_batch_size: int, offset: int, local: int, targets: tuple[str, ...]):
         self.source, self.transform, self.targets = source, transform, targets
         self.global_batch_size, self.offset, self.local = global_batch_size, offset, local
@@ -180,7 +181,7 @@ def stack(records: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def train_batches(
-    source: sources.Source,
+    source: record_sources.Source,
     transform: Transform,
     *,
     num_classes: int,
@@ -204,7 +205,7 @@ def train_batches(
         batch = stack([next(stream) for _ in range(local)])
         batch["label"] = one_hot(batch["label"], num_classes)
         if batch_transform is not None:  # batch-level ops (mixup/cutmix): rng from (seed, step, p)
-            batch = batch_transform(batch, np.random.default_rng([seed, step, process_index, 1]))
+            batch = batch_transform(batch, np.random.default_rng([seed, step, process_index, rng_streams.HOST_BATCH]))
         yield batch
 
 
@@ -213,7 +214,7 @@ def num_eval_batches(num_examples: int, global_batch_size: int) -> int:
 
 
 def eval_batches(
-    source: sources.Source,
+    source: record_sources.Source,
     transform: Callable[[np.ndarray], np.ndarray],
     *,
     num_classes: int,

@@ -1,29 +1,23 @@
-"""Random-access data sources: the embedded digits set and tensorflow-datasets sets.
+"""The dataset catalog: what each dataset is (`DatasetInfo`) and its random-access source by name.
 
-A source is anything with `__len__` and `__getitem__(i) -> {'image': uint8 HWC, 'label': int,
-...targets}` (the protocol of `tfds.data_source` and grain), so the pipeline treats every dataset
-alike. A record carries the image plus the task's targets: the class label, and for dense tasks
-the fields named in `DatasetInfo.targets` (e.g. a per-pixel `segmentation`, padded `boxes`),
-which the pipeline batches alongside. The embedded sets take split slices like tfds:
-'train[:10%]', 'train[10%:]', 'test[:100]' (a minival carved from train, next to the test split).
+A source (data/record_sources.py) is anything with `__len__` and `__getitem__(i) -> {'image':
+uint8 HWC, 'label': int, ...targets}` (the protocol of `tfds.data_source` and grain), so the
+pipeline treats every dataset alike. A record carries the image plus the task's targets: the
+class label, and for dense tasks the fields named in `DatasetInfo.targets` (e.g. a per-pixel
+`segmentation`, padded `boxes`), which the pipeline batches alongside. The embedded sets take
+split slices like tfds: 'train[:10%]', 'train[10%:]', 'test[:100]' (a minival carved from
+train, next to the test split). `get_source` dispatches through `READERS` (name -> reader);
+the readers' modules import the record sources, never this catalog.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-from typing import Any, Protocol
+from collections.abc import Callable
 
-import numpy as np
-
-DOCS_DATA = "docs/data.md"
-
-
-class Source(Protocol):
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
+from skipless_jax.data import dense_sources, digit_scenes, record_sources, tiny_imagenet
+from skipless_jax.data.record_sources import Source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,132 +88,46 @@ def dataset_info(name: str) -> DatasetInfo:
     return DATASETS[name]
 
 
-class ArraySource:
-    """In-memory source over (N, H, W, C) uint8 images and (N,) int labels."""
+def _embedded(make: Callable[[str], Source], name: str) -> Callable[[str, str | None], Source]:
+    """The reader of an embedded set: `make(base split)`, then the split's slice if any."""
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray):
-        self.images, self.labels = images, labels
+    def read(split: str, data_dir: str | None) -> Source:
+        base, rows = record_sources.parse_split(split, name)
+        source = make(base)
+        return source if rows is None else record_sources.SliceSource(source, *rows(len(source)))
 
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return {"image": self.images[index], "label": int(self.labels[index])}
+    return read
 
 
-class EncodedSource:
-    """In-memory source over encoded image files (JPEG, PNG bytes) and int labels, decoded to
-    uint8 RGB on access, as `tfds.data_source` decodes: the decode runs where the record is
-    read (in a worker process when the pipeline has workers)."""
-
-    def __init__(self, blobs: list[bytes], labels: np.ndarray):
-        self.blobs, self.labels = blobs, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        import io
-
-        from PIL import Image
-
-        with Image.open(io.BytesIO(self.blobs[index])) as image:
-            return {"image": np.asarray(image.convert("RGB")), "label": int(self.labels[index])}
-
-
-@functools.cache
-def _digits_split() -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The fixed digits split: 360 test images stratified by class, the other 1,437 train.
-
-    `train_test_split(test_size=360, random_state=0, stratify=labels)` over sklearn's order;
-    pixel values 0..16 are scaled to uint8 0..255 so digits look like any other image set.
-    """
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
-    labels = digits.target.astype(np.int32)
-    tr_x, te_x, tr_y, te_y = train_test_split(
-        images, labels, test_size=360, random_state=0, stratify=labels
-    )
-    return {"train": (tr_x, tr_y), "test": (te_x, te_y)}
-
-
-def _tfds_source(name: str, split: str, data_dir: str | None) -> Source:
-    import tensorflow_datasets as tfds
-
-    builder = tfds.builder(name, data_dir=data_dir)
-    if not builder.is_prepared():
-        where = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
-        raise FileNotFoundError(
-            f"config.dataset.name={name!r}: dataset not found in data dir {where!r} "
-            f"({builder.data_dir}); see {DOCS_DATA} to prepare it"
-        )
-    return builder.as_data_source(split=split)
+# name -> reader(split, data_dir); one per entry of DATASETS.
+READERS: dict[str, Callable[[str, str | None], Source]] = {
+    "digits": _embedded(lambda base: record_sources.ArraySource(*record_sources.digits_split()[base]), "digits"),
+    "digit_scenes": _embedded(digit_scenes.DigitScenesSource, "digit_scenes"),
+    "tiny_imagenet": lambda split, data_dir: tiny_imagenet.TinyImageNetSource(data_dir, split),
+    **{name: functools.partial(dense_sources.get_source, name) for name in DENSE},
+    **{name: functools.partial(record_sources.tfds_source, info.tfds_name)
+       for name, info in DATASETS.items() if info.tfds_name is not None},
+}
 
 
 def get_source(name: str, split: str, data_dir: str | None = None) -> Source:
     """The random-access source of `split` (a tfds split string, e.g. 'train[:99%]')."""
-    info = dataset_info(name)
-    if info.tfds_name is not None:
-        return _tfds_source(info.tfds_name, split, data_dir)
-    if name in DENSE:
-        from skipless_jax.data import dense_sources
-
-        return dense_sources.get_source(name, split, data_dir)
-    if name == "tiny_imagenet":
-        from skipless_jax.data import tiny_imagenet
-
-        return tiny_imagenet.TinyImageNetSource(data_dir, split)
-    base, rows = parse_split(split, name)
-    if name == "digit_scenes":
-        from skipless_jax.data import digit_scenes
-
-        source: Source = digit_scenes.DigitScenesSource(base)
-    else:
-        source = ArraySource(*_digits_split()[base])
-    return source if rows is None else SliceSource(source, *rows(len(source)))
+    dataset_info(name)  # the one-line unknown-name error
+    return READERS[name](split, data_dir)
 
 
-def parse_split(split: str, name: str, allowed: list[str] | None = None) -> tuple[str, Any]:
-    """'train[10%:]' -> ('train', len -> (start, stop)); a plain name -> (name, None).
-
-    allowed: the split names (default the embedded digits' 'test', 'train')."""
-    import re
-
-    match = re.fullmatch(r"(\w+)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?", split or "")
-    allowed = sorted(allowed or _digits_split())
-    if match is None or match.group(1) not in allowed:
-        raise ValueError(f"config.dataset split {split!r} of {name!r} is unknown; allowed: {allowed}, "
-                         "optionally sliced like 'train[:10%]' or 'train[100:]'")
-    if "[" not in split:
-        return match.group(1), None
-
-    def bound(text: str | None, n: int, default: int) -> int:
-        if text is None:
-            return default
-        value = round(n * int(text[:-1]) / 100) if text.endswith("%") else int(text)
-        return max(0, min(n, value + n if value < 0 else value))
-
-    return match.group(1), lambda n: (bound(match.group(2), n, 0), bound(match.group(3), n, n))
-
-
-class SliceSource:
-    """Examples [start, stop) of another source, renumbered from 0."""
-
-    def __init__(self, source: Source, start: int, stop: int):
-        if stop <= start:
-            raise ValueError(f"the split slice [{start}:{stop}] is empty")
-        self.source, self.start, self.stop = source, start, stop
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        return self.source[self.start + index]
+def check_dense_dataset(name: str, kind: str, dataset: str, target: str) -> None:
+    """One-line ValueError unless the records of `dataset` carry `target` ('segmentation' or
+    'boxes'; the padded boxes of digit_scenes count); `name`, `kind`: the evaluator entry."""
+    info = dataset_info(dataset)
+    available = set(info.targets) | ({"boxes"} if "boxes_padded" in info.targets else set())
+    if target not in available:
+        dense = sorted(n for n, i in DATASETS.items() if target in i.targets or
+                       (target == "boxes" and "boxes_padded" in i.targets))
+        raise ValueError(
+            f"config.evals.{name}: type {kind!r} needs a dataset with {target!r} targets; "
+            f"{dataset!r} has {sorted(available) or 'none'} (set config.evals.{name}.dataset; with {target!r}: {dense})"
+        )
 
 
 def check_available(name: str, splits: list[str], data_dir: str | None = None) -> None:

@@ -7,7 +7,8 @@ over the classes with a non-zero union (classes absent from both labels and pred
 NaN and left out; a class that is only predicted has IoU 0 and counts).
 
 Class sets (docs/method.md §8): PASCAL VOC 21 classes (20 objects + background 0, 255
-ignored); ADE20K 150 classes (the stored label 0, "other", is ignored: `ade20k_labels`);
+ignored); ADE20K 150 classes (the stored label 0, "other", is ignored:
+`data/dense_sources.ade20k_labels`);
 COCO-Stuff 171 classes (80 things + 91 stuff), with the 27-class (coarse) and 15-class
 variants as options.
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -30,9 +30,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from skipless_jax import rng_streams
+from skipless_jax.checks import is_finite, is_positive_int
+from skipless_jax.data.dense import IGNORE_INDEX
+
 METHOD_REF = "docs/method.md §8"
-IGNORE_INDEX = 255
-NUM_CLASSES = {"voc": 21, "ade20k": 150, "coco_stuff": 171, "coco_stuff27": 27, "coco_stuff15": 15}
 
 
 def _as_int(name: str, x: np.ndarray) -> np.ndarray:
@@ -88,19 +90,6 @@ def mean_iou(confusion: np.ndarray) -> tuple[float, np.ndarray]:
     iou[present] = inter[present] / union[present]
     miou = float(iou[present].mean()) if present.any() else float("nan")
     return miou, iou
-
-
-def ade20k_labels(label: np.ndarray) -> np.ndarray:
-    """ADE20K stored labels 0..150 → training labels: 0 ("other") → 255, c → c − 1 (150 classes).
-
-    Same shape; uint8 input stays uint8, other integer types become int64. docs/method.md §8.
-    """
-    label = np.asarray(label)
-    x = _as_int("label", label)
-    if x.size and (x.min() < 0 or x.max() > 150):
-        raise ValueError(f"segmentation: ADE20K labels must lie in [0, 150], got [{x.min()}, {x.max()}]")
-    out = np.where(x == 0, IGNORE_INDEX, x - 1)
-    return out.astype(np.uint8) if label.dtype == np.uint8 else out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,18 +176,6 @@ def optimizer(lr: float, weight_decay: float, warmup: int, steps: int) -> optax.
     return optax.adamw(schedule(lr, warmup, steps), b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay)
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
-
-
-def _number(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float, np.integer, np.floating))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-    )
-
-
 DEFAULTS = dict(
     protocol="lin", steps=40_000, batch_size=16, lr=1e-3, weight_decay=1e-4, warmup=1500, num_classes=None,
     crop_size=None, blocks=None, flip=None, photometric=None,
@@ -211,10 +188,10 @@ def validate_linear_segmentation(entry: Any, where: str = "config.evals.seg") ->
     if f["protocol"] not in PROTOCOLS:
         raise ValueError(f"{where}.protocol={f['protocol']!r} is unknown; allowed: {list(PROTOCOLS)}")
     for k in ("steps", "batch_size"):
-        if not _positive_int(f[k]):
+        if not is_positive_int(f[k]):
             raise ValueError(f"{where}.{k}={f[k]!r} must be a positive integer")
     for k in ("crop_size", "blocks"):
-        if f[k] is not None and not _positive_int(f[k]):
+        if f[k] is not None and not is_positive_int(f[k]):
             raise ValueError(f"{where}.{k}={f[k]!r} must be a positive integer (None: the protocol's)")
     for k in ("flip", "photometric"):
         if f[k] is not None and not isinstance(f[k], bool):
@@ -225,11 +202,11 @@ def validate_linear_segmentation(entry: Any, where: str = "config.evals.seg") ->
         or not 0 <= f["warmup"] <= f["steps"]
     ):
         raise ValueError(f"{where}.warmup={f['warmup']!r} must be an integer in [0, steps={f['steps']}]")
-    if not _number(f["lr"]) or f["lr"] <= 0:
+    if not is_finite(f["lr"]) or f["lr"] <= 0:
         raise ValueError(f"{where}.lr={f['lr']!r} must be a finite number > 0")
-    if not _number(f["weight_decay"]) or f["weight_decay"] < 0:
+    if not is_finite(f["weight_decay"]) or f["weight_decay"] < 0:
         raise ValueError(f"{where}.weight_decay={f['weight_decay']!r} must be a finite number >= 0")
-    if f["num_classes"] is not None and (not _positive_int(f["num_classes"]) or f["num_classes"] < 2):
+    if f["num_classes"] is not None and (not is_positive_int(f["num_classes"]) or f["num_classes"] < 2):
         raise ValueError(f"{where}.num_classes={f['num_classes']!r} must be an integer >= 2")
     return f
 
@@ -365,7 +342,7 @@ class LinearSegmentation:
         n = len(source)
         k = step * self.batch_size + i
         record = source[int(_permutation(self.seed, k // n, n)[k % n])]
-        rng = np.random.default_rng([self.seed, step, i, 0x5E6])
+        rng = np.random.default_rng([self.seed, step, i, rng_streams.SEGMENTATION_PROBE])
         image, label, valid = dense.train_example(record["image"], record["segmentation"], self.protocol, rng)
         return np.where(valid[..., None], pipeline.normalize(image, self.info.mean, self.info.std), 0.0), label
 
@@ -506,12 +483,12 @@ class LinearSegmentation:
         from skipless_jax import sharding
         from skipless_jax.data import sources
         from skipless_jax.evaluators.common import dense_dataset
-        from skipless_jax.evaluators.tokencut import _check_dense_dataset, depth_of, patch_size_of
+        from skipless_jax.evaluators.tokencut import depth_of, patch_size_of
 
         where = f"config.evals.{name}"
         f = validate_linear_segmentation(entry, where=where)
         dataset, data_dir = dense_dataset(name, entry, ctx.config)
-        _check_dense_dataset(name, "linear_segmentation", dataset, "segmentation")
+        sources.check_dense_dataset(name, "linear_segmentation", dataset, "segmentation")
         num_classes = f.pop("num_classes")
         if num_classes is None:
             num_classes = sources.dataset_info(dataset).num_classes
@@ -562,4 +539,4 @@ class LinearSegmentation:
 
 @functools.cache
 def _permutation(seed: int, epoch: int, n: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch, 0x5E6]).permutation(n)
+    return np.random.default_rng([seed, epoch, rng_streams.SEGMENTATION_PROBE]).permutation(n)

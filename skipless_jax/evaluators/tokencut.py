@@ -18,7 +18,7 @@ numpy/scipy only, all on the host in float64. For one image:
 Images are zero-padded at the bottom/right to a multiple of the patch size after
 normalization (`pad_to_patch_multiple`), so boxes can reach past the image and get clipped.
 Boxes are (x0, y0, x1, y1) in pixels, x1/y1 exclusive (area (x1 − x0)·(y1 − y0)); VOC's
-1-based inclusive annotations convert with `voc_gt_box`.
+1-based inclusive annotations convert with `data/dense_sources.voc_gt_box`.
 
 The functions above are numpy/scipy only; `TokenCut` at the end is the evaluator
 (`config.evals.<name> = dict(type='tokencut', ...)`): it computes the keys on the device mesh
@@ -28,7 +28,6 @@ and runs the cut on the host.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -37,6 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
 from scipy import ndimage
+
+from skipless_jax.checks import is_finite
 
 METHOD_REF = "docs/method.md §7"
 TAU = 0.2
@@ -213,11 +214,6 @@ def corloc(pred_boxes: Sequence[Sequence[float]] | np.ndarray, gt_boxes_per_imag
     return hits / len(preds)
 
 
-def voc_gt_box(xmin: float, ymin: float, xmax: float, ymax: float) -> tuple[float, float, float, float]:
-    """VOC's 1-based inclusive (xmin, ymin, xmax, ymax) → (xmin − 1, ymin − 1, xmax, ymax). docs/method.md §7."""
-    return xmin - 1, ymin - 1, xmax, ymax
-
-
 # ---------------------------------------------------------------------------------------------
 # The evaluator.
 # ---------------------------------------------------------------------------------------------
@@ -268,23 +264,15 @@ def corloc_at(
     return hits / len(preds)
 
 
-def _number(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float, np.integer, np.floating))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-    )
-
-
 def validate_tokencut(block: Any, tau: Any, eps: Any, iou: Any, where: str = "config.evals.tokencut") -> None:
     """One-line ValueError for a bad block, tau, eps or iou (before anything compiles)."""
     if not isinstance(block, (int, np.integer)) or isinstance(block, bool):
         raise ValueError(f"{where}.block={block!r} must be an integer block index (-1: the last block)")
-    if not _number(tau) or not -1.0 <= tau < 1.0:
+    if not is_finite(tau) or not -1.0 <= tau < 1.0:
         raise ValueError(f"{where}.tau={tau!r} must be a number in [-1, 1) (a cosine-similarity threshold)")
-    if not _number(eps) or not 0.0 < eps <= 1.0:
+    if not is_finite(eps) or not 0.0 < eps <= 1.0:
         raise ValueError(f"{where}.eps={eps!r} must be a number in (0, 1] (the weight of non-edges)")
-    if not _number(iou) or not 0.0 < iou <= 1.0:
+    if not is_finite(iou) or not 0.0 < iou <= 1.0:
         raise ValueError(f"{where}.iou={iou!r} must be a number in (0, 1]")
 
 
@@ -412,11 +400,12 @@ class TokenCut:
 
     @classmethod
     def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> TokenCut:
+        from skipless_jax.data import sources
         from skipless_jax.evaluators.common import dense_dataset
 
         cls.check(name, entry)
         dataset, data_dir = dense_dataset(name, entry, ctx.config)
-        _check_dense_dataset(name, "tokencut", dataset, "boxes")
+        sources.check_dense_dataset(name, "tokencut", dataset, "boxes")
         block = int(entry.get("block", -1))
         depth = depth_of(ctx.config)
         if depth is not None and not -depth <= block < depth:
@@ -434,19 +423,4 @@ class TokenCut:
             dataset=dataset,
             data_dir=data_dir,
             **common,
-        )
-
-
-def _check_dense_dataset(name: str, kind: str, dataset: str, target: str) -> None:
-    """One-line ValueError unless the dataset's records carry `target` ('segmentation' or 'boxes')."""
-    from skipless_jax.data import sources
-
-    info = sources.dataset_info(dataset)
-    available = set(info.targets) | ({"boxes"} if "boxes_padded" in info.targets else set())
-    if target not in available:
-        dense = sorted(n for n, i in sources.DATASETS.items() if target in i.targets or
-                       (target == "boxes" and "boxes_padded" in i.targets))
-        raise ValueError(
-            f"config.evals.{name}: type {kind!r} needs a dataset with {target!r} targets; "
-            f"{dataset!r} has {sorted(available) or 'none'} (set config.evals.{name}.dataset; with {target!r}: {dense})"
         )

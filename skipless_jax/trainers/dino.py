@@ -14,7 +14,6 @@ is a closed form of the step; the values of the last step are stored too, for in
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -25,6 +24,7 @@ import optax
 from absl import logging
 
 from skipless_jax import checkpoint, evaluators, models, pretrained, sharding, validate
+from skipless_jax.checks import is_finite, require
 from skipless_jax.data import device_images, device_input, inputs, multicrop, sources
 from skipless_jax.models import dino_head
 from skipless_jax.models.common import layer_ndim
@@ -300,50 +300,41 @@ def build_model(config: ml_collections.ConfigDict) -> dino_head.DINO:
     return dino_head.DINO(backbone=backbone, head=head)
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def check_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
     """Every bad field fails here in one line, before anything compiles."""
     validate.validate_config(config, num_devices)
     accum = config.get("grad_accum_steps") or 1
-    _require(accum == 1, f"config.grad_accum_steps={accum!r}: the dino trainer does not accumulate gradients "
+    require(accum == 1, f"config.grad_accum_steps={accum!r}: the dino trainer does not accumulate gradients "
              "(the centre and the teacher see the whole batch); allowed: 1 or None")
-    _require(not config.get("grad_clip_norm"), f"config.grad_clip_norm={config.get('grad_clip_norm')!r}: the dino "
+    require(not config.get("grad_clip_norm"), f"config.grad_clip_norm={config.get('grad_clip_norm')!r}: the dino "
              "trainer clips per tensor (config.dino.clip_grad); allowed: None")
-    _require(not config.get("label_smoothing"), f"config.label_smoothing={config.get('label_smoothing')!r} has no "
+    require(not config.get("label_smoothing"), f"config.label_smoothing={config.get('label_smoothing')!r} has no "
              "meaning for the dino trainer; allowed: 0 or None")
     patch = models.family(config.model).resolve_sizes(config.model)["patch_size"]
     multicrop.validate_multicrop_config(config.input.multicrop, patch)
     d = config.dino
     for field in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
         v = d.get(field)
-        _require(_finite(v) and v > 0, f"config.dino.{field}={v!r} must be a finite number > 0")
+        require(is_finite(v) and v > 0, f"config.dino.{field}={v!r} must be a finite number > 0")
     for field in ("momentum_teacher", "center_momentum"):
         v = d.get(field)
-        _require(_finite(v) and 0 <= v <= 1, f"config.dino.{field}={v!r} must be in [0, 1]")
+        require(is_finite(v) and 0 <= v <= 1, f"config.dino.{field}={v!r} must be in [0, 1]")
     for field in ("out_dim", "hidden_dim", "bottleneck_dim"):
         v = d.get(field)
-        _require(isinstance(v, int) and not isinstance(v, bool) and v > 0,
+        require(isinstance(v, int) and not isinstance(v, bool) and v > 0,
                  f"config.dino.{field}={v!r} must be a positive integer")
     for field in ("warmup_teacher_temp_epochs", "freeze_last_layer_epochs"):
         v = d.get(field)
-        _require(_finite(v) and v >= 0, f"config.dino.{field}={v!r} must be a number >= 0")
+        require(is_finite(v) and v >= 0, f"config.dino.{field}={v!r} must be a number >= 0")
     v = d.get("clip_grad")
-    _require(v is None or (_finite(v) and v >= 0), f"config.dino.clip_grad={v!r} must be >= 0 (0 or None: off)")
+    require(v is None or (is_finite(v) and v >= 0), f"config.dino.clip_grad={v!r} must be >= 0 (0 or None: off)")
     for field in ("min_lr", "weight_decay_end"):
         v = config.optimizer.get(field, 0.0)
-        _require(_finite(v) and v >= 0, f"config.optimizer.{field}={v!r} must be a finite number >= 0")
+        require(is_finite(v) and v >= 0, f"config.optimizer.{field}={v!r} must be a finite number >= 0")
     ref = config.optimizer.get("lr_reference_batch")
-    _require(ref is None or (_finite(ref) and ref > 0),
+    require(ref is None or (is_finite(ref) and ref > 0),
              f"config.optimizer.lr_reference_batch={ref!r} must be > 0 or None")
-    _require(config.get("evals") is not None,
+    require(config.get("evals") is not None,
              "config.evals must list the dino trainer's evaluators (knn, linear_probe); {} for none")
     evaluators.check_config(config, EVALUATOR_TYPES)
     evaluators.check_data(config)

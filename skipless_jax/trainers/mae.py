@@ -25,7 +25,8 @@ import numpy as np
 import optax
 from absl import logging
 
-from skipless_jax import evaluators, models, pictures, pretrained, sharding, validate
+from skipless_jax import evaluators, models, pictures, pretrained, rng_streams, sharding, validate
+from skipless_jax.checks import is_positive_int, require
 from skipless_jax.data import device_images, device_input, inputs, sources
 from skipless_jax.models import mae as mae_lib
 from skipless_jax.models import vit
@@ -41,51 +42,42 @@ _CLASSIFIER_ONLY = ("pool", "posemb", "dropout", "head_zero_init", "head_init_st
                     "posemb_antialias", "capture_attention")
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
 def check_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
     """Every bad field fails here in one line, before anything compiles."""
     validate.validate_config(config, num_devices)
     name = config.model.get("name", "vit") or "vit"
-    _require(name == "vit", f"config.model.name={name!r}: the mae trainer's encoder is a ViT; allowed: 'vit'")
+    require(name == "vit", f"config.model.name={name!r}: the mae trainer's encoder is a ViT; allowed: 'vit'")
     accum = config.get("grad_accum_steps") or 1
-    _require(accum == 1, f"config.grad_accum_steps={accum!r}: the mae trainer does not accumulate; allowed: 1 or None")
-    _require(not config.get("label_smoothing"), f"config.label_smoothing={config.get('label_smoothing')!r} has no "
+    require(accum == 1, f"config.grad_accum_steps={accum!r}: the mae trainer does not accumulate; allowed: 1 or None")
+    require(not config.get("label_smoothing"), f"config.label_smoothing={config.get('label_smoothing')!r} has no "
              "meaning for the mae trainer; allowed: 0 or None")
     aug = config.input.get("aug")
-    _require(aug is None or not (aug.get("mixup") or aug.get("cutmix")),
+    require(aug is None or not (aug.get("mixup") or aug.get("cutmix")),
              "config.input.aug mixes images (mixup/cutmix); MAE reconstructs them: allowed: mixup=0, cutmix=0")
-    _require(config.get("mae") is not None, "config.mae must be set (mask_ratio, norm_pix_loss, decoder_*)")
+    require(config.get("mae") is not None, "config.mae must be set (mask_ratio, norm_pix_loss, decoder_*)")
     m = config.mae
     ratio = m.get("mask_ratio")
-    _require(isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 <= ratio < 1,
+    require(isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 <= ratio < 1,
              f"config.mae.mask_ratio={ratio!r} must be in [0, 1)")
     patch = vit.resolve_sizes(config.model)["patch_size"]
     length = (inputs.image_size(config) // patch) ** 2
-    _require(mae_lib.num_kept(length, ratio) >= 1,
+    require(mae_lib.num_kept(length, ratio) >= 1,
              f"config.mae.mask_ratio={ratio!r} keeps no patch of the {length} (allowed: < {1 - 1 / length:.4f})")
     for field in ("norm_pix_loss", "decoder_skip_sab", "decoder_skip_ffn"):
         value = m.get(field, field != "norm_pix_loss")
-        _require(isinstance(value, bool), f"config.mae.{field}={value!r} must be True or False")
+        require(isinstance(value, bool), f"config.mae.{field}={value!r} must be True or False")
     for field in ("decoder_width", "decoder_depth", "decoder_num_heads", "decoder_mlp_ratio"):
         value = m.get(field)
-        _require(_positive_int(value), f"config.mae.{field}={value!r} must be a positive integer")
-    _require(m.decoder_width % m.decoder_num_heads == 0,
+        require(is_positive_int(value), f"config.mae.{field}={value!r} must be a positive integer")
+    require(m.decoder_width % m.decoder_num_heads == 0,
              f"config.mae.decoder_num_heads={m.decoder_num_heads} does not divide "
              f"config.mae.decoder_width={m.decoder_width}")
     target = m.get("target", "raw")
-    _require(target in TARGETS, f"config.mae.target={target!r} is unknown; allowed: {list(TARGETS)}")
+    require(target in TARGETS, f"config.mae.target={target!r} is unknown; allowed: {list(TARGETS)}")
     images = m.get("picture_images", 8)
-    _require(isinstance(images, int) and not isinstance(images, bool) and images >= 0,
+    require(isinstance(images, int) and not isinstance(images, bool) and images >= 0,
              f"config.mae.picture_images={images!r} must be an integer >= 0 (0: no picture)")
-    _require(config.get("evals") is not None,
+    require(config.get("evals") is not None,
              "config.evals must list the mae trainer's evaluators (knn, linear_probe); {} for none")
     evaluators.check_config(config, EVALUATOR_TYPES)
     evaluators.check_data(config)
@@ -142,7 +134,7 @@ def make_train_step(
     def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
         step, params = state["step"], state["params"]
         rng = jax.random.fold_in(state["rng"], step)
-        batch = device_images.prepare(batch, mean, std, jax.random.fold_in(rng, device_images.ERASE_TAG))
+        batch = device_images.prepare(batch, mean, std, jax.random.fold_in(rng, rng_streams.ERASE))
         (loss, masked), grads = grad_fn(params, batch["image"], rng)
         return nonfinite.guarded_update(state, loss, grads, tx, schedule, masked_fraction=masked)
 
@@ -211,7 +203,7 @@ def picture_fn(config: ml_collections.ConfigDict, model: mae_lib.MAE, ctx: evalu
     batch_size = math.ceil(count / shards) * shards
     batches, _ = ctx.batches(config.dataset.eval_split, batch_size=batch_size, workers=False)
     images = next(batches)["image"]
-    key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x9C7)
+    key = jax.random.fold_in(jax.random.PRNGKey(config.seed), rng_streams.MAE_PICTURE)
 
     def forward(params: Any, images: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         _, prediction, mask = model.apply({"params": params}, images, train=False, rngs={"masking": key})

@@ -19,7 +19,7 @@ import ml_collections
 import optax
 from absl import logging
 
-from skipless_jax import checkpoint, evaluators, models, pretrained, sharding, validate
+from skipless_jax import checkpoint, evaluators, models, pretrained, rng_streams, sharding, validate
 from skipless_jax.data import device_images, device_input, device_mix, inputs, sources
 from skipless_jax.evaluators.classification import cross_entropy
 from skipless_jax.optim import build_optimizer
@@ -85,9 +85,6 @@ def make_init_state(model: Any, tx: optax.GradientTransformation, dummy: jax.Arr
     return init_state
 
 
-MIX_TAG = 0x6D6978  # fold_in tag of the mixup/cutmix key ("mix")
-
-
 def make_train_step(
     model: Any, tx: optax.GradientTransformation, schedule: optax.Schedule, config: ml_collections.ConfigDict
 ):
@@ -118,11 +115,11 @@ def make_train_step(
         step, params, stats = state["step"], state["params"], state.get("batch_stats")
         dropout_rng = jax.random.fold_in(state["rng"], step)
         # uint8 from the host: normalized (and randomly erased) here, over the global batch
-        batch = device_images.prepare(batch, mean, std, jax.random.fold_in(dropout_rng, device_images.ERASE_TAG))
+        batch = device_images.prepare(batch, mean, std, jax.random.fold_in(dropout_rng, rng_streams.ERASE))
         batch = {**batch, "image": sharding.constrain_batch(batch["image"])}
         if mix:  # mixup/cutmix of the global batch: draws from (seed, step) alone
             images, labels = device_mix.mixup_cutmix(
-                jax.random.fold_in(dropout_rng, MIX_TAG), batch["image"], batch["label"], config.input.aug)
+                jax.random.fold_in(dropout_rng, rng_streams.MIX), batch["image"], batch["label"], config.input.aug)
             batch = {**batch, "image": sharding.constrain_batch(images), "label": sharding.constrain_batch(labels)}
         if microbatches == 1:
             (loss, (accuracy, stats)), grads = grad_fn(params, stats, batch["image"], batch["label"], dropout_rng)
