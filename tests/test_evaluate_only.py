@@ -60,6 +60,7 @@ def test_compilation_cache_folder_precedence(monkeypatch, tmp_path):
     assert tiny_config().compilation_cache_dir is None  # every recipe has the field (overridable)
 
 
+@pytest.mark.slow  # three subprocesses
 def test_setup_makes_a_second_process_read_the_program_back(tmp_path):
     """A program compiled by one process is written to the folder and loaded by the next."""
     code = (

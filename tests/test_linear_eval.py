@@ -66,6 +66,7 @@ def vit():
     return config, mesh, ctx, params
 
 
+@pytest.mark.slow  # 96 SGD steps through the backbone
 def test_trained_probe_beats_chance_on_digits(vit):
     config, mesh, ctx, params = vit
     entry = ml_collections.ConfigDict(dict(type="dino_linear", n_last_blocks=2, epochs=8, batch_size=128, lr=0.5))
