@@ -27,6 +27,7 @@ if __name__ == "__main__" and "--xla_force_host_platform_device_count" not in os
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import time
@@ -73,7 +74,11 @@ class Program:
 
 
 def load_config(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
-    return config_blocks.sibling(os.path.join(ROOT, "configs", "x.py"), name).get_config(arg)
+    """`get_config(arg)` of configs/<name>.py."""
+    spec = importlib.util.spec_from_file_location(f"configs_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
 
 
 def supervised_config(opt: str = "adamw", width: int = 64, depth: int = 2, batch: int = 64,
@@ -124,8 +129,7 @@ def family_config(spec: str, image_size: int, batch: int, opt: str = "adamw", dt
     c = vit_config(variant if family in ("", "vit") else "Ti/16", image_size, batch, opt, dtype, skips, init)
     if family not in ("", "vit"):
         fields = dict(skip_sab=skips, skip_ffn=skips and family != "convmixer", init=init)
-        recipes = config_blocks.sibling(os.path.join(ROOT, "configs", "quickstart.py"), "swin_s_i1k_tg")
-        c.model = recipes.family_model(family, fields, 0.0, variant=variant)
+        c.model = config_blocks.family_model(family, fields, 0.0, variant=variant)
         c.model.dtype = dtype
     return c
 

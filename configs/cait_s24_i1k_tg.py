@@ -35,6 +35,5 @@ from skipless_jax import config_args, config_blocks
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(arg, tg="dct", eps=0.95, skip_sab=True, skip_ffn=True, init="default", opt="adamw", seed=0,
                           epochs=400, variant="S24")
-    swin = config_blocks.sibling(__file__, "swin_s_i1k_tg")
-    model = swin.family_model("cait", a, 0.1, variant=a["variant"])
-    return swin.imagenet_recipe(a, model, warmup_epochs=5, grad_clip=1.0)
+    model = config_blocks.family_model("cait", a, 0.1, variant=a["variant"])
+    return config_blocks.imagenet_recipe(a, model, warmup_epochs=5, grad_clip=1.0)

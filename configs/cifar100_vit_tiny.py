@@ -43,6 +43,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         epochs=200,
     )
     # The CIFAR-10 recipe (configs/cifar10_vit_tiny.py) on CIFAR-100.
-    c = config_blocks.sibling(__file__, "cifar10_vit_tiny").get_config(config_args.to_arg(a))
+    c = config_blocks.cifar_vit_tiny(a)
     c.dataset.name = "cifar100"
     return c

@@ -24,7 +24,6 @@ without. Eval at 32×32, no resize.
 """
 
 import ml_collections
-from ml_collections.config_dict import placeholder
 
 from skipless_jax import config_args, config_blocks
 
@@ -42,40 +41,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         eps=0.95,
         epochs=200,
     )
-    c = ml_collections.ConfigDict()
-    c.trainer = "supervised"
-    c.seed = a["seed"]
-
-    c.dataset = ml_collections.ConfigDict(
-        dict(name="cifar10", train_split="train", eval_split="test", data_dir=placeholder(str))
-    )
-    c.input = ml_collections.ConfigDict(
-        dict(
-            batch_size=128,
-            eval_batch_size=1000,
-            image_size=32,
-            crop_pct=1.0,  # eval sees the image as it is
-            num_workers=8,
-            aug=config_blocks.deit_aug(crop="pad", crop_padding=4),  # scale: used only by crop="rrc"
-        )
-    )
-    c.model = config_blocks.vit_model(
-        a,
-        config_blocks.VITB_SUPERVISED_INIT,
-        variant=placeholder(str),
-        width=192,
-        depth=a["depth"],
-        num_heads=3,
-        mlp_dim=768,
-        patch_size=4,
-    )
-
-    c.optimizer = config_blocks.optimizer(a["opt"], lr=1e-3, weight_decay=0.05)
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10, end_lr=1e-5))
-    c.total_epochs = a["epochs"]
-    c.grad_clip_norm = 1.0
-    c.label_smoothing = 0.1
-    c.skip_nonfinite_steps = False
-    steps_per_10_epochs = 3906  # 390.6 steps per epoch
-    config_blocks.runtime(c, eval_every=steps_per_10_epochs, checkpoint_every=steps_per_10_epochs)
-    return c
+    return config_blocks.cifar_vit_tiny(a)

@@ -43,8 +43,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                mixup_switch_prob=0.5, scale=(1.0, 1.0))
     c.input = ml_collections.ConfigDict(dict(batch_size=512, eval_batch_size=1000, image_size=32, crop_pct=1.0,
                                              num_workers=8, aug=aug))
-    swin = config_blocks.sibling(__file__, "swin_s_i1k_tg")
-    c.model = swin.family_model("convmixer", dict(a, skip_ffn=False), 0.0, variant="256/8")
+    c.model = config_blocks.family_model("convmixer", dict(a, skip_ffn=False), 0.0, variant="256/8")
     c.optimizer = config_blocks.optimizer(a["opt"], lr=0.05, weight_decay=0.005)
     c.schedule = ml_collections.ConfigDict(dict(name="triangular", peak_at=0.4, fall_at=0.8, fall_to=0.05,
                                                 warmup_epochs=0))

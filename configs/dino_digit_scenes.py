@@ -34,13 +34,13 @@ Args: skip_sab, skip_ffn, depth, seed, init ('default' | 'skipless' | 'mimetic')
 
 import ml_collections
 
-from skipless_jax import config_blocks
+from skipless_jax import config_args, config_blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = config_blocks.sibling(__file__, "dino_digits").get_config(arg)
-    if "epochs=" not in (arg or ""):
-        c.total_epochs = 20
+    # The digits recipe (config_blocks.dino_digits, as configs/dino_digits.py) with 20 epochs.
+    a = config_args.parse(arg, skip_sab=True, skip_ffn=True, depth=4, seed=0, init="default", opt="adamw", epochs=20)
+    c = config_blocks.dino_digits(a)
     c.schedule.warmup_epochs = 3
     c.dataset.name = "digit_scenes"
     c.input.image_size = 32

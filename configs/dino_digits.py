@@ -27,85 +27,10 @@ Args: skip_sab, skip_ffn, depth, seed, init ('default' | 'skipless' | 'mimetic')
 """
 
 import ml_collections
-from ml_collections.config_dict import placeholder
 
 from skipless_jax import config_args, config_blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(arg, skip_sab=True, skip_ffn=True, depth=4, seed=0, init="default", opt="adamw", epochs=60)
-    c = ml_collections.ConfigDict()
-    c.trainer = "dino"
-    c.seed = a["seed"]
-
-    c.dataset = ml_collections.ConfigDict(
-        dict(name="digits", train_split="train", eval_split="test", data_dir=placeholder(str))
-    )
-    c.input = ml_collections.ConfigDict(
-        dict(
-            batch_size=32,
-            eval_batch_size=256,
-            image_size=8,  # global crops and evaluation images
-            num_workers=0,
-            aug=None,
-            multicrop=dict(
-                global_scale=(0.5, 1.0),
-                local_size=4,
-                local_scale=(0.3, 0.6),
-                num_local=2,
-                flip_prob=0.0,
-                jitter=(0.4, 0.4, 0.0, 0.0),
-                jitter_prob=0.8,
-                grayscale_prob=0.2,
-                blur_prob=(1.0, 0.1, 0.5),
-                blur_sigma=(0.1, 0.6),
-                solarize_prob=0.2,
-            ),
-        )
-    )
-
-    c.model = config_blocks.vit_model(
-        a,
-        config_blocks.DINO_VITS_INIT,
-        variant=placeholder(str),
-        width=64,
-        depth=a["depth"],
-        num_heads=4,
-        mlp_dim=128,
-        patch_size=4,
-        drop_path=0.0,
-        **config_blocks.DINO_BACKBONE,
-    )
-    c.dino = ml_collections.ConfigDict(
-        dict(
-            out_dim=256,
-            hidden_dim=256,
-            bottleneck_dim=32,
-            num_layers=3,
-            norm_last_layer=True,
-            student_temp=0.1,
-            warmup_teacher_temp=0.025,
-            teacher_temp=0.025,
-            warmup_teacher_temp_epochs=0,
-            center_momentum=0.9,
-            momentum_teacher=0.996,
-            clip_grad=3.0,
-            freeze_last_layer_epochs=1,
-        )
-    )
-
-    c.optimizer = config_blocks.optimizer(
-        a["opt"], lr=1e-3, lr_reference_batch=placeholder(int), min_lr=1e-6, weight_decay=0.04, weight_decay_end=0.4
-    )
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10))
-    c.total_epochs = a["epochs"]
-    c.total_steps = placeholder(int)  # set to override the epochs
-    c.grad_clip_norm = placeholder(float)  # DINO clips per tensor: config.dino.clip_grad
-    c.skip_nonfinite_steps = False
-
-    c.evals = config_blocks.dino_evals(linear_l2=1e-3, linear_steps=300)
-    c.eval_at_start = True  # and every 660 steps (15 epochs) and at the end
-
-    config_blocks.runtime(c, eval_every=660, checkpoint_every=500, log_every=44, analysis=False)
-    c.keep_checkpoints = 2
-    return c
+    return config_blocks.dino_digits(a)

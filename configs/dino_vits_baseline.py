@@ -46,5 +46,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         arg, skip_sab=True, skip_ffn=True, init="default", opt="adamw", seed=0, variant="S/16", epochs=300,
         dense="none", dense_root="",
     )
-    # The one recipe lives in dino_vits_skipless.py; this file only flips the switches.
-    return config_blocks.sibling(__file__, "dino_vits_skipless").get_config(config_args.to_arg(a))
+    # The one recipe (config_blocks.dino_vits, as dino_vits_skipless.py); this file only flips the switches.
+    return config_blocks.dino_vits(a)

@@ -44,7 +44,6 @@ drop-path 0.1 with skips and 0 without. SOAP: b1 0.9, b2 0.95, preconditioning e
 """
 
 import ml_collections
-from ml_collections.config_dict import placeholder
 
 from skipless_jax import config_args, config_blocks
 
@@ -54,74 +53,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         arg, skip_sab=False, skip_ffn=False, init="skipless", opt="adamw", seed=0, variant="S/16", epochs=300,
         dense="none", dense_root="",
     )
-    c = ml_collections.ConfigDict()
-    c.trainer = "dino"
-    c.seed = a["seed"]
-
-    c.dataset = ml_collections.ConfigDict(
-        dict(name="imagenet2012", train_split="train", eval_split="validation", data_dir=placeholder(str))
-    )
-    c.input = ml_collections.ConfigDict(
-        dict(
-            batch_size=1024,
-            eval_batch_size=1024,
-            image_size=224,  # global crops; evaluation resizes to 256 and centre-crops 224
-            crop_pct=0.875,
-            num_workers=32,
-            aug=None,
-            multicrop=dict(
-                global_scale=(0.4, 1.0),
-                local_size=96,
-                local_scale=(0.05, 0.4),
-                num_local=8,
-                flip_prob=0.5,
-                jitter=(0.4, 0.4, 0.2, 0.1),
-                jitter_prob=0.8,
-                grayscale_prob=0.2,
-                blur_prob=(1.0, 0.1, 0.5),
-                blur_sigma=(0.1, 2.0),
-                solarize_prob=0.2,
-            ),
-        )
-    )
-
-    c.model = config_blocks.vit_model(
-        a,
-        config_blocks.DINO_VITS_INIT,
-        variant=a["variant"],
-        patch_size=placeholder(int),  # from the variant
-        dtype="bfloat16",
-        **config_blocks.DINO_BACKBONE,
-    )
-    c.dino = ml_collections.ConfigDict(
-        dict(
-            out_dim=65536,
-            hidden_dim=2048,
-            bottleneck_dim=256,
-            num_layers=3,
-            norm_last_layer=True,
-            student_temp=0.1,
-            warmup_teacher_temp=0.04,
-            teacher_temp=0.07,
-            warmup_teacher_temp_epochs=30,
-            center_momentum=0.9,
-            momentum_teacher=0.996,
-            clip_grad=3.0,
-            freeze_last_layer_epochs=1,
-        )
-    )
-
-    c.optimizer = config_blocks.optimizer(
-        a["opt"], lr=0.0005, lr_reference_batch=256, min_lr=1e-6, weight_decay=0.04, weight_decay_end=0.4
-    )
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10))
-    c.total_epochs = a["epochs"]
-    c.total_steps = placeholder(int)  # set to override the epochs
-    c.grad_clip_norm = placeholder(float)  # DINO clips per tensor: config.dino.clip_grad
-    c.skip_nonfinite_steps = False
-
-    c.evals = config_blocks.dino_evals(linear_l2=1e-4, linear_steps=1000)
-    c.evals.update(config_blocks.dense_evals(a["dense"], a["dense_root"] or None))
-    c.eval_at_start = False
-    config_blocks.runtime(c, eval_every=50_000, checkpoint_every=2000, analysis=False)
-    return c
+    return config_blocks.dino_vits(a)

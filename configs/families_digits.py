@@ -67,8 +67,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.input = ml_collections.ConfigDict(dict(batch_size=64, eval_batch_size=120, image_size=placeholder(int),
                                              aug=None, num_workers=0))
     args = dict(a, skip_ffn=a["skip_ffn"] and a["family"] != "convmixer")
-    swin = config_blocks.sibling(__file__, "swin_s_i1k_tg")
-    c.model = swin.family_model(a["family"], args, 0.0, **sizes)
+    c.model = config_blocks.family_model(a["family"], args, 0.0, **sizes)
     c.optimizer = config_blocks.optimizer(a["opt"], lr=3e-3 if a["opt"] == "soap" else 1e-3, weight_decay=0.05)
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=3, end_lr=1e-5))
     c.total_epochs = a["epochs"]

@@ -27,49 +27,12 @@ b2 0.999, drop-path 0.3 with skips and 0 without; 224×224 images.
 """
 
 import ml_collections
-from ml_collections.config_dict import placeholder
 
 from skipless_jax import config_args, config_blocks
-
-
-def family_model(name: str, a: dict, drop_path: float, **fields) -> ml_collections.ConfigDict:
-    """`config.model` of a family other than the ViT: switches, init and TG from the args `a`,
-    drop-path only with both skips (docs/method.md §1); `fields` (variant, sizes) are added."""
-    skip_sab, skip_ffn = a.get("skip_sab", True), a.get("skip_ffn", True)
-    init = a.get("init", "default")
-    constants = config_blocks.VITB_SUPERVISED_INIT if init != "default" else dict(init_alpha=1.0, init_beta=1.0,
-                                                                                   init_c=1.0)
-    tg = a.get("tg", "none")
-    return ml_collections.ConfigDict(dict(
-        name=name, skip_sab=skip_sab, skip_ffn=skip_ffn, drop_path=drop_path if skip_sab and skip_ffn else 0.0,
-        init=init, **constants, token_graying=placeholder(str) if tg == "none" else tg, tg_eps=a.get("eps", 0.95),
-        dtype="float32", **fields,
-    ))
-
-
-def imagenet_recipe(a: dict, model: ml_collections.ConfigDict, *, warmup_epochs: int, grad_clip: float,
-                    lr: float = 1e-3, weight_decay: float = 0.05) -> ml_collections.ConfigDict:
-    """The DeiT-style ImageNet-1k recipe these family configs share (batch 1024, 224×224)."""
-    c = ml_collections.ConfigDict()
-    c.trainer = "supervised"
-    c.seed = a["seed"]
-    c.dataset = ml_collections.ConfigDict(
-        dict(name="imagenet2012", train_split="train", eval_split="validation", data_dir=placeholder(str)))
-    c.input = ml_collections.ConfigDict(dict(batch_size=1024, eval_batch_size=1024, image_size=224, crop_pct=0.875,
-                                             num_workers=32, aug=config_blocks.deit_aug()))
-    model.dtype = "bfloat16"
-    c.model = model
-    c.optimizer = config_blocks.optimizer(a["opt"], lr=lr, weight_decay=weight_decay)
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=warmup_epochs, end_lr=1e-5))
-    c.total_epochs = a["epochs"]
-    c.grad_clip_norm = grad_clip
-    c.label_smoothing = 0.1
-    c.skip_nonfinite_steps = False
-    config_blocks.runtime(c, eval_every=5000, checkpoint_every=2000)
-    return c
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(arg, tg="dct", eps=0.95, skip_sab=True, skip_ffn=True, init="default", opt="adamw", seed=0,
                           epochs=300, variant="S")
-    return imagenet_recipe(a, family_model("swin", a, 0.3, variant=a["variant"]), warmup_epochs=20, grad_clip=5.0)
+    model = config_blocks.family_model("swin", a, 0.3, variant=a["variant"])
+    return config_blocks.imagenet_recipe(a, model, warmup_epochs=20, grad_clip=5.0)

@@ -45,7 +45,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         epochs=100,
     )
     # The CIFAR recipe (configs/cifar10_vit_tiny.py) at 64×64 with patch 8: 64 tokens again.
-    c = config_blocks.sibling(__file__, "cifar10_vit_tiny").get_config(config_args.to_arg(a))
+    c = config_blocks.cifar_vit_tiny(a)
     c.dataset.update(dict(name="tiny_imagenet", eval_split="val"))
     c.input.update(dict(batch_size=256, image_size=64))
     c.input.aug.crop_padding = 8

@@ -54,4 +54,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     )
     # The ImageNet ViT recipe of vitb_skipless.py with both skips, default init and AdamW.
     standard = dict(skip_sab=True, skip_ffn=True, init="default", opt="adamw")
-    return config_blocks.sibling(__file__, "vitb_skipless").get_config(config_args.to_arg({**standard, **a}))
+    return config_blocks.imagenet_vit({**standard, **a})

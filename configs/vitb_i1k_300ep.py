@@ -44,5 +44,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         variant="B/16",
         epochs=300,
     )
-    # The one ImageNet ViT recipe lives in vitb_skipless.py; this file sets the baseline's args.
-    return config_blocks.sibling(__file__, "vitb_skipless").get_config(config_args.to_arg(a))
+    # The one ImageNet ViT recipe (config_blocks.imagenet_vit, as vitb_skipless.py); this file sets the
+    # baseline's args.
+    return config_blocks.imagenet_vit(a)

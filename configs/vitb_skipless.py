@@ -24,7 +24,6 @@ skips and 0 without. SOAP: b1 0.9, b2 0.95, preconditioning every 10 steps (Cutt
 """
 
 import ml_collections
-from ml_collections.config_dict import placeholder
 
 from skipless_jax import config_args, config_blocks
 
@@ -42,36 +41,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         variant="B/16",
         epochs=300,
     )
-    c = ml_collections.ConfigDict()
-    c.trainer = "supervised"
-    c.seed = a["seed"]
-
-    c.dataset = ml_collections.ConfigDict(
-        dict(name="imagenet2012", train_split="train", eval_split="validation", data_dir=placeholder(str))
-    )
-    c.input = ml_collections.ConfigDict(
-        dict(
-            batch_size=1024,
-            eval_batch_size=1024,
-            image_size=224,
-            crop_pct=0.875,
-            num_workers=32,
-            aug=config_blocks.deit_aug(),
-        )
-    )
-    c.model = config_blocks.vit_model(
-        a,
-        config_blocks.VITB_SUPERVISED_INIT,
-        variant=a["variant"],
-        patch_size=placeholder(int),  # from the variant
-        dtype="bfloat16",
-    )
-
-    c.optimizer = config_blocks.optimizer(a["opt"], lr=1e-3, weight_decay=0.3)
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=5, end_lr=1e-5))
-    c.total_epochs = a["epochs"]
-    c.grad_clip_norm = 1.0
-    c.label_smoothing = 0.1
-    c.skip_nonfinite_steps = False
-    config_blocks.runtime(c, eval_every=5000, checkpoint_every=2000)
-    return c
+    return config_blocks.imagenet_vit(a)

@@ -2,14 +2,13 @@
 
 A config file states its recipe (data, model size, schedule) and takes the rest from here:
 the residual switches and init constants from its args, the AdamW/SOAP settings, the DeiT
-augmentation, and the mesh/logging/checkpointing fields.
+augmentation, and the mesh/logging/checkpointing fields. A recipe that several config files
+share (the same recipe with other default args) is a function here too, never one config file
+executing another.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-from types import ModuleType
 from typing import Any
 
 import ml_collections
@@ -93,16 +92,6 @@ def runtime(
     )
     if analysis:
         c.analysis = ml_collections.ConfigDict(dict(every_steps=0, probe_size=32))
-
-
-def sibling(config_file: str, name: str) -> ModuleType:
-    """The config module `name` from the folder of `config_file` (a recipe that another config
-    file reuses with other defaults)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(config_file)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"configs_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # DINO's backbone (facebookresearch/dino, docs/method.md §13): exact GELU, position tables of local
@@ -208,3 +197,280 @@ def mae_optimizer(base_lr: float, batch_size: int, **fields: Any) -> ml_collecti
     opt = dict(name="adamw", lr=base_lr * batch_size / 256, b1=0.9, b2=0.95, weight_decay=0.05)
     opt.update(fields)
     return ml_collections.ConfigDict(opt)
+
+
+# Whole recipes that more than one config file uses (a config file never reads another one): the
+# family model block and the ImageNet recipe of the Swin, CaiT and PVTv2 configs (docs/method.md
+# §10), then the ViT and DINO recipes behind their baseline/variant configs.
+
+
+def family_model(name: str, a: dict[str, Any], drop_path: float, **fields: Any) -> ml_collections.ConfigDict:
+    """`config.model` of a family other than the ViT: switches, init and TG from the args `a`,
+    drop-path only with both skips (docs/method.md §1); `fields` (variant, sizes) are added."""
+    skip_sab, skip_ffn = a.get("skip_sab", True), a.get("skip_ffn", True)
+    init = a.get("init", "default")
+    constants = VITB_SUPERVISED_INIT if init != "default" else dict(init_alpha=1.0, init_beta=1.0, init_c=1.0)
+    tg = a.get("tg", "none")
+    return ml_collections.ConfigDict(dict(
+        name=name, skip_sab=skip_sab, skip_ffn=skip_ffn, drop_path=drop_path if skip_sab and skip_ffn else 0.0,
+        init=init, **constants, token_graying=placeholder(str) if tg == "none" else tg, tg_eps=a.get("eps", 0.95),
+        dtype="float32", **fields,
+    ))
+
+
+def imagenet_recipe(a: dict[str, Any], model: ml_collections.ConfigDict, *, warmup_epochs: int, grad_clip: float,
+                    lr: float = 1e-3, weight_decay: float = 0.05) -> ml_collections.ConfigDict:
+    """The DeiT-style ImageNet-1k recipe these family configs share (batch 1024, 224×224)."""
+    c = ml_collections.ConfigDict()
+    c.trainer = "supervised"
+    c.seed = a["seed"]
+    c.dataset = ml_collections.ConfigDict(
+        dict(name="imagenet2012", train_split="train", eval_split="validation", data_dir=placeholder(str)))
+    c.input = ml_collections.ConfigDict(dict(batch_size=1024, eval_batch_size=1024, image_size=224, crop_pct=0.875,
+                                             num_workers=32, aug=deit_aug()))
+    model.dtype = "bfloat16"
+    c.model = model
+    c.optimizer = optimizer(a["opt"], lr=lr, weight_decay=weight_decay)
+    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=warmup_epochs, end_lr=1e-5))
+    c.total_epochs = a["epochs"]
+    c.grad_clip_norm = grad_clip
+    c.label_smoothing = 0.1
+    c.skip_nonfinite_steps = False
+    runtime(c, eval_every=5000, checkpoint_every=2000)
+    return c
+
+
+def cifar_vit_tiny(a: dict[str, Any]) -> ml_collections.ConfigDict:
+    """The CIFAR-10 ViT-Tiny recipe of configs/cifar10_vit_tiny.py for the config args `a` (the
+    CIFAR-100 and Tiny-ImageNet configs change its dataset and sizes)."""
+    c = ml_collections.ConfigDict()
+    c.trainer = "supervised"
+    c.seed = a["seed"]
+
+    c.dataset = ml_collections.ConfigDict(
+        dict(name="cifar10", train_split="train", eval_split="test", data_dir=placeholder(str))
+    )
+    c.input = ml_collections.ConfigDict(
+        dict(
+            batch_size=128,
+            eval_batch_size=1000,
+            image_size=32,
+            crop_pct=1.0,  # eval sees the image as it is
+            num_workers=8,
+            aug=deit_aug(crop="pad", crop_padding=4),  # scale: used only by crop="rrc"
+        )
+    )
+    c.model = vit_model(
+        a,
+        VITB_SUPERVISED_INIT,
+        variant=placeholder(str),
+        width=192,
+        depth=a["depth"],
+        num_heads=3,
+        mlp_dim=768,
+        patch_size=4,
+    )
+
+    c.optimizer = optimizer(a["opt"], lr=1e-3, weight_decay=0.05)
+    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10, end_lr=1e-5))
+    c.total_epochs = a["epochs"]
+    c.grad_clip_norm = 1.0
+    c.label_smoothing = 0.1
+    c.skip_nonfinite_steps = False
+    steps_per_10_epochs = 3906  # 390.6 steps per epoch
+    runtime(c, eval_every=steps_per_10_epochs, checkpoint_every=steps_per_10_epochs)
+    return c
+
+
+def imagenet_vit(a: dict[str, Any]) -> ml_collections.ConfigDict:
+    """The ImageNet-1k ViT recipe of configs/vitb_skipless.py for the config args `a` (the baseline
+    and Token Graying ViT configs set other args)."""
+    c = ml_collections.ConfigDict()
+    c.trainer = "supervised"
+    c.seed = a["seed"]
+
+    c.dataset = ml_collections.ConfigDict(
+        dict(name="imagenet2012", train_split="train", eval_split="validation", data_dir=placeholder(str))
+    )
+    c.input = ml_collections.ConfigDict(
+        dict(
+            batch_size=1024,
+            eval_batch_size=1024,
+            image_size=224,
+            crop_pct=0.875,
+            num_workers=32,
+            aug=deit_aug(),
+        )
+    )
+    c.model = vit_model(
+        a,
+        VITB_SUPERVISED_INIT,
+        variant=a["variant"],
+        patch_size=placeholder(int),  # from the variant
+        dtype="bfloat16",
+    )
+
+    c.optimizer = optimizer(a["opt"], lr=1e-3, weight_decay=0.3)
+    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=5, end_lr=1e-5))
+    c.total_epochs = a["epochs"]
+    c.grad_clip_norm = 1.0
+    c.label_smoothing = 0.1
+    c.skip_nonfinite_steps = False
+    runtime(c, eval_every=5000, checkpoint_every=2000)
+    return c
+
+
+def dino_vits(a: dict[str, Any]) -> ml_collections.ConfigDict:
+    """The DINO ViT-S/16 ImageNet recipe of configs/dino_vits_skipless.py for the config args `a`
+    (configs/dino_vits_baseline.py sets the switches)."""
+    c = ml_collections.ConfigDict()
+    c.trainer = "dino"
+    c.seed = a["seed"]
+
+    c.dataset = ml_collections.ConfigDict(
+        dict(name="imagenet2012", train_split="train", eval_split="validation", data_dir=placeholder(str))
+    )
+    c.input = ml_collections.ConfigDict(
+        dict(
+            batch_size=1024,
+            eval_batch_size=1024,
+            image_size=224,  # global crops; evaluation resizes to 256 and centre-crops 224
+            crop_pct=0.875,
+            num_workers=32,
+            aug=None,
+            multicrop=dict(
+                global_scale=(0.4, 1.0),
+                local_size=96,
+                local_scale=(0.05, 0.4),
+                num_local=8,
+                flip_prob=0.5,
+                jitter=(0.4, 0.4, 0.2, 0.1),
+                jitter_prob=0.8,
+                grayscale_prob=0.2,
+                blur_prob=(1.0, 0.1, 0.5),
+                blur_sigma=(0.1, 2.0),
+                solarize_prob=0.2,
+            ),
+        )
+    )
+
+    c.model = vit_model(
+        a,
+        DINO_VITS_INIT,
+        variant=a["variant"],
+        patch_size=placeholder(int),  # from the variant
+        dtype="bfloat16",
+        **DINO_BACKBONE,
+    )
+    c.dino = ml_collections.ConfigDict(
+        dict(
+            out_dim=65536,
+            hidden_dim=2048,
+            bottleneck_dim=256,
+            num_layers=3,
+            norm_last_layer=True,
+            student_temp=0.1,
+            warmup_teacher_temp=0.04,
+            teacher_temp=0.07,
+            warmup_teacher_temp_epochs=30,
+            center_momentum=0.9,
+            momentum_teacher=0.996,
+            clip_grad=3.0,
+            freeze_last_layer_epochs=1,
+        )
+    )
+
+    c.optimizer = optimizer(
+        a["opt"], lr=0.0005, lr_reference_batch=256, min_lr=1e-6, weight_decay=0.04, weight_decay_end=0.4
+    )
+    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10))
+    c.total_epochs = a["epochs"]
+    c.total_steps = placeholder(int)  # set to override the epochs
+    c.grad_clip_norm = placeholder(float)  # DINO clips per tensor: config.dino.clip_grad
+    c.skip_nonfinite_steps = False
+
+    c.evals = dino_evals(linear_l2=1e-4, linear_steps=1000)
+    c.evals.update(dense_evals(a["dense"], a["dense_root"] or None))
+    c.eval_at_start = False
+    runtime(c, eval_every=50_000, checkpoint_every=2000, analysis=False)
+    return c
+
+
+def dino_digits(a: dict[str, Any]) -> ml_collections.ConfigDict:
+    """The DINO recipe on digits of configs/dino_digits.py for the config args `a`
+    (configs/dino_digit_scenes.py changes data, crops and evaluations)."""
+    c = ml_collections.ConfigDict()
+    c.trainer = "dino"
+    c.seed = a["seed"]
+
+    c.dataset = ml_collections.ConfigDict(
+        dict(name="digits", train_split="train", eval_split="test", data_dir=placeholder(str))
+    )
+    c.input = ml_collections.ConfigDict(
+        dict(
+            batch_size=32,
+            eval_batch_size=256,
+            image_size=8,  # global crops and evaluation images
+            num_workers=0,
+            aug=None,
+            multicrop=dict(
+                global_scale=(0.5, 1.0),
+                local_size=4,
+                local_scale=(0.3, 0.6),
+                num_local=2,
+                flip_prob=0.0,
+                jitter=(0.4, 0.4, 0.0, 0.0),
+                jitter_prob=0.8,
+                grayscale_prob=0.2,
+                blur_prob=(1.0, 0.1, 0.5),
+                blur_sigma=(0.1, 0.6),
+                solarize_prob=0.2,
+            ),
+        )
+    )
+
+    c.model = vit_model(
+        a,
+        DINO_VITS_INIT,
+        variant=placeholder(str),
+        width=64,
+        depth=a["depth"],
+        num_heads=4,
+        mlp_dim=128,
+        patch_size=4,
+        drop_path=0.0,
+        **DINO_BACKBONE,
+    )
+    c.dino = ml_collections.ConfigDict(
+        dict(
+            out_dim=256,
+            hidden_dim=256,
+            bottleneck_dim=32,
+            num_layers=3,
+            norm_last_layer=True,
+            student_temp=0.1,
+            warmup_teacher_temp=0.025,
+            teacher_temp=0.025,
+            warmup_teacher_temp_epochs=0,
+            center_momentum=0.9,
+            momentum_teacher=0.996,
+            clip_grad=3.0,
+            freeze_last_layer_epochs=1,
+        )
+    )
+
+    c.optimizer = optimizer(
+        a["opt"], lr=1e-3, lr_reference_batch=placeholder(int), min_lr=1e-6, weight_decay=0.04, weight_decay_end=0.4
+    )
+    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10))
+    c.total_epochs = a["epochs"]
+    c.total_steps = placeholder(int)  # set to override the epochs
+    c.grad_clip_norm = placeholder(float)  # DINO clips per tensor: config.dino.clip_grad
+    c.skip_nonfinite_steps = False
+
+    c.evals = dino_evals(linear_l2=1e-3, linear_steps=300)
+    c.eval_at_start = True  # and every 660 steps (15 epochs) and at the end
+
+    runtime(c, eval_every=660, checkpoint_every=500, log_every=44, analysis=False)
+    c.keep_checkpoints = 2
+    return c
