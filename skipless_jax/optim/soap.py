@@ -30,7 +30,6 @@ like to parameters.
 from __future__ import annotations
 
 import functools
-import numbers
 import string
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -39,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from skipless_jax.checks import is_number, is_positive_int
 
 Schedule = Callable[[jax.Array], jax.Array]
 ScalarOrSchedule = float | jax.Array | Schedule
@@ -304,17 +305,13 @@ def tensor_rotate(
 # Validation.
 
 
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def _check_unit_interval(name: str, value: float) -> None:
-    if not _is_real(value) or not 0.0 <= float(value) < 1.0:
+    if not is_number(value) or not 0.0 <= float(value) < 1.0:
         raise ValueError(f"SOAP {name} must be a float in [0, 1), got {value!r}")
 
 
 def _check_positive_int(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    if not is_positive_int(value):
         raise ValueError(f"SOAP {name} must be an integer >= 1, got {value!r}")
 
 
@@ -332,9 +329,9 @@ def validate_soap_hparams(
     _check_unit_interval("b2", b2)
     if shampoo_beta is not None:
         _check_unit_interval("shampoo_beta", shampoo_beta)
-    if not _is_real(eps) or eps < 0:
+    if not is_number(eps) or eps < 0:
         raise ValueError(f"SOAP eps must be a float >= 0, got {eps!r}")
-    if not _is_real(weight_decay) or weight_decay < 0:
+    if not is_number(weight_decay) or weight_decay < 0:
         raise ValueError(f"SOAP weight_decay must be a float >= 0, got {weight_decay!r}")
     _check_positive_int("precondition_frequency", precondition_frequency)
     _check_positive_int("max_precond_dim", max_precond_dim)
