@@ -78,9 +78,9 @@ class _Recorded:
     def __getattr__(self, attr: str) -> Any:  # name, prefix, every_steps
         return getattr(self.evaluator, attr)
 
-    def run(self, params: Any) -> Iterator[tuple[str, float]]:
+    def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
         mine = self.results.setdefault(self.evaluator.name, {})
-        for metric, value in self.evaluator.run(params):
+        for metric, value in self.evaluator.run(params, step):
             mine[f"{self.evaluator.prefix}_{metric}"] = float(value)
             yield metric, value
 
@@ -95,18 +95,17 @@ def evaluate(
     trainer = trainers.get(config.get("trainer", "supervised"))
     evaluators.check_config(config, trainer.EVALUATOR_TYPES)
     mesh = sharding.make_mesh(config.mesh, devices)
-    ctx, key = trainer.evaluation(config, mesh)
-    ctx.picture_dir = workdir
+    ctx, key = trainer.evaluation(config, mesh, picture_dir=workdir)
     for entry in (key,) if isinstance(key, str) else key:
         checkpoint.param_shapes(workdir, entry)  # read first: a one-line error if the checkpoint lacks the entry
     found_step, state = checkpoint.load_raw(workdir, step)
-    ctx.step = int(found_step)  # pictures: <workdir>/pictures/<prefix>_step<N>.png
     params = jax.device_put(common.entries(state, key), sharding.replicated(mesh))
     results: dict[str, Any] = {"step": int(found_step)}
     per_evaluator: dict[str, dict[str, float]] = {}
     built = [_Recorded(ev, per_evaluator) for ev in evaluators.build(config, ctx)]
     with jax.set_mesh(mesh):
-        for prefix, metric, value in evaluators.run_all(built, ctx, params):
+        # Every evaluator (the step is the last), pictures as <workdir>/pictures/<prefix>_step<N>.png.
+        for prefix, metric, value in evaluators.run_all(built, ctx, params, int(found_step), int(found_step)):
             results[f"{prefix}_{metric}"] = value
     suffix = "" if step is None else f"_step{found_step}"
     if jax.process_index() == 0:

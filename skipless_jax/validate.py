@@ -211,9 +211,6 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
     decay = opt.get("layer_decay")
     require(decay is None or (is_finite(decay) and 0.0 < decay <= 1.0),
              f"config.optimizer.layer_decay={decay!r} must be in (0, 1] (None or 1: off)")
-    require(decay in (None, 1.0) or config.model.get("name", "vit") in (None, "vit"),
-             f"config.optimizer.layer_decay={decay!r} is defined for the ViT's layers; "
-             f"config.model.name={config.model.get('name')!r} has none (allowed: None)")
     require(config.get("schedule") is not None, "config.schedule must be set (warmup_steps or warmup_epochs, end_lr)")
     _finite(config, "schedule.end_lr", ">= 0", allow_none=True)
     _nonfinite_numbers(opt, "config.optimizer")

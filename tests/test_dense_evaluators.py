@@ -4,6 +4,7 @@ CPU devices, against independent paths (model.apply + the numpy functions)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -187,7 +188,7 @@ def test_build_and_run_all_report_both_evaluators():
         )
     )
     evaluators.check_config(config)
-    ctx.config = config
+    ctx = dataclasses.replace(ctx, config=config)
     results = {(p, m): v for p, m, v in evaluators.run_all(evaluators.build(config, ctx), ctx, params)}
     assert set(results) == {("objects", "corloc"), ("seg", "miou"), ("seg", "pixel_accuracy")}
     assert all(0.0 <= v <= 1.0 for v in results.values())
@@ -258,7 +259,7 @@ def test_from_config_errors_need_the_model_and_dataset():
     with pytest.raises(ValueError, match=r"^config\.evals\.e: type 'tokencut' needs a dataset with 'boxes' targets; "
                                          r"'voc12_seg' has \['segmentation'\]"):
         tc.TokenCut.from_config("e", ml_collections.ConfigDict(dict(dataset="voc12_seg")), ctx, **common("e", "val"))
-    ctx.config = tiny_config()  # digits: no boxes, no segmentation
+    ctx = dataclasses.replace(ctx, config=tiny_config())  # digits: no boxes, no segmentation
     with pytest.raises(ValueError, match=r"^config\.evals\.e: type 'tokencut' needs a dataset with 'boxes'"):
         tc.TokenCut.from_config("e", ml_collections.ConfigDict(), ctx, **common("e", "test"))
 

@@ -1,6 +1,7 @@
 """The pictures of dense features (docs/method.md §8): the PCA colouring against scikit-learn's
 PCA, and the `feature_pca` / `tokencut` evaluators writing their PNGs."""
 
+import dataclasses
 
 import ml_collections
 import numpy as np
@@ -46,7 +47,7 @@ def test_evaluators_write_their_pictures(tmp_path):
         pca=dict(type="feature_pca", split="test", images=5),
     ))
     evaluators.check_config(config)
-    ctx.config, ctx.picture_dir = config, str(tmp_path)
+    ctx = dataclasses.replace(ctx, config=config, picture_dir=str(tmp_path))
     results = {(p, m): v for p, m, v in evaluators.run_all(evaluators.build(config, ctx), ctx, params, 7, 7)}
     # The explained share equals the PCA of the model's own patch tokens of the first 5 test scenes.
     _, _, host_params = backbone("tok")

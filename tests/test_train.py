@@ -153,7 +153,7 @@ def test_live_kappa_monitoring_logs_probe_log_kappa(tmp_path):
     # Reference for the last step: the final parameters on the first 16 eval images, κ in float64.
     params = _read_params(str(tmp_path))["params"]
     images = next(inputs.eval_iterator(config, 0, 1)[0])["image"][:16]
-    model = vit.build_model(config.model, num_classes=10)
+    model = vit.build(config.model, num_classes=10)
     _, out = model.apply({"params": params}, images, train=False)
     for point in ("sab", "ffn"):
         for layer, block in enumerate(out["blocks"]):

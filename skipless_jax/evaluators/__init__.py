@@ -1,8 +1,11 @@
 """Evaluators by `config.evals.<name>.type`; the protocol is in `evaluators/common.py`.
 
 A new evaluator is one module with a dataclass that has `name`, `prefix`, `every_steps`,
-`run(params) -> iterator of (metric, value)`, `check(name, entry)` (one-line errors, before
-anything compiles) and `from_config(name, entry, ctx, **common)`, registered below.
+`run(params, step=None) -> iterator of (metric, value)` (`step`: the step evaluated, for the
+pictures' names), `check(name, entry)` (one-line errors, before
+anything compiles), optionally `check_model(name, entry, models.describe(config.model))` (the
+one-line refusal of a family that lacks what it reads) and `from_config(name, entry, ctx,
+**common)`, registered below.
 """
 
 from __future__ import annotations
@@ -94,6 +97,10 @@ def check_config(config: ml_collections.ConfigDict, allowed_types: tuple[str, ..
                     raise ValueError(f"config.evals.{name}.{f} is required for its own dataset {dataset!r} "
                                      f"(splits: {sorted(sources.dataset_info(dataset).splits)})")
         EVALUATORS[kind].check(name, entry)
+        if hasattr(EVALUATORS[kind], "check_model"):  # what the evaluator reads of the model, per family
+            from skipless_jax import models
+
+            EVALUATORS[kind].check_model(name, entry, models.describe(config.model))
 
 
 def data_needed(config: ml_collections.ConfigDict) -> list[tuple[str, str, str | None]]:

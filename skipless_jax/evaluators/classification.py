@@ -71,7 +71,7 @@ class Classification:
 
         self._sums = jax.jit(sums, out_shardings=sharding.replicated(self.ctx.mesh))
 
-    def run(self, params: Any) -> Iterator[tuple[str, float]]:
+    def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
         batches, n = (self.view or self.ctx).batches(self.split)
         totals = None
         for batch in batches:

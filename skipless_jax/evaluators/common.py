@@ -36,19 +36,38 @@ class Evaluator(Protocol):
     prefix: str
     every_steps: int | None
 
-    def run(self, params: Any) -> Iterator[tuple[str, float]]: ...
+    def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]: ...
 
 
 @dataclasses.dataclass
+class EvalCache:
+    """What the evaluators of one `Context` compute once and share, owned by that context.
+
+    rows: (id(params), split[, 'rows']) -> extracted features and labels, for one evaluation round
+    (`new_round` clears them: `run_all` calls it before and after a round); programs: the jitted
+    functions of the context (compiled once); eval_batches: split -> (uint8 batches, n) of a
+    whole-split read kept across rounds (`config.input.cache_eval`).
+    """
+
+    rows: dict[tuple[Any, ...], Any] = dataclasses.field(default_factory=dict)
+    programs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    eval_batches: dict[str, tuple[list[dict[str, np.ndarray]], int]] = dataclasses.field(default_factory=dict)
+
+    def new_round(self) -> None:
+        self.rows.clear()
+
+
+@dataclasses.dataclass(frozen=True)
 class Context:
-    """What evaluators may ask of the trainer.
+    """What evaluators may ask of the trainer, built whole (frozen).
 
     logits(params, images) -> (B, K), features(params, images) -> (B, d) and
     outputs(params, images) -> the backbone's `out` dict (patch tokens `encoded`, per-block
     `keys` and ①..④; dense evaluators read it) are pure functions (jitted by the evaluators);
     any may be None when the trainer has no such output. `picture_dir`: where evaluators that
-    draw write their PNGs (`<picture_dir>/pictures/<prefix>_step<N>.png`; None: no pictures),
-    `step`: the step being evaluated (set by `run_all`).
+    draw write their PNGs (`<picture_dir>/pictures/<prefix>_step<N>.png`, N the step `run_all`
+    passes to `run`; None: no pictures). `cache`: what its evaluators share (`EvalCache`); a
+    derived context (another dataset) gets its own.
     """
 
     config: ml_collections.ConfigDict
@@ -58,10 +77,7 @@ class Context:
     features: Callable[[Any, jax.Array], jax.Array] | None = None
     outputs: Callable[[Any, jax.Array], dict[str, Any]] | None = None
     picture_dir: str | None = None
-    step: int | None = None
-    _cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
-    _jitted: dict[str, Any] = dataclasses.field(default_factory=dict)
-    _eval_cache: dict[str, tuple[list[dict[str, np.ndarray]], int]] = dataclasses.field(default_factory=dict)
+    cache: EvalCache = dataclasses.field(default_factory=EvalCache)
 
     def batches(self, split: str, batch_size: int | None = None,
                 workers: bool = True) -> tuple[Iterator[dict[str, jax.Array]], int]:
@@ -70,13 +86,14 @@ class Context:
         that take one batch, where starting `config.input.num_workers` processes costs more)."""
         local, n = self._local_batches(split, batch_size, workers)
         batch_sharding = sharding.batch_sharding(self.mesh)
-        if "normalize" not in self._jitted:
+        programs = self.cache.programs
+        if "normalize" not in programs:
             mean, std = device_images.dataset_stats(self.config)
-            self._jitted["normalize"] = jax.jit(lambda b: device_images.prepare(b, mean, std))
+            programs["normalize"] = jax.jit(lambda b: device_images.prepare(b, mean, std))
 
         def to_global(b: dict[str, np.ndarray]) -> dict[str, jax.Array]:
             arrays = jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding, x), b)
-            return self._jitted["normalize"](arrays)
+            return programs["normalize"](arrays)
 
         return (to_global(b) for b in local), n
 
@@ -95,10 +112,11 @@ class Context:
 
         if not self.config.input.get("cache_eval") or batch_size is not None:
             return read()
-        if split not in self._eval_cache:
+        kept = self.cache.eval_batches
+        if split not in kept:
             local, n = read()
-            self._eval_cache[split] = (list(local), n)
-        batches, n = self._eval_cache[split]
+            kept[split] = (list(local), n)
+        batches, n = kept[split]
         return iter(batches), n
 
     def extract_rows(self, params: Any, split: str) -> tuple[jax.Array, jax.Array, int]:
@@ -107,64 +125,80 @@ class Context:
         padding rows of the last batch have label −1 (N ≥ n, a multiple of the data devices).
         Cached for one evaluation round (the kNN bank and the probe's fit share them)."""
         key = (id(params), split, "rows")
-        if key in self._cache:
-            return self._cache[key]
+        rows_cache, programs = self.cache.rows, self.cache.programs
+        if key in rows_cache:
+            return rows_cache[key]
         if self.features is None:
             raise ValueError("this trainer's model has no features to evaluate")
         rows = sharding.batch_sharding(self.mesh)
-        if "rows" not in self._jitted:
+        if "rows" not in programs:
             fn = lambda p, b: (self.features(p, b["image"]).astype(jnp.float32),
                                jnp.where(b["mask"] > 0, b["label"].argmax(-1), -1).astype(jnp.int32))
-            self._jitted["rows"] = jax.jit(fn, out_shardings=(rows, rows))
-            self._jitted["concat"] = jax.jit(lambda parts: jnp.concatenate(parts), out_shardings=rows)
+            programs["rows"] = jax.jit(fn, out_shardings=(rows, rows))
+            programs["concat"] = jax.jit(lambda parts: jnp.concatenate(parts), out_shardings=rows)
         batches, n = self.batches(split)
-        outs = [self._jitted["rows"](params, batch) for batch in batches]
-        feats = self._jitted["concat"]([f for f, _ in outs])
-        labels = self._jitted["concat"]([y for _, y in outs])
+        outs = [programs["rows"](params, batch) for batch in batches]
+        feats = programs["concat"]([f for f, _ in outs])
+        labels = programs["concat"]([y for _, y in outs])
         counted = int(jax.device_get(jnp.sum(labels >= 0)))
         if counted != n:  # every example exactly once
             raise AssertionError(f"feature extraction counted {counted} of {n} examples of {split!r}")
-        self._cache[key] = (feats, labels, n)
-        return self._cache[key]
+        rows_cache[key] = (feats, labels, n)
+        return rows_cache[key]
 
     def extract(self, params: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
         """(features (n, d) float32, int labels (n,)) of every example of `split`, cached for
         one evaluation round (kNN and the linear probe share them)."""
         key = (id(params), split)
-        if key in self._cache:
-            return self._cache[key]
+        rows_cache, programs = self.cache.rows, self.cache.programs
+        if key in rows_cache:
+            return rows_cache[key]
         if self.features is None:
             raise ValueError("this trainer's model has no features to evaluate")
-        if "features" not in self._jitted:
+        if "features" not in programs:
             fn = lambda p, b: {
                 "features": self.features(p, b["image"]).astype(jnp.float32),
                 "label": b["label"].argmax(-1),
                 "mask": b["mask"],
             }
             # Replicated: every host reads all rows.
-            self._jitted["features"] = jax.jit(fn, out_shardings=sharding.replicated(self.mesh))
+            programs["features"] = jax.jit(fn, out_shardings=sharding.replicated(self.mesh))
         batches, n = self.batches(split)
         feats, labels = [], []
         for batch in batches:
-            out = jax.device_get(self._jitted["features"](params, batch))
+            out = jax.device_get(programs["features"](params, batch))
             keep = out["mask"] > 0  # padding rows of the last batch
             feats.append(out["features"][keep])
             labels.append(out["label"][keep])
         result = np.concatenate(feats), np.concatenate(labels)
         if len(result[1]) != n:  # every example exactly once
             raise AssertionError(f"feature extraction counted {len(result[1])} of {n} examples of {split!r}")
-        self._cache[key] = result
+        rows_cache[key] = result
         return result
 
     def new_round(self) -> None:
-        self._cache.clear()
+        """Forget this round's extracted features (`EvalCache.new_round`)."""
+        self.cache.new_round()
 
-    def picture_path(self, prefix: str) -> str | None:
-        """The PNG an evaluator draws this round, on the chief process only (else None)."""
+    def picture_path(self, prefix: str, step: int | None) -> str | None:
+        """The PNG an evaluator draws at `step` (None: no step in the name), on the chief process
+        only (else None)."""
         if self.picture_dir is None or jax.process_index() != 0:
             return None
-        step = "" if self.step is None else f"_step{self.step:06d}"
-        return os.path.join(self.picture_dir, "pictures", f"{prefix}{step}.png")
+        suffix = "" if step is None else f"_step{step:06d}"
+        return os.path.join(self.picture_dir, "pictures", f"{prefix}{suffix}.png")
+
+
+def patch_tokens(tokens: Any, image_hw: tuple[int, int], model: Any) -> Any:
+    """(B, prefix + h·w, d) tokens of `out['encoded']` → (B, h, w, d), the prefix (class token)
+    dropped; h, w = H // s, W // s for the model's (a `models.ModelDescription`) token stride s.
+    Works on numpy and jax arrays."""
+    s = model.token_stride
+    h, w = int(image_hw[0]) // s, int(image_hw[1]) // s
+    if tokens.shape[1] != model.prefix_tokens + h * w:
+        raise ValueError(f"{tokens.shape[1]} tokens for {model.prefix_tokens} prefix tokens and a {h}x{w} grid "
+                         f"of the {model.family} model (image {tuple(image_hw)}, stride {s})")
+    return tokens[:, model.prefix_tokens:].reshape(tokens.shape[0], h, w, tokens.shape[-1])
 
 
 def field(entry: ml_collections.ConfigDict, name: str, default: Any) -> Any:
@@ -179,13 +213,12 @@ def due(evaluator: Evaluator, step: int, total_steps: int) -> bool:
 
 def run_all(evaluators: list[Evaluator], ctx: Context, params: Any, step: int | None = None,
             total_steps: int | None = None) -> Iterator[tuple[str, str, float]]:
-    """(prefix, metric, value) of every evaluator due at `step` (None: all of them)."""
+    """(prefix, metric, value) of every evaluator due at `step` (None: all of them, pictures
+    without a step); `step` goes to each `run`."""
     ctx.new_round()
-    if step is not None:
-        ctx.step = step
     for ev in evaluators:
         if step is None or due(ev, step, total_steps):
-            for metric, value in ev.run(params):
+            for metric, value in ev.run(params, step):
                 yield ev.prefix, metric, float(value)
     ctx.new_round()
 

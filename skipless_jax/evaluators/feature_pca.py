@@ -2,8 +2,9 @@
 
     config.evals.pca = dict(type='feature_pca', split='test', images=8)
 
-For the first `images` examples of `split`: the patch tokens of the final LayerNorm
-(`ctx.outputs(params, images)['encoded']`, CLS dropped), their top 3 principal axes over all
+For the first `images` examples of `split`: the tokens of the model's last grid
+(`ctx.outputs(params, images)['encoded']`, through the final norm where the family has one, the
+class token dropped; `models.describe` gives the grid), their top 3 principal axes over all
 the images' tokens as RGB (`pictures.pca_rgb`). Yields ('explained_variance', share of the
 variance the 3 axes explain) and writes images over their PCA colouring to
 `<picture_dir>/pictures/<prefix>_step<N>.png` when the context has a picture folder.
@@ -31,15 +32,16 @@ class FeaturePCA:
     images: int = 8
 
     def __post_init__(self):
-        from skipless_jax.evaluators.tokencut import patch_size_of, patch_tokens
+        from skipless_jax import models
+        from skipless_jax.evaluators.common import patch_tokens
 
         if self.ctx.outputs is None:
             raise ValueError(
                 f"config.evals.{self.name}: type 'feature_pca' needs a trainer whose context has `outputs`")
-        self.patch_size = patch_size_of(self.ctx.config)
+        model = models.describe(self.ctx.config.model)
 
         def tokens(params: Any, images: jax.Array) -> jax.Array:
-            return patch_tokens(self.ctx.outputs(params, images)["encoded"], images.shape[1:3], self.patch_size)
+            return patch_tokens(self.ctx.outputs(params, images)["encoded"], images.shape[1:3], model)
 
         self._tokens = jax.jit(tokens, out_shardings=sharding.replicated(self.ctx.mesh))
 
@@ -53,9 +55,9 @@ class FeaturePCA:
         rgb, share = pictures.pca_rgb(np.asarray(tokens, np.float64)[keep])
         return np.asarray(images)[keep], rgb, share
 
-    def run(self, params: Any) -> Iterator[tuple[str, float]]:
+    def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
         images, rgb, share = self.colours(params)
-        path = self.ctx.picture_path(self.prefix)
+        path = self.ctx.picture_path(self.prefix, step)
         if path is not None:
             rows = [("image", pictures.for_display(images)),
                     ("PCA 1-3", pictures.upsample_nearest(rgb, images.shape[1:3]))]

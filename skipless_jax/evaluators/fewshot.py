@@ -83,7 +83,7 @@ class FewShot:
     seeds: int = 3
     l2_reg: float = DEFAULT_L2
 
-    def run(self, params: Any) -> Iterator[tuple[str, float]]:
+    def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
         for dataset, (ctx, train_split, test_split) in self.views.items():
             train_x, train_y = ctx.extract(params, train_split)
             test_x, test_y = ctx.extract(params, test_split)

@@ -150,7 +150,7 @@ class KNN:
     k: int = 20
     temperature: float = 0.07
 
-    def run(self, params: Any) -> Iterator[tuple[str, float]]:
+    def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
         train_x, train_y, n = self.ctx.extract_rows(params, self.train_split)  # the bank stays on the devices
         test_x, test_y = self.ctx.extract(params, self.split)
         k = min(self.k, n)  # a bank smaller than k (a tiny split) votes with all of it

@@ -170,7 +170,7 @@ class DinoLinear:
             batches.close()
         return state["linear"], [float(v) for v in jax.device_get(losses)]
 
-    def run(self, params: Any) -> Iterator[tuple[str, float]]:
+    def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
         linear, _ = self.train(params)
         batches, n = self.view.batches(self.split)
         totals = None

@@ -150,7 +150,7 @@ class LinearProbe:
     l2: float = 1e-4
     max_steps: int = 500
 
-    def run(self, params: Any) -> Iterator[tuple[str, float]]:
+    def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
         train_x, train_y, _ = self.ctx.extract_rows(params, self.train_split)  # fitted on the devices
         test_x, test_y = self.ctx.extract(params, self.split)
         yield "linear_accuracy", linear_probe_accuracy(

@@ -279,11 +279,11 @@ class LinearSegmentation:
             raise ValueError(
                 f"config.evals.{self.name}: type 'linear_segmentation' needs a trainer whose context has `outputs`"
             )
-        from skipless_jax import sharding
+        from skipless_jax import models, sharding
         from skipless_jax.data import sources
-        from skipless_jax.evaluators.tokencut import patch_size_of
 
-        self.patch_size = patch_size_of(self.ctx.config)
+        self.model = models.describe(self.ctx.config.model)
+        self.patch_size = self.model.token_stride  # pixels a token of the feature grid
         self.info = sources.dataset_info(self.dataset or self.ctx.config.dataset.name)
         self._replicated = sharding.replicated(self.ctx.mesh)
         self.tx = optimizer(self.lr, self.weight_decay, self.warmup, self.steps)
@@ -312,15 +312,15 @@ class LinearSegmentation:
 
     def features(self, params: Any, images: jax.Array) -> jax.Array:
         """(B, H, W, C) → frozen (B, h, w, blocks·d) float32 patch tokens of the last `blocks` blocks
-        through the final LayerNorm."""
-        from skipless_jax.evaluators.tokencut import patch_tokens
+        through the final LayerNorm (1 block: `encoded`, the model's last grid, any family)."""
+        from skipless_jax.evaluators.common import patch_tokens
 
         out = self.ctx.outputs(params, images)
         if self.protocol.blocks == 1:
             tokens = out["encoded"]
         else:
             tokens = jnp.concatenate([b["normed"] for b in out["blocks"][-self.protocol.blocks :]], axis=-1)
-        return jax.lax.stop_gradient(patch_tokens(tokens, images.shape[1:3], self.patch_size).astype(jnp.float32))
+        return jax.lax.stop_gradient(patch_tokens(tokens, images.shape[1:3], self.model).astype(jnp.float32))
 
     def init(self, params: Any, image_shape: tuple[int, ...]) -> dict[str, Any]:
         """The initial head state (params, stats, opt_state), replicated on the mesh."""
@@ -469,7 +469,7 @@ class LinearSegmentation:
         miou, _ = mean_iou(conf)
         return {"miou": miou, "pixel_accuracy": float(np.trace(conf) / max(conf.sum(), 1))}
 
-    def run(self, params: Any) -> Iterator[tuple[str, float]]:
+    def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
         metrics = self.evaluate(params, self.train(params))
         yield "miou", metrics["miou"]
         yield "pixel_accuracy", metrics["pixel_accuracy"]
@@ -478,15 +478,33 @@ class LinearSegmentation:
     def check(name: str, entry: Any) -> None:
         validate_linear_segmentation(entry, where=f"config.evals.{name}")
 
-    @classmethod
-    def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> LinearSegmentation:
-        from skipless_jax import sharding
-        from skipless_jax.data import sources
-        from skipless_jax.evaluators.common import dense_dataset
-        from skipless_jax.evaluators.tokencut import depth_of, patch_size_of
+    @staticmethod
+    def check_model(name: str, entry: Any, model: Any) -> None:
+        """One-line ValueError when the protocol reads more blocks than the model (a
+        `models.ModelDescription`) has, or several blocks of a family that records no `normed`."""
+        from skipless_jax.data import dense
 
         where = f"config.evals.{name}"
         f = validate_linear_segmentation(entry, where=where)
+        blocks = f["blocks"] if f["blocks"] is not None else dense.PROTOCOLS[f["protocol"]].blocks
+        if blocks > 1 and not model.normed_blocks:
+            raise ValueError(f"{where}: type 'linear_segmentation' with blocks={blocks} is not available for the "
+                             f"{model.family} family: it reads each block's output through the final norm "
+                             f"(out['blocks'][i]['normed']), which this model does not record; set {where}.blocks=1")
+        if blocks > model.depth:
+            raise ValueError(f"{where}: protocol {f['protocol']!r} reads the last {blocks} blocks; "
+                             f"the model has {model.depth} (set {where}.blocks)")
+
+    @classmethod
+    def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> LinearSegmentation:
+        from skipless_jax import models, sharding
+        from skipless_jax.data import sources
+        from skipless_jax.evaluators.common import dense_dataset
+
+        where = f"config.evals.{name}"
+        f = validate_linear_segmentation(entry, where=where)
+        model = models.describe(ctx.config.model)
+        cls.check_model(name, entry, model)
         dataset, data_dir = dense_dataset(name, entry, ctx.config)
         sources.check_dense_dataset(name, "linear_segmentation", dataset, "segmentation")
         num_classes = f.pop("num_classes")
@@ -498,19 +516,9 @@ class LinearSegmentation:
                 num_classes = digit_scenes.NUM_CLASSES + 1  # background + 10 digits
         try:
             info = sources.dataset_info(dataset)
-            protocol = protocol_of(f, patch_size_of(ctx.config), info.image_shape[0] if info.fixed_size else None)
+            protocol = protocol_of(f, model.token_stride, info.image_shape[0] if info.fixed_size else None)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
-        model = ctx.config.model
-        no_norm = model.get("name", "vit") not in (None, "vit") or model.get("pool") == "gap_fc_norm"
-        if protocol.blocks > 1 and no_norm:
-            raise ValueError(f"{where}: protocol {f['protocol']!r} reads {protocol.blocks} blocks through the final "
-                             f"LayerNorm, which only a ViT with one has (model.name={model.get('name', 'vit')!r}, "
-                             f"pool={model.get('pool')!r}); set {where}.blocks=1")
-        depth = depth_of(ctx.config)
-        if depth is not None and protocol.blocks > depth:
-            raise ValueError(f"{where}: protocol {f['protocol']!r} reads the last {protocol.blocks} blocks; "
-                             f"the model has {depth} (set {where}.blocks)")
         shards = sharding.num_data_shards(ctx.mesh)
         if f["batch_size"] % shards:
             raise ValueError(

@@ -195,8 +195,12 @@ def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
     return inter / union if union > 0 else 0.0
 
 
-def corloc(pred_boxes: Sequence[Sequence[float]] | np.ndarray, gt_boxes_per_image: Sequence[np.ndarray]) -> float:
-    """CorLoc: fraction of images whose box has IoU ≥ 0.5 with any ground-truth box. docs/method.md §7.
+def corloc(
+    pred_boxes: Sequence[Sequence[float]] | np.ndarray,
+    gt_boxes_per_image: Sequence[np.ndarray],
+    iou: float = CORLOC_IOU,
+) -> float:
+    """CorLoc: fraction of images whose box has IoU ≥ `iou` (0.5) with any ground-truth box. docs/method.md §7.
 
     pred_boxes: (N, 4), one box per image; gt_boxes_per_image: N arrays (k_i, 4) (k_i = 0: the
     image counts as a miss). Returns hits / N (N = 0 raises).
@@ -209,7 +213,7 @@ def corloc(pred_boxes: Sequence[Sequence[float]] | np.ndarray, gt_boxes_per_imag
     hits = 0
     for pred, gts in zip(preds, gt_boxes_per_image):
         gts = np.asarray(gts, dtype=np.float64).reshape(-1, 4)
-        if any(box_iou(pred, g) >= CORLOC_IOU for g in gts):
+        if any(box_iou(pred, g) >= iou for g in gts):
             hits += 1
     return hits / len(preds)
 
@@ -217,51 +221,6 @@ def corloc(pred_boxes: Sequence[Sequence[float]] | np.ndarray, gt_boxes_per_imag
 # ---------------------------------------------------------------------------------------------
 # The evaluator.
 # ---------------------------------------------------------------------------------------------
-
-
-def patch_size_of(config: Any) -> int:
-    """The patch size of `config.model` (its variant resolved)."""
-    from skipless_jax import models
-
-    return int(models.family(config.model).resolve_sizes(config.model)["patch_size"])
-
-
-def depth_of(config: Any) -> int | None:
-    from skipless_jax import models
-
-    depth = models.family(config.model).resolve_sizes(config.model).get("depth")
-    return int(depth) if depth is not None else None
-
-
-def patch_tokens(tokens: Any, image_hw: tuple[int, int], patch_size: int) -> Any:
-    """(B, prefix + h·w, d) tokens → (B, h, w, d) patch tokens, the prefix (CLS) dropped.
-
-    h, w = H // p, W // p of the (model-size) image; prefix = tokens − h·w (1 with a CLS token,
-    0 with 'gap' pooling). Works on numpy and jax arrays.
-    """
-    h, w = int(image_hw[0]) // patch_size, int(image_hw[1]) // patch_size
-    extra = tokens.shape[1] - h * w
-    if extra < 0:
-        raise ValueError(f"tokencut: {tokens.shape[1]} tokens for a {h}x{w} patch grid")
-    return tokens[:, extra:].reshape(tokens.shape[0], h, w, tokens.shape[-1])
-
-
-def corloc_at(
-    pred_boxes: Sequence[Sequence[float]] | np.ndarray,
-    gt_boxes_per_image: Sequence[np.ndarray],
-    iou: float = CORLOC_IOU,
-) -> float:
-    """`corloc` with the IoU threshold `iou` (hits: IoU ≥ iou with any ground-truth box)."""
-    if iou == CORLOC_IOU:
-        return corloc(pred_boxes, gt_boxes_per_image)
-    preds = np.asarray(pred_boxes, dtype=np.float64).reshape(-1, 4)
-    if len(preds) != len(gt_boxes_per_image) or len(preds) == 0:
-        raise ValueError(f"corloc: {len(preds)} predicted boxes for {len(gt_boxes_per_image)} images")
-    hits = sum(
-        any(box_iou(p, g) >= iou for g in np.asarray(gts, np.float64).reshape(-1, 4))
-        for p, gts in zip(preds, gt_boxes_per_image)
-    )
-    return hits / len(preds)
 
 
 def validate_tokencut(block: Any, tau: Any, eps: Any, iou: Any, where: str = "config.evals.tokencut") -> None:
@@ -285,7 +244,8 @@ class TokenCut:
     dataset's mean/std, zero-padded at the bottom/right to a multiple of the patch size; the
     keys of block `block` (default −1, the last) from `ctx.outputs`, jitted over the images
     of one padded shape at a time (`chunk` consecutive records grouped by shape, the rows split
-    over the mesh's data axes, the keys replicated), CLS dropped (prefix = tokens − h·w); `ncut`
+    over the mesh's data axes, the keys replicated), on the model's token grid
+    (`models.describe(config.model).token_stride` pixels a token), CLS dropped (prefix = tokens − h·w); `ncut`
     with (tau, eps) on the host in float64 — process p cuts rows p, p + P, … and the boxes are
     gathered — `box` clipped to the unpadded image, then CorLoc at `iou` against the record's
     `boxes` (none: a miss).
@@ -310,10 +270,10 @@ class TokenCut:
             raise ValueError(
                 f"config.evals.{self.name}: type 'tokencut' needs a trainer whose context has `outputs` (the keys)"
             )
-        from skipless_jax import sharding
+        from skipless_jax import models, sharding
         from skipless_jax.data import sources
 
-        self.patch_size = patch_size_of(self.ctx.config)
+        self.patch_size = models.describe(self.ctx.config.model).token_stride  # pixels a token of the grid
         self.info = sources.dataset_info(self.dataset or self.ctx.config.dataset.name)
         block = self.block
 
@@ -369,10 +329,10 @@ class TokenCut:
             raise AssertionError(f"TokenCut counted {len(gts)} of {n} examples of {self.split!r}")
         return preds, gts
 
-    def run(self, params: Any) -> Iterator[tuple[str, float]]:
+    def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
         preds, gts = self.boxes(params)
-        score = corloc_at(preds, gts, self.iou)
-        path = self.ctx.picture_path(self.prefix)
+        score = corloc(preds, gts, self.iou)
+        path = self.ctx.picture_path(self.prefix, step)
         if path is not None and self.shown:
             from skipless_jax import pictures
             from skipless_jax.data import dense
@@ -398,20 +358,30 @@ class TokenCut:
         if not isinstance(shown, int) or isinstance(shown, bool) or not 0 <= shown <= 64:
             raise ValueError(f"config.evals.{name}.picture_images={shown!r} must be an integer in [0, 64]")
 
+    @staticmethod
+    def check_model(name: str, entry: Any, model: Any) -> None:
+        """One-line ValueError unless the model (a `models.ModelDescription`) has the keys to cut."""
+        if not model.block_keys:
+            raise ValueError(
+                f"config.evals.{name}: type 'tokencut' is not available for the {model.family} family: its blocks "
+                "record no attention keys on the token grid (out['blocks'][i]['keys'], TokenCut's features)")
+        block, depth = int(entry.get("block", -1)), model.depth
+        if not -depth <= block < depth:
+            raise ValueError(
+                f"config.evals.{name}.block={block} is outside the model's {depth} blocks; allowed: {-depth}..{depth-1}"
+            )
+
     @classmethod
     def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> TokenCut:
+        from skipless_jax import models
         from skipless_jax.data import sources
         from skipless_jax.evaluators.common import dense_dataset
 
         cls.check(name, entry)
+        cls.check_model(name, entry, models.describe(ctx.config.model))
         dataset, data_dir = dense_dataset(name, entry, ctx.config)
         sources.check_dense_dataset(name, "tokencut", dataset, "boxes")
         block = int(entry.get("block", -1))
-        depth = depth_of(ctx.config)
-        if depth is not None and not -depth <= block < depth:
-            raise ValueError(
-                f"config.evals.{name}.block={block} is outside the model's {depth} blocks; allowed: {-depth}..{depth-1}"
-            )
         return cls(
             name=name,
             ctx=ctx,

@@ -310,7 +310,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
              "trainer clips per tensor (config.dino.clip_grad); allowed: None")
     require(not config.get("label_smoothing"), f"config.label_smoothing={config.get('label_smoothing')!r} has no "
              "meaning for the dino trainer; allowed: 0 or None")
-    patch = models.family(config.model).resolve_sizes(config.model)["patch_size"]
+    patch = models.describe(config.model).patch_size
     multicrop.validate_multicrop_config(config.input.multicrop, patch)
     d = config.dino
     for field in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
@@ -487,14 +487,16 @@ def init_from_rename(available: Sequence[str]) -> Callable[[str], str | None]:
 
 
 def evaluation(
-    config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None
+    config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None, picture_dir: str | None = None
 ) -> tuple[evaluators.Context, str]:
-    """(evaluator context of the teacher's backbone features, the state entry it evaluates: 'teacher')."""
+    """(evaluator context of the teacher's backbone features (pictures under `picture_dir`), the
+    state entry it evaluates: 'teacher')."""
     model = model or build_model(config)
     ctx = evaluators.Context(
         config, mesh, sources.dataset_info(config.dataset.name).num_classes,
         features=lambda params, images: model.apply({"params": params}, images, method=dino_head.DINO.embed),
         outputs=lambda params, images: model.apply({"params": params}, images, method=dino_head.DINO.backbone_outputs),
+        picture_dir=picture_dir,
     )
     return ctx, "teacher"
 
@@ -545,15 +547,14 @@ def train_and_evaluate(
 
     # ---- The update step (state donated) and the evaluators of the teacher.
     step_fn = make_train_step(model, tx, sched, config.dino, device_images.dataset_stats(config))
-    p_train_step = jax.jit(step_fn, donate_argnums=0, out_shardings=(shardings, sharding.replicated(mesh)))
-    ctx, _ = evaluation(config, mesh, model)
-    ctx.picture_dir = workdir
+    train_step = jax.jit(step_fn, donate_argnums=0, out_shardings=(shardings, sharding.replicated(mesh)))
+    ctx, _ = evaluation(config, mesh, model, picture_dir=workdir)
     evals = evaluators.build(config, ctx)
 
     # ---- Loop.
     a = abstract_state
     local = multicrop.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
-    p_train_step, cost, local = perf.compile_for(p_train_step, state, local, sharding.batch_sharding(mesh), config)
+    train_step, cost, local = perf.compile_for(train_step, state, local, sharding.batch_sharding(mesh), config)
     run = Run(config, workdir, mngr, total_steps, first_step,
               guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]),
               cost, config.input.batch_size)  # images, each once however many crops
@@ -566,7 +567,7 @@ def train_and_evaluate(
             for step in range(first_step + 1, total_steps + 1):
                 batch = next(data)  # copied to the devices ahead (device_input.device_batches)
                 with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
-                    state, metrics = p_train_step(state, batch)
+                    state, metrics = train_step(state, batch)
                 run.train_step_done(step, metrics, state)
                 run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["teacher"], step, total_steps))
     finally:

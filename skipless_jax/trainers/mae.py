@@ -59,7 +59,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
     ratio = m.get("mask_ratio")
     require(isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 <= ratio < 1,
              f"config.mae.mask_ratio={ratio!r} must be in [0, 1)")
-    patch = vit.resolve_sizes(config.model)["patch_size"]
+    patch = models.describe(config.model).patch_size
     length = (inputs.image_size(config) // patch) ** 2
     require(mae_lib.num_kept(length, ratio) >= 1,
              f"config.mae.mask_ratio={ratio!r} keeps no patch of the {length} (allowed: < {1 - 1 / length:.4f})")
@@ -142,9 +142,10 @@ def make_train_step(
 
 
 def evaluation(
-    config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None
+    config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None, picture_dir: str | None = None
 ) -> tuple[evaluators.Context, str]:
-    """(evaluator context of the encoder's class token, the state entry it evaluates: 'params')."""
+    """(evaluator context of the encoder's class token (pictures under `picture_dir`), the state
+    entry it evaluates: 'params')."""
     del model
     view = encoder_view(config)
 
@@ -155,6 +156,7 @@ def evaluation(
         config, mesh, sources.dataset_info(config.dataset.name).num_classes,
         features=lambda params, images: apply(params, images)[0],
         outputs=lambda params, images: apply(params, images)[1],
+        picture_dir=picture_dir,
     )
     return ctx, "params"
 
@@ -276,16 +278,15 @@ def train_and_evaluate(
     first_step = int(jax.device_get(state["step"]))
 
     # ---- The update step (state donated), the evaluators and the picture.
-    p_train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
+    train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
                            out_shardings=(shardings, sharding.replicated(mesh)))
-    ctx, _ = evaluation(config, mesh)
-    ctx.picture_dir = workdir
+    ctx, _ = evaluation(config, mesh, picture_dir=workdir)
     evals = evaluators.build(config, ctx)
     picture = picture_fn(config, model, ctx, workdir)
 
     # ---- Loop.
     local = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
-    p_train_step, cost, local = perf.compile_for(p_train_step, state, local, sharding.batch_sharding(mesh), config)
+    train_step, cost, local = perf.compile_for(train_step, state, local, sharding.batch_sharding(mesh), config)
     run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
               cost, config.input.batch_size)
     data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
@@ -293,7 +294,7 @@ def train_and_evaluate(
         with jax.set_mesh(mesh):
             for step in range(first_step + 1, total_steps + 1):
                 with jax.profiler.StepTraceAnnotation("train", step_num=step):
-                    state, metrics = p_train_step(state, next(data))
+                    state, metrics = train_step(state, next(data))
                 run.train_step_done(step, metrics, state)
                 if picture is not None and every(step, config.get("eval_every_steps"), total_steps):
                     picture(state["params"], step)

@@ -52,16 +52,16 @@ def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> A
         from skipless_jax.models import mae
 
         source_model = source_config["model"]
-        sizes = models.family(ml_collections.ConfigDict(source_model)).resolve_sizes(source_model)
+        source = models.describe(ml_collections.ConfigDict(source_model))
         image_size = (source_config.get("input") or {}).get("image_size") or sources.dataset_info(
             source_config["dataset"]["name"]).image_shape[0]
-        grid = image_size // sizes["patch_size"]
+        grid = image_size // source.patch_size
 
         def rename(name: str) -> Any:
             if name.startswith(("head/", "fc_norm/")):
                 return None
             if name == "pos_embedding":
-                return lambda shape: mae.encoder_position_table(grid, sizes["width"], shape)
+                return lambda shape: mae.encoder_position_table(grid, source.width, shape)
             return name
 
         return rename
@@ -147,11 +147,11 @@ def make_train_step(
 
 
 def evaluation(
-    config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None
+    config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None, picture_dir: str | None = None
 ) -> tuple[evaluators.Context, str | tuple[str, ...]]:
-    """(evaluator context of the classifier, the state entries it evaluates: 'params', or
-    ('params', 'batch_stats') for a model with running statistics, then evaluated as flax
-    variables {'params': ..., 'batch_stats': ...})."""
+    """(evaluator context of the classifier (pictures under `picture_dir`), the state entries it
+    evaluates: 'params', or ('params', 'batch_stats') for a model with running statistics, then
+    evaluated as flax variables {'params': ..., 'batch_stats': ...})."""
     info = sources.dataset_info(config.dataset.name)
     model = model or models.build(config.model, info.num_classes)
     key, as_variables = _evaluated(config)
@@ -164,6 +164,7 @@ def evaluation(
         logits=lambda tree, images: apply(tree, images)[0],
         features=lambda tree, images: apply(tree, images)[1]["pre_logits"],
         outputs=lambda tree, images: apply(tree, images)[1],
+        picture_dir=picture_dir,
     )
     return ctx, key
 
@@ -226,16 +227,15 @@ def train_and_evaluate(
     first_step = int(jax.device_get(state["step"]))
 
     # ---- The update step (state donated) and the evaluators.
-    p_train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
+    train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
                            out_shardings=(shardings, sharding.replicated(mesh)))
-    ctx, key = evaluation(config, mesh, model)
-    ctx.picture_dir = workdir
+    ctx, key = evaluation(config, mesh, model, picture_dir=workdir)
     evals = evaluators.build(config, ctx)
     probe = _kappa_probe(config, model, ctx)
 
     # ---- Loop.
     local = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
-    p_train_step, cost, local = perf.compile_for(p_train_step, state, local, sharding.batch_sharding(mesh), config)
+    train_step, cost, local = perf.compile_for(train_step, state, local, sharding.batch_sharding(mesh), config)
     run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
               cost, config.input.batch_size)
     data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
@@ -246,7 +246,7 @@ def train_and_evaluate(
             for step in range(first_step + 1, total_steps + 1):
                 batch = next(data)  # copied to the devices ahead (device_input.device_batches)
                 with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
-                    state, metrics = p_train_step(state, batch)
+                    state, metrics = train_step(state, batch)
                 run.train_step_done(step, metrics, state)
                 if probe is not None and every(step, config.analysis.every_steps, total_steps):
                     run.writer.write_scalars(step, probe(common.entries(state, key)))
