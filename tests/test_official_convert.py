@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from skipless_jax import evaluate, export, models
+from skipless_jax.models import mae as mae_lib
 from skipless_jax.models import official_convert
 from skipless_jax.models.common import posemb_sincos_2d
 from skipless_jax.trainers import dino
@@ -26,6 +27,7 @@ from tests.test_timm_convert import (
     _linear,
     _ln,
     _merge,
+    _mlp,
     _mlp_np,
     _np,
     _softmax,
@@ -67,11 +69,17 @@ def official_vit_tokens(sd, images_nchw):
     x = np.einsum("bcipjq,ocpq->bijo", x, _np(sd["patch_embed.proj.weight"])) + _np(sd["patch_embed.proj.bias"])
     x = x.reshape(b, -1, D)
     x = np.concatenate([np.broadcast_to(_np(sd["cls_token"]), (b, 1, D)), x], 1) + _np(sd["pos_embed"])
-    for i in range(DEPTH):
-        blk = f"blocks.{i}"
+    return blocks_np(sd, "blocks", DEPTH, x)
+
+
+def blocks_np(sd, prefix, depth, x):
+    """timm's pre-LN `Block`s `prefix.{i}` (HEADS heads, exact GELU) on tokens x (B, n, width)."""
+    width = x.shape[-1]
+    for i in range(depth):
+        blk = f"{prefix}.{i}"
         qkv = _lin(sd, f"{blk}.attn.qkv", _layer_norm(sd, f"{blk}.norm1", x, 1e-6))
-        q, k, v = (_heads(qkv[..., j * D:(j + 1) * D]) for j in range(3))
-        attn = _softmax(q @ k.transpose(0, 1, 3, 2) / np.sqrt(D // HEADS))
+        q, k, v = (_heads(qkv[..., j * width:(j + 1) * width]) for j in range(3))
+        attn = _softmax(q @ k.transpose(0, 1, 3, 2) / np.sqrt(width // HEADS))
         x = x + _lin(sd, f"{blk}.attn.proj", _merge(attn @ v))
         x = x + _mlp_np(sd, f"{blk}.mlp", _layer_norm(sd, f"{blk}.norm2", x, 1e-6))
     return x
@@ -226,3 +234,80 @@ def test_cli_converts_a_flat_state_dict_and_refuses_an_unknown_source(tmp_path):
     bad = subprocess.run([*command, "--source=moco"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines()[-1] == "error: --source='moco' is unknown; allowed: ['dino', 'mae']"
+    bad = subprocess.run([*command, "--source=dino", "--target=mae"], capture_output=True, text=True, timeout=300)
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "error: --target='mae' is not one for --source=dino; allowed: ['dino']")
+
+
+DW = 8  # the decoder's width (HEADS heads, one block)
+
+
+def mae_pretraining_checkpoint(seed=6):
+    rng, sd = np.random.default_rng(seed), {}
+    vit_backbone(sd, rng, pos_embed=official_convert.mae_table(D, GRID).astype(np.float32))
+    _add(sd, rng, "mask_token", 1, 1, DW)
+    _linear(sd, rng, "decoder_embed", DW, D)
+    sd["decoder_pos_embed"] = official_convert.mae_table(DW, GRID).astype(np.float32)
+    for k in ("norm1", "norm2"):
+        _ln(sd, rng, f"decoder_blocks.0.{k}", DW)
+    _linear(sd, rng, "decoder_blocks.0.attn.qkv", 3 * DW, DW)
+    _linear(sd, rng, "decoder_blocks.0.attn.proj", DW, DW)
+    _mlp(sd, rng, "decoder_blocks.0.mlp", DW, 4 * DW)
+    _ln(sd, rng, "decoder_norm", DW)
+    _linear(sd, rng, "decoder_pred", P * P * CHANNELS, DW)
+    return {"model": sd}
+
+
+def mae_reading(sd, images_nchw, noise, ratio):
+    """models_mae.py's forward (forward_encoder, forward_decoder, forward_loss): (loss, pred, mask)."""
+    b, c, h, w = images_nchw.shape
+    x = images_nchw.reshape(b, c, h // P, P, w // P, P)
+    x = np.einsum("bcipjq,ocpq->bijo", x, _np(sd["patch_embed.proj.weight"])) + _np(sd["patch_embed.proj.bias"])
+    x = x.reshape(b, -1, D) + _np(sd["pos_embed"])[:, 1:]
+    length = x.shape[1]
+    keep = int(length * (1 - ratio))
+    ids_shuffle = np.argsort(noise, axis=1, kind="stable")
+    ids_restore = np.argsort(ids_shuffle, axis=1, kind="stable")
+    x = np.take_along_axis(x, ids_shuffle[:, :keep, None], axis=1)
+    mask = np.ones((b, length))
+    mask[:, :keep] = 0
+    mask = np.take_along_axis(mask, ids_restore, axis=1)
+    cls = _np(sd["cls_token"]) + _np(sd["pos_embed"])[:, :1]
+    x = np.concatenate([np.broadcast_to(cls, (b, 1, D)), x], 1)
+    x = _layer_norm(sd, "norm", blocks_np(sd, "blocks", DEPTH, x), 1e-6)
+    y = _lin(sd, "decoder_embed", x)
+    tokens = np.concatenate([y[:, 1:], np.broadcast_to(_np(sd["mask_token"]), (b, length + 1 - y.shape[1], DW))], 1)
+    y = np.concatenate([y[:, :1], np.take_along_axis(tokens, ids_restore[:, :, None], axis=1)], 1)
+    y = blocks_np(sd, "decoder_blocks", 1, y + _np(sd["decoder_pos_embed"]))
+    pred = _lin(sd, "decoder_pred", _layer_norm(sd, "decoder_norm", y, 1e-6))[:, 1:]
+    target = np.einsum("nchpwq->nhwpqc", images_nchw.reshape(b, c, h // P, P, w // P, P)).reshape(b, length, -1)
+    loss = ((pred - target) ** 2).mean(-1)
+    return (loss * mask).sum() / mask.sum(), pred, mask
+
+
+def test_mae_pretraining_checkpoint_gives_the_official_reconstruction_under_this_projects_tables(tmp_path):
+    from skipless_jax.trainers import mae
+
+    checkpoint = mae_pretraining_checkpoint()
+    base = load_config("mae_digits_pretrain")
+    state, config, changed = official_convert.convert_mae_pretraining(checkpoint, base, HEADS, decoder_num_heads=HEADS)
+    assert config.trainer == "mae" and config.mae.decoder_width == DW and config.mae.decoder_depth == 1
+    assert changed > 5e-3  # MAE's tables are not sincos2d (docs/method.md §20; 0.0099 on this 2×2 grid)
+    images = _images()
+    noise = np.random.default_rng(2).random((len(images), GRID * GRID))
+    loss, pred, mask = mae.build_model(config).apply(
+        {"params": state["params"]}, jnp.asarray(images), train=False, noise=jnp.asarray(noise, jnp.float32))
+    ours = {"pos_embed": official_convert.mae_table(D, GRID), "decoder_pos_embed": official_convert.mae_table(DW, GRID)}
+    ours = {k: np.asarray(mae_lib.encoder_position_table(GRID, v.shape[-1], v.shape)) for k, v in ours.items()}
+    sd = {**checkpoint["model"], **ours}  # the official forward with this project's fixed tables
+    want_loss, want_pred, want_mask = mae_reading(sd, images.transpose(0, 3, 1, 2).astype(np.float64), noise,
+                                                  config.mae.mask_ratio)
+    np.testing.assert_array_equal(np.asarray(mask), want_mask)
+    np.testing.assert_allclose(np.asarray(pred), want_pred, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(float(loss), want_loss, rtol=1e-4)
+    workdir = str(tmp_path / "mae")
+    official_convert.write_workdir(workdir, state, config, "synthetic")
+    assert 0 < evaluate.evaluate(workdir)["test_knn_accuracy"] <= 1
+    learned = dict(checkpoint["model"], pos_embed=checkpoint["model"]["pos_embed"] + 0.01)
+    with pytest.raises(ValueError, match=r"pos_embed is not MAE's fixed sin-cos table; convert it with --target=vit"):
+        official_convert.convert_mae_pretraining({"model": learned}, base, HEADS, HEADS)

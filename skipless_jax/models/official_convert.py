@@ -3,7 +3,7 @@ r"""Official DINO and MAE checkpoints as this project's workdirs (docs/method.md
     python -m skipless_jax.models.official_convert --source=dino --input=dino_deitsmall16_pretrain_full_checkpoint.pth \
         --config=configs/dino_vits_baseline.py --workdir=/tmp/dino_official [--which=teacher]
     python -m skipless_jax.models.official_convert --source=mae --input=mae_pretrain_vit_base.pth \
-        --config=configs/mae_vitb_finetune.py --workdir=/tmp/mae_official
+        --config=configs/mae_vitb_finetune.py --workdir=/tmp/mae_official [--target=mae]
     python -m skipless_jax.evaluate --workdir=/tmp/dino_official    # kNN, linear, dense probes
 
 `--config` is the recipe whose data and evaluators the workdir gets (its `config.model` and,
@@ -26,6 +26,12 @@ workdir holds one checkpoint (step 0) that `python -m skipless_jax.evaluate` and
   sin-cos table, so its forward is MAE's exactly (the project's `sincos2d` has other
   frequencies, §20); no classifier in the checkpoint: a zero head of the dataset's classes.
   A fine-tuned checkpoint (`fc_norm`, `head`, no `norm`) becomes `pool='gap_fc_norm'`.
+  `--target=mae` (a pre-training checkpoint with its decoder) writes an MAE run's workdir
+  instead: encoder + `decoder` (`decoder_embed`, `mask_token`, `decoder_blocks` →
+  `decoder_block_{i}`, `decoder_norm`, `decoder_pred`), `config.mae` sizes from the shapes
+  (`--decoder_num_heads`, MAE's 16 by default). This project's MAE computes its fixed tables
+  (`sincos2d`), so both of MAE's are checked to be MAE's formula and replaced (the change is
+  printed); the reconstructions then come from the official weights under the project's tables.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import numpy as np
 from skipless_jax.models import timm_convert
 
 SOURCES = ("dino", "mae")
+TARGETS = {"dino": ["dino"], "mae": ["vit", "mae"]}  # the trainer whose workdir is written
 WHICH = ("teacher", "student")
 
 
@@ -190,6 +197,65 @@ def convert_mae(checkpoint: Mapping[str, Any], config: ml_collections.ConfigDict
     return {"params": params}, config
 
 
+def mae_table(width: int, grid: int) -> np.ndarray:
+    """MAE's `get_2d_sincos_pos_embed(width, grid, cls_token=True)` (util/pos_embed.py), (1, 1 + g², width)
+    float64: [sin(x ω), cos(x ω), sin(y ω), cos(y ω)], ω_k = 10000^(−k/(width/4)) (docs/method.md §20)."""
+    x, y = np.meshgrid(np.arange(grid, dtype=np.float64), np.arange(grid, dtype=np.float64))  # "w goes first"
+    omega = 1.0 / 10000 ** (np.arange(width // 4) / (width / 4))
+    x, y = x.reshape(-1)[:, None] * omega, y.reshape(-1)[:, None] * omega
+    table = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+    return np.concatenate([np.zeros((1, width)), table])[None]
+
+
+def _fixed_table(name: str, table: np.ndarray) -> float:
+    """max |table − MAE's formula| must be float32 rounding (the project's MAE has no learned table);
+    returns max |MAE's − this project's sincos2d| (what the conversion changes)."""
+    from skipless_jax.models.mae import encoder_position_table
+
+    _, n, width = table.shape
+    grid = int(round((n - 1) ** 0.5))
+    if np.abs(table - mae_table(width, grid)).max() > 1e-5:
+        raise ValueError(f"the checkpoint's {name} is not MAE's fixed sin-cos table; convert it with --target=vit")
+    return float(np.abs(mae_table(width, grid) - np.asarray(encoder_position_table(grid, width, table.shape))).max())
+
+
+def convert_mae_pretraining(checkpoint: Mapping[str, Any], config: ml_collections.ConfigDict,
+                            num_heads: int | None = None,
+                            decoder_num_heads: int = 16) -> tuple[dict[str, Any], ml_collections.ConfigDict, float]:
+    """(state {'params'} with the decoder, the MAE config, max table change) of an official MAE
+    pre-training checkpoint: encoder and decoder as this project's MAE, whose fixed tables are
+    its own `sincos2d` (MAE's differ in their frequencies, docs/method.md §20)."""
+    sd = checkpoint["model"] if isinstance(checkpoint.get("model"), Mapping) else checkpoint
+    sd = _numpy({k.removeprefix("module."): v for k, v in sd.items()})
+    if "decoder_embed.weight" not in sd:
+        raise ValueError("the MAE checkpoint has no decoder (decoder_embed.weight); "
+                         "convert its encoder with --target=vit")
+    changed = max(_fixed_table(name, sd[name]) for name in ("pos_embed", "decoder_pos_embed"))
+    encoder = {k: v for k, v in sd.items() if not k.startswith(("decoder_", "mask_token"))}
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.trainer = "mae"
+    official_model_config(config, vit_sizes(encoder, num_heads), "tok")
+    params = timm_convert.convert("vit", encoder)["params"]
+    del params["pos_embedding"]  # fixed: the model computes it
+    r = timm_convert._Reader({k: v for k, v in sd.items() if k.startswith(("decoder_", "mask_token"))})
+    r("decoder_pos_embed")
+    width = int(r.sd["decoder_embed.weight"].shape[0])
+    decoder = {"decoder_embed": timm_convert._dense(r, "decoder_embed"), "mask_token": r("mask_token").reshape(-1),
+               "decoder_norm": timm_convert._ln(r, "decoder_norm"),
+               "decoder_pred": timm_convert._dense(r, "decoder_pred")}
+    blocks = timm_convert._blocks(r"decoder_blocks\.(\d+)\.", r.sd)
+    for i in blocks:
+        decoder[f"decoder_block_{i}"] = timm_convert.vit_block(r, f"decoder_blocks.{i}", width)
+    if r.unused():
+        raise ValueError(f"the MAE decoder has tensors this conversion does not know, e.g. {r.unused()[:3]}")
+    params["decoder"] = decoder
+    mlp_ratio = int(r.sd["decoder_blocks.0.mlp.fc1.weight"].shape[0]) // width if blocks else 4
+    config.mae.update(dict(decoder_width=width, decoder_depth=len(blocks), decoder_num_heads=decoder_num_heads,
+                           decoder_mlp_ratio=mlp_ratio))
+    _check_tree(config, params)
+    return {"params": params}, config, changed
+
+
 def _check_tree(config: ml_collections.ConfigDict, params: Mapping[str, Any]) -> None:
     """The converted tree against the trainer's model (every leaf, with its shape)."""
     import jax
@@ -207,6 +273,12 @@ def _check_tree(config: ml_collections.ConfigDict, params: Mapping[str, Any]) ->
         shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), (dummy,)))["params"]
         if "head" not in params:
             shapes = {"backbone": shapes["backbone"]}
+    elif config.trainer == "mae":
+        from skipless_jax.trainers import mae
+
+        model = mae.build_model(config)
+        shapes = jax.eval_shape(lambda: model.init({"params": jax.random.PRNGKey(0), "masking": jax.random.PRNGKey(1)},
+                                                   dummy))["params"]
     else:
         model = models.build(config.model, sources.dataset_info(config.dataset.name).num_classes)
         shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), dummy, train=False))["params"]
@@ -235,11 +307,18 @@ def main(argv: list[str]) -> None:
     try:
         if f.source not in SOURCES:
             raise ValueError(f"--source={f.source!r} is unknown; allowed: {list(SOURCES)}")
+        f.target = f.target or TARGETS[f.source][0]
         if f.config is None:
             raise ValueError("--config is required: the recipe whose data and evaluators the workdir gets")
         checkpoint = load(f.input)
+        if f.target not in TARGETS[f.source]:
+            raise ValueError(f"--target={f.target!r} is not one for --source={f.source}; allowed: {TARGETS[f.source]}")
         if f.source == "dino":
             state, config = convert_dino(checkpoint, f.config, f.which, f.num_heads)
+        elif f.target == "mae":
+            state, config, changed = convert_mae_pretraining(checkpoint, f.config, f.num_heads, f.decoder_num_heads)
+            print(f"the fixed sin-cos tables become this project's sincos2d (max change {changed:.3g}, "
+                  "docs/method.md §20)")
         else:
             state, config = convert_mae(checkpoint, f.config, f.num_heads)
         write_workdir(f.workdir, state, config, os.path.basename(f.input))
@@ -259,6 +338,9 @@ if __name__ == "__main__":
     flags.DEFINE_string("input", None, "The official checkpoint (.pth; or a flat .npz/.safetensors state dict).")
     flags.DEFINE_string("workdir", None, "The workdir to write.")
     flags.DEFINE_string("which", "teacher", "DINO: the network to take, 'teacher' or 'student'.")
+    flags.DEFINE_string("target", None, "The workdir's kind: dino (--source=dino); vit (default) or mae (with "
+                        "the decoder, for reconstructions or more pre-training) for --source=mae.")
+    flags.DEFINE_integer("decoder_num_heads", 16, "MAE's decoder heads (--target=mae; MAE's models use 16).")
     flags.DEFINE_integer("num_heads", None, "Attention heads (default: the standard ViT size of that width).")
     flags.mark_flags_as_required(["source", "input", "workdir"])
     app.run(main)

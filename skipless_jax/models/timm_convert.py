@@ -153,14 +153,16 @@ def _vit(r: _Reader) -> dict[str, Any]:
     }
     d = p["cls"].shape[-1]
     for i in _blocks(r"blocks\.(\d+)\.", r.sd):
-        s = f"blocks.{i}"
-        p[f"block_{i}"] = {
-            "LayerNorm_0": _ln(r, f"{s}.norm1"), "MultiHeadAttention_0": _attention(r, f"{s}.attn", d),
-            "LayerNorm_1": _ln(r, f"{s}.norm2"), "MlpBlock_0": _mlp(r, f"{s}.mlp"),
-        }
+        p[f"block_{i}"] = vit_block(r, f"blocks.{i}", d)
     if "head.weight" in r:
         p["head"] = _dense(r, "head")
     return {"params": p}
+
+
+def vit_block(r: _Reader, src: str, d: int) -> dict[str, Any]:
+    """timm's `Block` at `src` (norm1, attn, norm2, mlp) -> an `EncoderBlock`'s parameters."""
+    return {"LayerNorm_0": _ln(r, f"{src}.norm1"), "MultiHeadAttention_0": _attention(r, f"{src}.attn", d),
+            "LayerNorm_1": _ln(r, f"{src}.norm2"), "MlpBlock_0": _mlp(r, f"{src}.mlp")}
 
 
 def _bn(r: _Reader, src: str, stats: dict[str, Any], name: str) -> dict[str, np.ndarray]:
@@ -730,4 +732,6 @@ if __name__ == "__main__":
     flags.DEFINE_integer("num_classes", None, "Classifier size (default: the checkpoint's).")
     flags.DEFINE_integer("image_size", 224, "Image size the model is checked at (ViT/CaiT: the position table's).")
     flags.mark_flags_as_required(["input", "output"])
-    app.run(main)
+    from skipless_jax.cli import parse_flags  # --help exits 0, flag errors are one line (status 2)
+
+    app.run(main, flags_parser=parse_flags)
