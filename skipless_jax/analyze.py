@@ -6,10 +6,10 @@ r"""Condition-number analysis of a ViT, at initialization or from a run's latest
 Prints a table of per-layer log κ (natural log, docs/method.md §2) of the token matrices at
 ① SAB output, ①+②, ③ FFN output and ③+④ (mean over a fixed probe batch: the first
 `num_images` test images), and writes `log_kappa.png` (one line per point) and
-`log_kappa.json` to `--output_dir` (default: `<workdir>/analysis`, else `./analysis`).
+`log_kappa.json` to `--output_dir` (the paths are printed) (default: `<workdir>/analysis`, else `./analysis`).
 With `--jacobian` (small models only, n·d ≤ 4096) it adds, per layer at the first probe image,
 log κ of the attention Jacobian K_ℓ, of B_ℓ = Σ_h A_h ⊗ (Wⱽ_h Wᴼ_h)ᵀ, ‖K−B‖/‖K‖ and log κ of
-the whole skipless block's Jacobian, all in float64.
+the whole skipless block's Jacobian, all in float64, drawn in `jacobian.png`.
 
 Parameters come from the newest readable checkpoint in `--workdir`; without one (or without a
 workdir) they are the trainer's own initialization for `config.seed`. For a DINO config
@@ -69,11 +69,23 @@ def config_of_workdir(config: ml_collections.ConfigDict | None, workdir: str | N
         return config
     saved_config = ml_collections.ConfigDict(saved)
     if config is not None:
-        diffs = pretrained.config_differences(saved, config.to_dict())
+        given = config.to_dict()
+        # A field the given config leaves unset (None) is one the trainer derives and saves, e.g.
+        # schedule.warmup_steps from warmup_epochs: not a difference.
+        diffs = [k for k in pretrained.config_differences(saved, given) if _value_at(given, k) is not None]
         if diffs:
             print(f"note: --config differs from the config saved in {workdir} ({', '.join(diffs[:4])}"
                   f"{' ...' if len(diffs) > 4 else ''}); analysing with the saved config", flush=True)
     return saved_config
+
+
+def _value_at(tree: dict[str, Any], dotted: str) -> Any:
+    """tree['a']['b'] for 'a.b'; None when a part is missing."""
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
 
 
 def init_params(model: Any, config: ml_collections.ConfigDict, image_shape: Sequence[int]) -> Any:
@@ -217,6 +229,37 @@ def plot_log_kappa(
     plt.close(fig)
 
 
+def plot_jacobian(rows: Sequence[dict[str, float]], path: str, title: str) -> None:
+    """PNG of the `--jacobian` columns per layer: log κ of K_ℓ, of B_ℓ and of the block's Jacobian,
+    and ‖K−B‖/‖K‖ on its own axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label, marker in (("log_kappa_K", "K_l (attention Jacobian)", "o"),
+                               ("log_kappa_B", "B_l = Σ_h A_h ⊗ (W^V_h W^O_h)^T", "s"),
+                               ("log_kappa_block", "whole block", "^")):
+        ax.plot(layers, [r[key] for r in rows], marker=marker, label=label)
+    ax.set_xlabel("layer (block index, 0 = first)")
+    ax.set_ylabel("log κ (natural log, float64)")
+    ratio = ax.twinx()
+    ratio.plot(layers, [r["rel_diff_K_B"] for r in rows], color="gray", linestyle="--", marker=".",
+               label="‖K−B‖/‖K‖ (right axis)")
+    ratio.set_ylabel("‖K−B‖/‖K‖")
+    ax.set_title(title, fontsize=9)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    lines = ax.get_legend_handles_labels()
+    more = ratio.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def describe(config: ml_collections.ConfigDict, config_name: str) -> str:
     """A two-line title: the config (with its args), then what distinguishes its variants."""
     m = config.model
@@ -263,9 +306,14 @@ def analyze(
     plot_log_kappa(result["log_kappa"], os.path.join(output_dir, "log_kappa.png"),
                    f"{title}\n{source}, step {step}, mean over {len(images)} test images",
                    unused=unused_points(config.model))
-    with open(os.path.join(output_dir, "log_kappa.json"), "w") as f:
+    written = [os.path.join(output_dir, "log_kappa.png"), os.path.join(output_dir, "log_kappa.json")]
+    if jacobian:
+        written.append(os.path.join(output_dir, "jacobian.png"))
+        plot_jacobian(result["jacobian"], written[-1], f"{title}\n{source}, step {step}, probe image 0")
+    with open(written[1], "w") as f:
         json.dump(result, f, indent=2)
     print(format_table(result), flush=True)
+    print(f"Wrote {', '.join(written)}", flush=True)
     return result
 
 
@@ -274,11 +322,14 @@ def main(argv: Sequence[str]) -> None:
     from absl import flags
     from ml_collections import config_flags
 
+    from skipless_jax.cli import quiet_console
+
     cfg_flag = flags.FLAGS["config"]
     name = config_flags.get_config_filename(cfg_flag) if cfg_flag.value is not None else "saved config"
     try:
         if cfg_flag.value is None and not flags.FLAGS.workdir:
             raise ValueError("pass --config, or --workdir of a run (its saved config is used)")
+        quiet_console(tensorflow=False)
         compilation_cache.setup(cfg_flag.value)  # before anything compiles (--config's field, else the default)
         analyze(
             cfg_flag.value,
@@ -301,4 +352,6 @@ if __name__ == "__main__":
     flags.DEFINE_string("output_dir", None, "Where log_kappa.png/json go (default <workdir>/analysis).")
     flags.DEFINE_integer("num_images", None, "Probe images (default config.analysis.probe_size).")
     flags.DEFINE_bool("jacobian", False, "Also the per-layer Jacobian κ (small models, float64).")
-    app.run(main)
+    from skipless_jax.cli import parse_flags
+
+    app.run(main, flags_parser=parse_flags)

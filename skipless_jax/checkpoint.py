@@ -34,9 +34,12 @@ verified either.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -62,6 +65,44 @@ class CorruptCheckpointError(ValueError):
     """A checkpoint whose restored values differ from the ones saved (their checksums)."""
 
 
+class DiskFullError(OSError):
+    """A save that failed for lack of space; the checkpoints saved before it are kept."""
+
+
+def _disk_full(err: BaseException) -> bool:
+    """Whether `err` (or what caused it) is a full disk: ENOSPC, or tensorstore's RESOURCE_EXHAUSTED."""
+    seen = 0
+    while err is not None and seen < 20:
+        if getattr(err, "errno", None) == errno.ENOSPC or any(
+                k in str(err) for k in ("RESOURCE_EXHAUSTED", "No space left on device")):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
+@contextlib.contextmanager
+def disk_full_as_one_error(mngr: ocp.CheckpointManager, step: int | None) -> Iterator[None]:
+    """Turns a full disk under `mngr` (a save, or its async completion) into DiskFullError: one line
+    naming the folder and the last good checkpoint."""
+    try:
+        yield
+    except Exception as err:
+        if not _disk_full(err):
+            raise
+        good = _finished_steps(mngr)  # a failed save never got its final name
+        raise DiskFullError(
+            f"the disk is full: a checkpoint save in {mngr.directory} failed (No space left on device; step "
+            f"{step}, or the save before it still finishing in the background); the last good checkpoint is "
+            f"{f'step {max(good)}' if good else 'none'}, kept; free space and rerun the same command to resume"
+        ) from None
+
+
+def _finished_steps(mngr: ocp.CheckpointManager) -> list[int]:
+    """The step folders on disk that orbax finished (renamed to their number)."""
+    directory = epath.Path(mngr.directory)
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
+
+
 def _abs(path: str) -> str:
     """Absolute local paths; bucket URLs (gs://...) unchanged."""
     return path if "://" in path else os.path.abspath(path)
@@ -78,10 +119,32 @@ def _is_dir(path: str) -> bool:
 REPLICA_PARALLEL_MIN_BYTES = 4 << 20
 
 
-def _register_array_handler() -> None:
-    from orbax.checkpoint._src.metadata import array_metadata_store
+# The orbax versions whose array-metadata store sits at the private path below (the public API
+# does not export it); tests/test_lifecycle.py fails loudly when the installed orbax moves it.
+ORBAX_PRIVATE_PATH_CHECKED = ("0.12.8",)
 
-    handler = ocp.type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store(),
+
+def _array_metadata_store() -> Any:
+    """orbax's array-metadata store (what its default jax.Array handler is built with): the one
+    use of a private orbax path, behind a version check; None (orbax's handler kept, every
+    replicated array written replica-parallel) on another orbax where the path is gone."""
+    if ocp.__version__ not in ORBAX_PRIVATE_PATH_CHECKED:
+        logging.warning("orbax %s is not one of %s that skipless_jax.checkpoint was checked with",
+                        ocp.__version__, ORBAX_PRIVATE_PATH_CHECKED)
+    try:
+        from orbax.checkpoint._src.metadata import array_metadata_store
+    except ImportError:
+        return None
+    return array_metadata_store.Store()
+
+
+def _register_array_handler() -> None:
+    store = _array_metadata_store()
+    if store is None:
+        logging.warning("orbax %s: no array-metadata store at the checked path; its default array handler is kept",
+                        ocp.__version__)
+        return
+    handler = ocp.type_handlers.ArrayHandler(array_metadata_store=store,
                                              min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES)
     ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
 
@@ -110,11 +173,13 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any
     if step in mngr.all_steps():
         return
     meta = dict(meta, **{CHECKSUMS: {"algorithm": _ALGORITHM, "leaves": checksums(state)}})
-    mngr.save(
-        step,
-        args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}),
-        force=True,
-    )
+    logging.info("Saving the checkpoint of step %d in %s.", step, mngr.directory)
+    with disk_full_as_one_error(mngr, step):
+        mngr.save(
+            step,
+            args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}),
+            force=True,
+        )
 
 
 def abstract(tree: Any, shardings: Any) -> Any:

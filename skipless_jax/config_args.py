@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+# Values an argument may take in every config that has it: the configs document these, with
+# their own settings (config_blocks.optimizer gives SOAP's and AdamW's b1/b2; others would run
+# with AdamW's learning rate and settings that do not apply).
+CHOICES = {"opt": ("adamw", "soap")}
+
 
 def _convert(key: str, text: str, default: Any) -> Any:
     if isinstance(default, bool):
@@ -33,6 +38,8 @@ def parse(arg: str | None, **defaults: Any) -> dict[str, Any]:
         if not sep or key not in defaults:
             raise ValueError(f"config arg {item!r} is unknown; allowed: {', '.join(f'{k}=' for k in defaults)}")
         values[key] = _convert(key, text.strip(), defaults[key])
+        if key in CHOICES and values[key] not in CHOICES[key]:
+            raise ValueError(f"config arg {key}={text.strip()!r} is not allowed; allowed: {' | '.join(CHOICES[key])}")
     return values
 
 

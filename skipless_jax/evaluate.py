@@ -20,17 +20,20 @@ import dataclasses
 import json
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import ml_collections
 
-from skipless_jax import checkpoint, compilation_cache, evaluators, pretrained, sharding, trainers
-from skipless_jax.trainers import common
+# JAX, TensorFlow (clu) and the trainers load inside the functions: `--help` and flag errors
+# answer before them.
+if TYPE_CHECKING:
+    import jax
 
 
 def resolve_config(workdir: str, config: ml_collections.ConfigDict | None) -> ml_collections.ConfigDict:
     """The workdir's saved config, with `config`'s evaluators and data fields where given."""
+    from skipless_jax import checkpoint, pretrained
+
     saved = checkpoint.saved_config(workdir)
     if saved is None:
         if config is None:
@@ -57,6 +60,8 @@ def select(config: ml_collections.ConfigDict, only: Sequence[str] | None) -> ml_
     a name the config lacks is a one-line error listing the available ones."""
     if only is None:
         return config
+    from skipless_jax import evaluators
+
     available = evaluators.entries(config)
     names = [n.strip() for n in only if n.strip()]
     unknown = [n for n in names if n not in available]
@@ -92,6 +97,11 @@ def evaluate(
     """Runs every evaluator of the (saved) config on the checkpoint, or those named in `only`;
     returns {prefix_metric: value, 'step'}."""
     config = select(resolve_config(workdir, config), only)
+    import jax
+
+    from skipless_jax import checkpoint, evaluators, sharding, trainers
+    from skipless_jax.trainers import common
+
     trainer = trainers.get(config.get("trainer", "supervised"))
     evaluators.check_config(config, trainer.EVALUATOR_TYPES)
     mesh = sharding.make_mesh(config.mesh, devices)
@@ -123,6 +133,9 @@ def main(argv: Sequence[str]) -> None:
     del argv
     from absl import flags
 
+    from skipless_jax import checkpoint, cli, compilation_cache
+
+    cli.quiet_console()
     try:
         compilation_cache.setup(flags.FLAGS.config or checkpoint.saved_config(flags.FLAGS.workdir))
         results = evaluate(flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.step, only=flags.FLAGS.only)
@@ -143,4 +156,6 @@ if __name__ == "__main__":
     flags.DEFINE_integer("step", None, "The checkpoint step (default: the newest).")
     flags.DEFINE_list("only", None, "Run only these entries of config.evals (comma-separated names).")
     flags.mark_flags_as_required(["workdir"])
-    app.run(main)
+    from skipless_jax import cli
+
+    app.run(main, flags_parser=cli.parse_flags)

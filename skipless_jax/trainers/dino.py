@@ -570,6 +570,8 @@ def train_and_evaluate(
                     state, metrics = train_step(state, batch)
                 run.train_step_done(step, metrics, state)
                 run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["teacher"], step, total_steps))
+            if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
+                run.final_evaluation(evaluators.run_all(evals, ctx, state["teacher"], total_steps, total_steps))
     finally:
         data.close()  # the pipeline's worker processes stop here, whatever ended the loop
         run.close()

@@ -299,6 +299,8 @@ def train_and_evaluate(
                 if picture is not None and every(step, config.get("eval_every_steps"), total_steps):
                     picture(state["params"], step)
                 run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["params"], step, total_steps))
+            if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
+                run.final_evaluation(evaluators.run_all(evals, ctx, state["params"], total_steps, total_steps))
     finally:
         data.close()  # the pipeline's worker processes stop here, whatever ended the loop
         run.close()

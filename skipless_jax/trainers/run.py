@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -33,6 +35,8 @@ from skipless_jax.trainers.nonfinite import NonFiniteError, all_finite, inexact_
 # A run stopped by SIGTERM or a preemption notice saved its state and is not finished:
 # the entry point exits with this status (EX_TEMPFAIL) so schedulers and retry loops rerun it.
 EXIT_PREEMPTED = 75
+# A single-process run stopped by a first Ctrl-C saved its state too; 130 = 128 + SIGINT, as shells report it.
+EXIT_INTERRUPTED = 130
 
 
 FINAL_METRICS = "final_metrics.json"
@@ -40,16 +44,26 @@ HISTORY = "history.jsonl"  # one JSON line per record: {"step": s, "<prefix>_<na
 
 
 class Preempted(Exception):
-    """Raised by a trainer after it saved the step it stopped at on a preemption/SIGTERM."""
+    """Raised by a trainer after it saved the step it stopped at on a preemption/SIGTERM, or on a
+    first Ctrl-C (`interrupted`)."""
 
-    def __init__(self, step: int):
-        super().__init__(f"preempted at step {step}; checkpoint saved, rerun the same command to resume")
-        self.step = step
+    def __init__(self, step: int, interrupted: bool = False):
+        what = "interrupted" if interrupted else "preempted"
+        super().__init__(f"{what} at step {step}; checkpoint saved, rerun the same command to resume")
+        self.step, self.interrupted = step, interrupted
 
 
 def read_final_metrics(workdir: str) -> dict[str, Any] | None:
+    """The workdir's final metrics; None when the file is missing or unreadable (one warning naming it)."""
     path = epath.Path(workdir, FINAL_METRICS)
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        final = json.loads(path.read_text())
+    except (ValueError, OSError) as err:
+        logging.warning("%s is unreadable (%s); it is not used.", path, err)
+        return None
+    return final if isinstance(final, dict) else None
 
 
 def open_workdir(
@@ -78,6 +92,7 @@ def finished_run(
         changed
         or final is None
         or final.get("step") != total_steps
+        or not set(final) - {"step"}  # `{"step": N}`: what a rerun wrote before final_evaluation existed
         or max(mngr.all_steps(), default=None) != total_steps
     ):
         return None
@@ -100,27 +115,48 @@ def truncate_history(path: epath.Path, last_step: int) -> None:
 
 
 class SignalFlag:
-    """Records SIGTERM so that the loop saves a checkpoint and stops at the next step."""
+    """Records SIGTERM, or a first Ctrl-C (SIGINT), so that the loop saves a checkpoint and stops
+    at the next step; a second Ctrl-C exits at once (status 130). `close` puts back the handlers
+    it replaced."""
 
     def __init__(self):
-        self.raised = False
+        self.raised = self.interrupted = False
+        self._previous = {}
         with contextlib.suppress(ValueError):  # not the main thread (e.g. a test runner thread)
-            signal.signal(signal.SIGTERM, self._handler)
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._handler)
 
     def _handler(self, signum, frame):
-        logging.warning("Received signal %d: will checkpoint and stop after this step.", signum)
+        if signum == signal.SIGINT and self.interrupted:
+            print("Interrupted again: exiting now, without saving (exit status 130).", file=sys.stderr, flush=True)
+            os._exit(EXIT_INTERRUPTED)  # at once: no pending save or writer is waited for
+        if signum == signal.SIGINT:
+            self.interrupted = True
+            logging.warning("Ctrl-C: saving this step, then stopping (Ctrl-C again exits at once, without saving).")
+        else:
+            logging.warning("Received signal %d: will checkpoint and stop after this step.", signum)
         self.raised = True
 
+    def close(self) -> None:
+        for signum, handler in self._previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signum, handler)
+        self._previous = {}
 
-def stop_rule(mngr: Any) -> Callable[[int], bool]:
+
+def stop_rule(mngr: Any, flag: SignalFlag | None = None) -> Callable[[int], bool]:
     """step -> whether to save and stop now.
 
-    One process: our SIGTERM flag (and orbax's preemption notice). Several: only
+    One process: `flag` (SIGTERM, a first Ctrl-C; made here when not given) and orbax's
+    preemption notice. Several: only
     jax.distributed's preemption service, which catches SIGTERM and makes
     `mngr.reached_preemption(step)` true at the same step in every process; a Python handler
     would replace it, and the signalled process would save while the others keep stepping (a hang).
     """
-    flag = SignalFlag() if jax.process_count() == 1 else None
+    if jax.process_count() > 1:
+        flag = None
+    elif flag is None:
+        flag = SignalFlag()
     return lambda step: bool(mngr.reached_preemption(step) or (flag is not None and flag.raised))
 
 
@@ -187,7 +223,8 @@ class Run:
         self.progress = periodic_actions.ReportProgress(
             num_train_steps=total_steps, writer=self.writer, every_steps=config.log_every_steps
         )
-        self.should_stop = stop_rule(mngr)
+        self.signals = SignalFlag() if jax.process_count() == 1 else None
+        self.should_stop = stop_rule(mngr, self.signals)
         self.pending: list[dict[str, jax.Array]] = []
         self.last_saved = max(mngr.all_steps(), default=None)
         self.metrics: dict[str, float] = {}
@@ -258,22 +295,42 @@ class Run:
         self.stop_if_preempted(step, state)
 
     def stop_if_preempted(self, step: int, state: Any) -> None:
-        """The preemption rule: on a signal, save this step and raise Preempted."""
-        if self.should_stop(step):
+        """The preemption rule: on a signal, save this step and raise Preempted; at the last step
+        the run has finished (saved and evaluated), so it ends normally and keeps its final metrics."""
+        if self.should_stop(step) and step < self.total_steps:
             self.save(step, state, force=True)
             logging.warning("Stopping at step %d on a preemption/termination signal; checkpoint saved.", step)
-            raise Preempted(step)
+            raise Preempted(step, interrupted=self.signals is not None and self.signals.interrupted)
 
     def close(self) -> None:
         """Completes pending saves and metric writes (called whatever stopped the loop)."""
         try:
             self.profiler.close()
-            self.mngr.wait_until_finished()
+            with checkpoint.disk_full_as_one_error(self.mngr, self.last_saved):
+                self.mngr.wait_until_finished()
         finally:
-            self.mngr.close()
+            if self.signals is not None:
+                self.signals.close()
+            with checkpoint.disk_full_as_one_error(self.mngr, self.last_saved):
+                self.mngr.close()
             self.writer.flush()
             if self._wandb is not None:
                 self._wandb.close()
+
+    def final_evaluation(self, results: Iterable[tuple[str, str, float]]) -> None:
+        """A run resumed at its last step, whose final metrics were lost (a stop after its final
+        evaluation, a deleted or damaged final_metrics.json): its final metrics again, as the
+        uninterrupted run's, from the records of history.jsonl and the final evaluation of the
+        checkpoint (`results`, which replace the recorded ones); nothing is recorded twice."""
+        logging.warning("%s: the checkpoint of step %d has no valid %s; running its final evaluation again.",
+                        self.workdir, self.step, FINAL_METRICS)
+        if self._history_path.exists():
+            for line in self._history_path.read_text().splitlines():
+                record = json.loads(line)  # truncated to this step, lines cut short dropped, at start
+                # `named` fields (perf/...) are history-only, as in `record`
+                self.metrics.update({k: v for k, v in record.items() if k != "step" and "/" not in k})
+        for prefix, name, value in results:
+            self.metrics[f"{prefix}_{name}"] = float(value)
 
     def finish(self) -> dict[str, Any]:
         """Final metrics of a run that reached its last step, written to `final_metrics.json`."""

@@ -252,6 +252,9 @@ def train_and_evaluate(
                     run.writer.write_scalars(step, probe(common.entries(state, key)))
                 run.end_of_step(step, state, evaluators.run_all(evals, ctx, common.entries(state, key), step,
                                                                 total_steps))
+            if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
+                run.final_evaluation(evaluators.run_all(evals, ctx, common.entries(state, key), total_steps,
+                                                        total_steps))
     finally:
         data.close()  # the pipeline's worker processes stop here, whatever ended the loop
         run.close()

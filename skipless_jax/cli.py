@@ -1,0 +1,195 @@
+"""What the command lines share: absl's flag parsing with every error one line and exit status 2
+(`--help` exits 0), and the quiet console log.
+
+    app.run(main, flags_parser=cli.parse_flags)      # in `if __name__ == "__main__":`
+    cli.quiet_console()                              # first thing in main(argv)
+
+The console at the default verbosity keeps this project's own lines (settings, progress with
+ETA, evaluations, checkpoint saves) and the warnings and errors of other libraries, except
+orbax's bookkeeping (its warnings: at --verbosity=1); clu's scalar dumps and work-unit notes and
+TensorFlow's C++ notices appear only with `--verbosity=1` (absl's `-v 1`), which shows
+everything. Imports absl only, so that `--help` answers before JAX or TensorFlow load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging as std_logging
+import os
+import re
+import sys
+from typing import NoReturn
+
+from absl import flags, logging
+
+EXIT_USAGE = 2  # a bad command line, as argparse and the launchers exit
+_HELP_FLAGS = ("--help", "-help", "--helpshort", "-helpshort", "--helpfull", "-helpfull", "--helpxml", "-helpxml", "-?")
+
+
+def usage_error(message: str) -> NoReturn:
+    """One `error: ...` line on stderr, exit status 2."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_USAGE)
+
+
+def cause_chain(err: BaseException) -> list[BaseException]:
+    """`err` and what caused it, outermost first (a context suppressed by `from None` ends it)."""
+    out = [err]
+    while len(out) < 20:
+        e = out[-1]
+        nxt = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+        if nxt is None or nxt in out:
+            break
+        out.append(nxt)
+    return out
+
+
+def _text(err: BaseException) -> str:
+    # A KeyError's str() is the repr of its message; its first argument is the message itself.
+    return str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+
+
+def one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def config_spec(argv: list[str]) -> str | None:
+    """The value of --config on the command line (`--config=X` or `--config X`), last one wins."""
+    spec = None
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            spec = arg.partition("=")[2]
+        elif arg == "--config" and i + 1 < len(argv):
+            spec = argv[i + 1]
+    return spec
+
+
+def config_file_error(spec: str | None) -> str | None:
+    path = (spec or "").split(":", 1)[0]
+    if spec is not None and not os.path.isfile(path):
+        return f"--config={spec}: no such config file {path!r}" if path else "--config= names no config file"
+    return None
+
+
+def _culprit(err: BaseException, argv: list[str]) -> str | None:
+    """The override on the command line that an error is about, when it can be told."""
+    overrides = [a for a in argv if a.startswith("--config.")]
+    text = _text(err)
+    field = re.search(r"\bconfig\.([\w.]+)", text)
+    for arg in overrides:
+        path = arg[2:].partition("=")[0]
+        if field and (path == f"config.{field.group(1)}" or path.startswith(f"config.{field.group(1)}.")):
+            return arg
+    key = re.match(r"\W*(\w+)'", text) if isinstance(err, (KeyError, AttributeError)) else None
+    for arg in overrides:  # a missing field's error names the key only
+        if key and key.group(1) in arg[2:].partition("=")[0].split(".")[1:]:
+            return arg
+    return None
+
+
+def flag_error_line(err: BaseException, argv: list[str]) -> str:
+    """The one line that says what is wrong with the command line, from a parsing exception.
+
+    absl and ml_collections wrap the useful message (an unknown `:arg`, a misspelt override
+    key, a bad value) in other exceptions, some with a whole traceback inside their text: this
+    takes the innermost message that is not such a wrapper, unless an outer one says more.
+    """
+    chain = cause_chain(err)
+    if any(isinstance(e, OSError) for e in chain):  # e.g. an override of a config that did not load
+        missing = config_file_error(config_spec(argv))
+        if missing:
+            return missing
+    chain = [e for e in chain if "Traceback (most recent call last)" not in str(e)] or [err]
+    best = chain[-1]
+    for outer in reversed(chain[:-1]):  # an outer message that contains the inner one adds to it
+        if _text(best) in _text(outer):
+            best = outer
+    text = _text(best)
+    if isinstance(best, (KeyError, AttributeError)):
+        lines = [line.strip().strip('"') for line in text.splitlines() if line.strip()]
+        text = "no such field " + "; ".join(lines)
+    elif not isinstance(best, (ValueError, flags.Error)):
+        text = f"{type(best).__name__}: {text}"
+    text = one_line(text).split(" Currently supported types are:")[0]  # ml_collections' list of types
+    if "--" not in text.partition(":")[0]:
+        culprit = _culprit(best, argv)
+        if culprit is None and ("config file" in str(err) or any("config arg" in str(e) for e in chain)):
+            spec = config_spec(argv)
+            culprit = None if spec is None else f"--config={spec}"
+        if culprit:
+            text = f"{culprit}: {text}"
+    if isinstance(best, flags.UnrecognizedFlagError):
+        text += " (see --help)"
+    return text
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with every error one line and exit status 2, and --help exiting 0."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    argv = [("--help" if a == "-h" else a) if i < cut else a for i, a in enumerate(argv)]
+    try:
+        return flags.FLAGS(argv)
+    except SystemExit as exit_:  # absl's --help prints the usage, then exits with status 1
+        if exit_.code == 1 and any(a in _HELP_FLAGS or a.startswith(("--help=", "--helpfull=")) for a in argv[1:cut]):
+            sys.exit(0)
+        raise
+    except Exception as err:
+        usage_error(flag_error_line(err, argv))
+
+
+# Library records kept on the console at the default verbosity: this Python level or above.
+_LIBRARY_MIN_LEVEL = {"orbax": std_logging.ERROR}  # other libraries: WARNING
+_SCALARS = "clu/metric_writers/logging_writer.py"  # every scalar again (TensorBoard and history.jsonl have them)
+_NOTES = "clu/platform/"  # clu's progress: 'Setting work unit notes: 2.5 steps/s, 77.9% (700/899), ETA: 1m'
+
+
+class ConsoleFilter:
+    """This project's records, the settings and progress lines, other libraries' warnings and
+    errors (orbax's errors only)."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        path = record.pathname.replace(os.sep, "/")
+        if "/skipless_jax/" in path:
+            return True
+        if _SCALARS in path:
+            return str(record.msg).startswith("[Hyperparameters]")  # the settings, once
+        if _NOTES in path:
+            if not str(record.msg).startswith("Setting work unit notes"):
+                return False
+            record.msg = "Progress: %s"
+            return True
+        level = next((v for k, v in _LIBRARY_MIN_LEVEL.items() if f"/{k}/" in path), std_logging.WARNING)
+        if record.levelno < level:
+            return False
+        # A library's error is one line; its traceback comes back as the exception this project reports.
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+@contextlib.contextmanager
+def _stderr_fd_muted():
+    """File descriptor 2 to /dev/null (C++ libraries write there directly), sys.stderr flushed first."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def quiet_console(tensorflow: bool = True) -> None:
+    """The default console (module docstring); call it after the flags are parsed. With
+    `tensorflow` (a command that loads it: clu's writers do), TensorFlow is imported here with
+    file descriptor 2 muted: its C++ notices at import (oneDNN, absl's pre-initialization
+    warning) ignore TF_CPP_MIN_LOG_LEVEL. Nothing changes at `--verbosity` 1 or more."""
+    if logging.get_verbosity() > logging.INFO:
+        return
+    handler = logging.get_absl_handler()
+    if not any(isinstance(f, ConsoleFilter) for f in handler.filters):
+        handler.addFilter(ConsoleFilter())
+    if tensorflow and "tensorflow" not in sys.modules:
+        with _stderr_fd_muted():
+            import tensorflow
