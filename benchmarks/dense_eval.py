@@ -125,7 +125,7 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     model, ctx = setup(args.variant, args.size)
-    p = tc.patch_size_of(ctx.config)
+    p = models.describe(ctx.config.model).token_stride
     params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, args.size, args.size, 3)))["params"]
     params = jax.device_put(params, sharding.replicated(ctx.mesh))
     hw = (args.size, args.size)
