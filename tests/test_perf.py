@@ -89,6 +89,8 @@ def test_fit_check_refuses_an_oversized_step_in_one_line():
                          temp_bytes=1 << 30, devices=8)
     config = tiny_config()
     line = perf.fit_check(cost, config, limit=5 << 30)  # exactly fits: 3 + 3 − 2 + 1 GiB
+    assert line.endswith("device memory limit 5.00 GiB")
+    assert perf._gib(3 << 20) == "3.00 MiB" and perf._gib(1536) == "1.50 KiB" and perf._gib(12) == "12 B"
     assert line.startswith("Train step per device: arguments 3.00 GiB, outputs 3.00 GiB (2.00 GiB donated), "
                            "temporaries 1.00 GiB, 0.001 TFLOP")
     with pytest.raises(ValueError) as err:
@@ -101,6 +103,6 @@ def test_fit_check_refuses_an_oversized_step_in_one_line():
 
 def test_trainer_stops_before_the_loop_when_the_step_does_not_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(perf, "memory_limit", lambda device: 1024)  # a simulated 1 KiB device
-    with pytest.raises(perf.DoesNotFit, match=r"the train step needs .* but the device has 0.00 GiB \(1024 bytes\)"):
+    with pytest.raises(perf.DoesNotFit, match=r"the train step needs .* but the device has 1.00 KiB \(1024 bytes\)"):
         supervised.train_and_evaluate(tiny_config(), str(tmp_path), devices=jax.devices()[:1])
     assert not os.path.exists(tmp_path / "history.jsonl")  # no step ran

@@ -104,7 +104,11 @@ def memory_limit(device: jax.Device) -> int | None:
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    """Bytes in the largest binary unit that keeps them >= 1 (GiB at most)."""
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.2f} {unit}"
+    return f"{int(n)} B"
 
 
 def fit_check(cost: StepCost, config: ml_collections.ConfigDict, limit: int | None = None) -> str:
