@@ -53,6 +53,9 @@ GRIDS = {
         "skip_sab=True skip_ffn=True init=default opt=adamw tg=none seed=0,1,2",
         "skip_sab=True skip_ffn=True init=default opt=adamw tg=svd eps=0.9,0.7,0.6,0.5 seed=0,1,2",
     ],
+    # bf16 against float32 (run once per dtype, --config.model.dtype=bfloat16): the quickstart's
+    # default and the standard ViT with AdamW.
+    "bf16": ["seed=0,1,2", "skip_sab=True skip_ffn=True init=default opt=adamw seed=0,1,2"],
     # Is the central effect robust in depth? Table 1's four skipless cells at depths 8-24, 5 seeds.
     "depth": f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8,12,16,24 seed=0,1,2,3,4",
 }

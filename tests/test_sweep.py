@@ -89,7 +89,7 @@ def test_expand_names_runs_by_their_args_and_adds_them_to_the_config_args(setup)
 
 
 def test_papers_grids_are_named_grids():
-    sizes = {"table1": 18, "skip_ablation": 30, "tg_eps": 15, "depth": 80}
+    sizes = {"table1": 18, "skip_ablation": 30, "tg_eps": 15, "depth": 80, "bf16": 6}
     for name, size in sizes.items():
         runs = sweep.expand("configs/quickstart.py", name)
         assert len(runs) == size, name
