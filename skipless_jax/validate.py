@@ -240,6 +240,9 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
     require(is_finite(smoothing) and 0.0 <= smoothing < 1.0,
              f"config.label_smoothing={smoothing!r} must be in [0, 1)")
     _count(config, "log_every_steps")
+    from skipless_jax.trainers import wandb_writer  # the optional extra: missing it is a config error
+
+    wandb_writer.check_config(config)
     for field in ("eval_every_steps", "checkpoint_every_steps"):
         _count(config, field, allow_zero=True, allow_none=True, zero_means="0 or None: only at the end")
     keep = config.get("keep_checkpoints", 3)

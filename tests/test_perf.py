@@ -6,6 +6,8 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
+import sys
 from pathlib import Path
 
 import jax
@@ -13,7 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from skipless_jax.trainers import perf, supervised
+from skipless_jax.trainers import perf, run, supervised
 
 from util import tiny_config
 
@@ -106,3 +108,43 @@ def test_trainer_stops_before_the_loop_when_the_step_does_not_fit(tmp_path, monk
     with pytest.raises(perf.DoesNotFit, match=r"the train step needs .* but the device has 1.00 KiB \(1024 bytes\)"):
         supervised.train_and_evaluate(tiny_config(), str(tmp_path), devices=jax.devices()[:1])
     assert not os.path.exists(tmp_path / "history.jsonl")  # no step ran
+
+
+def test_core_hours_continue_across_a_resume(tiny_run, tmp_path):
+    workdir, config, _, _, records = tiny_run
+    resumed = str(tmp_path / "resumed")
+    shutil.copytree(workdir, resumed)
+    longer = tiny_config(peak_tflops=0.5, total_steps=16, checkpoint_every_steps=0)
+    supervised.train_and_evaluate(longer, resumed, devices=jax.devices()[:DEVICES], allow_config_change=True)
+    history = [json.loads(line) for line in Path(resumed, "history.jsonl").read_text().splitlines()]
+    after = [h for h in history if "perf/img_per_sec" in h]
+    assert [r["step"] for r in after] == [4, 8, 12, 16] and after[:3] == records
+    steps_per_sec = after[3]["perf/img_per_sec"] / config.input.batch_size
+    # step 12's count, then at least the 4 resumed steps × devices / (steps/s)
+    assert after[3]["perf/core_hours"] >= records[-1]["perf/core_hours"] + 4 * DEVICES / steps_per_sec / 3600 * (
+        1 - 1e-9)
+
+
+def test_resumed_core_hours_is_the_last_record_kept(tmp_path):
+    path = tmp_path / "history.jsonl"
+    assert run.resumed_core_hours(path) == 0.0
+    lines = [{"step": 4, "train_loss": 1.0, "perf/core_hours": 0.25}, {"step": 5, "test_accuracy": 0.5},
+             {"step": 8, "train_loss": 0.5, "perf/core_hours": 0.75}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    run.truncate_history(path, 6)  # resumed at a checkpoint of step 6
+    assert run.resumed_core_hours(path) == 0.25
+    cost = perf.StepCost(flops=1.0, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0, devices=4)
+    meter = perf.Meter(cost, 8, ml_collections.ConfigDict(), first_step=6, core_hours=0.25)
+    meter.start = meter.last_time = 100.0
+    assert meter.fields(8, now=190.0)["perf/core_hours"] == 0.25 + 4 * 90 / 3600
+
+
+def test_missing_wandb_with_a_project_is_a_config_error(monkeypatch):
+    config = tiny_config(**{"wandb.project": "skipless-test"})
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    with pytest.raises(ValueError) as err:
+        supervised.check_config(config, num_devices=1)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("config.wandb.project='skipless-test' needs the wandb package")
+    assert "pip install -e .[wandb]" in message
+    supervised.check_config(tiny_config(), num_devices=1)  # no project: wandb is not needed

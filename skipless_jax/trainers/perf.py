@@ -147,12 +147,15 @@ class Meter:
     steps/s s over the period; perf/img_per_sec = s × images per step (the global batch, each
     image once); perf/img_per_sec_per_device = that / devices; perf/tflops_per_device = the
     compiled step's per-device FLOPs × s / 1e12; perf/mfu = that / the peak (absent where
-    unknown); perf/core_hours = devices × the hours since this process's loop began.
+    unknown); perf/core_hours = `core_hours` (what the run used before a resume) + devices ×
+    the hours since this process's loop began.
     """
 
-    def __init__(self, cost: StepCost, images_per_step: int, config: ml_collections.ConfigDict, first_step: int):
-        """`first_step`: the loop's first step is first_step + 1, from now on."""
-        self.devices = cost.devices
+    def __init__(self, cost: StepCost, images_per_step: int, config: ml_collections.ConfigDict, first_step: int,
+                 core_hours: float = 0.0):
+        """`first_step`: the loop's first step is first_step + 1, from now on; `core_hours`: the
+        run's count up to first_step (`run.resumed_core_hours`), which this one continues."""
+        self.devices, self.core_hours = cost.devices, core_hours
         self.flops, self.images = cost.flops, images_per_step
         self.peak = peak_tflops(config, jax.devices()[0])
         self.start = self.last_time = time.perf_counter()
@@ -166,7 +169,7 @@ class Meter:
             "perf/img_per_sec": steps_per_sec * self.images,
             "perf/img_per_sec_per_device": steps_per_sec * self.images / self.devices,
             "perf/tflops_per_device": self.flops * steps_per_sec / 1e12,
-            "perf/core_hours": self.devices * (now - self.start) / 3600,
+            "perf/core_hours": self.core_hours + self.devices * (now - self.start) / 3600,
         }
         if self.peak:
             out["perf/mfu"] = out["perf/tflops_per_device"] / self.peak

@@ -71,14 +71,29 @@ def open_workdir(
 ) -> tuple[Any, dict[str, Any] | None]:
     """(checkpoint manager of `workdir`, the final metrics if the run already finished there, else None).
 
-    The saved config is compared first (`check_saved_config`); a finished run's manager is closed.
+    The saved config is compared first (`check_saved_config`, in every process); whether the run
+    finished is decided once, by process 0, and broadcast (`agreed`), so that no process resumes
+    while another stops. A finished run's manager is closed.
     """
     mngr = checkpoint.manager(workdir, keep=config.get("keep_checkpoints", 3))
-    finished = finished_run(config, workdir, mngr, total_steps, allow_config_change)
+    finished = agreed(finished_run(config, workdir, mngr, total_steps, allow_config_change))
     if finished is not None:
         logging.info("%s already finished at step %d; its final metrics are unchanged.", workdir, total_steps)
         mngr.close()
     return mngr, finished
+
+
+def agreed(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Process 0's `value` (a JSON dict or None) in every process; itself with one process."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+    size = int(multihost_utils.broadcast_one_to_all(np.int32(len(data))))
+    padded = np.zeros(size, np.uint8)
+    padded[: min(size, len(data))] = data[:size]
+    return json.loads(np.asarray(multihost_utils.broadcast_one_to_all(padded)).astype(np.uint8).tobytes())
 
 
 def finished_run(
@@ -112,6 +127,18 @@ def truncate_history(path: epath.Path, last_step: int) -> None:
         except (ValueError, KeyError, TypeError):
             continue
     path.write_text("".join(f"{line}\n" for line in kept))
+
+
+def resumed_core_hours(path: epath.Path) -> float:
+    """The `perf/core_hours` of the last record of `path` (history truncated to the resumed
+    checkpoint), which a resumed run continues; 0.0 without one. The time between that record and
+    the checkpoint is not counted (at most a log period's)."""
+    if not path.exists():
+        return 0.0
+    hours = 0.0
+    for line in path.read_text().splitlines():
+        hours = json.loads(line).get("perf/core_hours", hours)
+    return float(hours)
 
 
 class SignalFlag:
@@ -231,7 +258,11 @@ class Run:
         self._history_path = epath.Path(workdir, HISTORY)
         if self.is_chief:
             truncate_history(self._history_path, first_step)
-        self.meter = perf.Meter(cost, images_per_step, config, first_step) if cost and images_per_step else None
+        self.meter = (
+            perf.Meter(cost, images_per_step, config, first_step,
+                       resumed_core_hours(self._history_path) if self.is_chief else 0.0)
+            if cost and images_per_step else None
+        )
         self.profiler = perf.Profiler(config, workdir, first_step, total_steps)
 
     def record(

@@ -23,6 +23,24 @@ def enabled(config: ml_collections.ConfigDict) -> bool:
     return bool(config.get("wandb") and config.wandb.get("project"))
 
 
+def _missing(config: ml_collections.ConfigDict) -> ValueError:
+    return ValueError(
+        f"config.wandb.project={config.wandb.project!r} needs the wandb package, which does not import: "
+        "pip install -e .[wandb] (or unset config.wandb.project)"
+    )
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """With `config.wandb.project` set, the wandb package must import: a one-line ValueError at
+    config check time, before anything compiles (not at the first record)."""
+    if not enabled(config):
+        return
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise _missing(config) from None
+
+
 def run_id(workdir: str) -> str:
     """A wandb run id that names the workdir: the same for every resumption of it."""
     return hashlib.sha1(os.path.abspath(workdir).encode()).hexdigest()[:16]
@@ -35,9 +53,7 @@ class WandbWriter(interface.MetricWriter):
         try:
             import wandb
         except ImportError:
-            raise ValueError(
-                f"config.wandb.project={config.wandb.project!r} needs the wandb package: pip install -e .[wandb]"
-            ) from None
+            raise _missing(config) from None
         w = config.wandb
         self.run = wandb.init(
             project=w.project, entity=w.get("entity"), name=w.get("name") or os.path.basename(os.path.abspath(workdir)),
