@@ -42,7 +42,7 @@ import numpy as np
 from skipless_jax import config_blocks, models, sharding
 from skipless_jax.data import device_images, device_input, inputs, sources
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, dino, supervised
+from skipless_jax.trainers import common, dino, model_ema, supervised
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -180,7 +180,8 @@ def supervised_program(config: ml_collections.ConfigDict, axes: dict[str, int],
     size = inputs.image_size(config)
     model = models.build(config.model, info.num_classes)
     tx, schedule = build_optimizer(config, config.total_steps)
-    init_state = supervised.make_init_state(model, tx, jnp.zeros((1, size, size, info.image_shape[-1]), jnp.float32))
+    init_state = supervised.make_init_state(model, tx, jnp.zeros((1, size, size, info.image_shape[-1]), jnp.float32),
+                                            ema=model_ema.enabled(config))
     b = config.input.batch_size
     # What the trainer's pipeline ships (inputs.train_iterator(on_device=True)): uint8 images,
     # one-hot labels, and the random-erasing boxes when the recipe erases.

@@ -22,9 +22,11 @@ Expected ImageNet-1k top-1, the paper's numbers (Always Skip Attention, CaiT-S),
 
 Schedule (CaiT's recipe without distillation): 400 epochs, batch 1024, lr 1e-3, weight decay
 0.05 (not on biases, norms, position embedding or class token; docs/method.md §14), 5 warm-up
-epochs, cosine to 1e-5, gradient clipping 1.0, label smoothing 0.1, RandAugment m9, mixup 0.8 /
+epochs, cosine to 1e-5, no gradient clipping, label smoothing 0.1, RandAugment m9, mixup 0.8 /
 cutmix 1.0, random erasing 0.25, AdamW b1 0.9, b2 0.999, drop-path 0.1 with skips and 0 without,
-LayerScale γ initialized at 1e-5; 224×224 images.
+LayerScale γ initialized at 1e-5; 224×224 images; repeated augmentation 3 (epochs of
+⌊N/256⌋·256 samples, whole batches) and model EMA 0.99996, reported as ema_<prefix> (DeiT's
+main.py defaults; docs/recipes.md).
 """
 
 import ml_collections
@@ -36,4 +38,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(arg, tg="dct", eps=0.95, skip_sab=True, skip_ffn=True, init="default", opt="adamw", seed=0,
                           epochs=400, variant="S24")
     model = config_blocks.family_model("cait", a, 0.1, variant=a["variant"])
-    return config_blocks.imagenet_recipe(a, model, warmup_epochs=5, grad_clip=1.0)
+    # DeiT's main.py (CaiT's training code): repeated augmentation 3, model EMA 0.99996, no clipping.
+    return config_blocks.imagenet_recipe(a, model, warmup_epochs=5, grad_clip=None, repeated_augmentation=3,
+                                         ema_decay=0.99996)

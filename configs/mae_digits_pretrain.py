@@ -44,7 +44,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     )
     c.mae = config_blocks.mae(norm_pix_loss=a["norm_pix"], target=a["target"], decoder_width=32, decoder_depth=2,
                               decoder_num_heads=2, picture_images=10)
-    c.optimizer = config_blocks.mae_optimizer(1.5e-4 * 10, c.input.batch_size)
+    c.optimizer = config_blocks.mae_optimizer(1.5e-4 * 10, c.input.batch_size, weight_decay_rule="mae_pretrain")
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=a["epochs"] / 10, end_lr=0.0))
     c.total_epochs = a["epochs"]
     c.grad_clip_norm = placeholder(float)

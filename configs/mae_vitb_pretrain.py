@@ -14,12 +14,12 @@ digits pair (configs/mae_digits_pretrain.py, mae_digits_finetune.py) is measured
 docs/results.md. During pre-training a kNN monitor (k 20 on the class token, bank: the first
 10 % of the train split) runs every 10,000 steps.
 
-Recipe: global batch 4096, base learning rate 1.5e-4 (lr 2.4e-3 = 1.5e-4 × 4096 / 256), AdamW (0.9, 0.95),
-weight decay 0.05 on kernels only, 40 warm-up epochs then half-cycle cosine per step to 0,
-800 epochs (`epochs=1600` for the longer schedule), random-resized crop (0.2-1) + flip only,
-mask ratio 0.75, norm_pix_loss, decoder 512 wide × 8 blocks × 16 heads, fixed 2-D sin-cos
-position tables. Hardware: sized for a TPU v4-64 slice or 8 × 8-GPU nodes (bfloat16 compute);
-wall-clock not measured.
+Recipe: global batch 4096, base learning rate 1.5e-4 (lr 2.4e-3 = 1.5e-4 × 4096 / 256), AdamW
+(0.9, 0.95), weight decay 0.05 on kernels and the class and mask tokens (MAE main_pretrain), 40
+warm-up epochs then half-cycle cosine per step to 0, 800 epochs (`epochs=1600` for the longer
+schedule), random-resized crop (0.2-1) + flip only, mask ratio 0.75, norm_pix_loss, decoder 512
+wide × 8 blocks × 16 heads, fixed 2-D sin-cos position tables. Hardware: sized for a TPU v4-64
+slice or 8 × 8-GPU nodes (bfloat16 compute); wall-clock not measured.
 
 Args: tg ('none' | 'dct' | 'svd') and eps for Token Graying in pre-training; target ('raw': the
 input image is reconstructed, 'grayed': the image TG produces); skip_sab / skip_ffn / init for the
@@ -51,7 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         posemb="sincos2d", drop_path=0.0, dtype="bfloat16", gelu="exact",
     )
     c.mae = config_blocks.mae(target=a["target"])
-    c.optimizer = config_blocks.mae_optimizer(1.5e-4, c.input.batch_size)
+    c.optimizer = config_blocks.mae_optimizer(1.5e-4, c.input.batch_size, weight_decay_rule="mae_pretrain")
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=40, end_lr=0.0))
     c.total_epochs = a["epochs"]
     c.grad_clip_norm = placeholder(float)

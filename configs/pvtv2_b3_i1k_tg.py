@@ -23,7 +23,9 @@ Expected ImageNet-1k top-1, the paper's numbers (Always Skip Attention, PVTv2-b3
 Schedule (PVT's DeiT-style recipe): 300 epochs, batch 1024, lr 1e-3, weight decay 0.05 (not on
 biases, norms; docs/method.md §14), 5 warm-up epochs, cosine to 1e-5, gradient clipping 1.0,
 label smoothing 0.1, RandAugment m9, mixup 0.8 / cutmix 1.0, random erasing 0.25, AdamW b1 0.9,
-b2 0.999, drop-path 0.3 with skips and 0 without (this project's setting for b3); 224×224 images.
+b2 0.999, drop-path 0.3 with skips and 0 without (PVT's configs/pvt_v2/pvt_v2_b3.py); 224×224
+images; repeated augmentation 3 (epochs of ⌊N/256⌋·256 samples, whole batches), no model EMA
+(PVT's main.py; docs/recipes.md).
 """
 
 import ml_collections
@@ -35,4 +37,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(arg, tg="dct", eps=0.95, skip_sab=True, skip_ffn=True, init="default", opt="adamw", seed=0,
                           epochs=300, variant="b3")
     model = config_blocks.family_model("pvt_v2", a, 0.3, variant=a["variant"])
-    return config_blocks.imagenet_recipe(a, model, warmup_epochs=5, grad_clip=1.0)
+    # PVT's classification/main.py: repeated augmentation on (3), model EMA commented out;
+    # configs/pvt_v2/pvt_v2_b3.py clips at 1.0.
+    return config_blocks.imagenet_recipe(a, model, warmup_epochs=5, grad_clip=1.0, repeated_augmentation=3)

@@ -82,7 +82,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         dict(name="digits", train_split="train", eval_split="test", data_dir=placeholder(str))
     )
     c.input = ml_collections.ConfigDict(
-        dict(batch_size=64, eval_batch_size=128, image_size=placeholder(int), aug=None, num_workers=0)
+        dict(batch_size=64, eval_batch_size=128, image_size=placeholder(int), aug=None, num_workers=0,
+             repeated_augmentation=1, drop_last=False)
     )
 
     # Skips, init (the ViT-B/16 constants of Cutting the Skip) and Token Graying from the args.
@@ -106,6 +107,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.grad_clip_norm = 1.0
     c.label_smoothing = 0.0
     c.skip_nonfinite_steps = False
+    c.model_ema = config_blocks.model_ema(decay=0.0)  # off; docs/results.md measures it on
 
     config_blocks.runtime(c, eval_every=0, checkpoint_every=500, log_every=50)  # eval at the end only
     c.keep_checkpoints = 2

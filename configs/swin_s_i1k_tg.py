@@ -23,7 +23,8 @@ Expected ImageNet-1k top-1, the paper's numbers (Always Skip Attention, Swin-S; 
 Schedule (Swin's ImageNet-1k recipe): 300 epochs, batch 1024, lr 1e-3, weight decay 0.05 (not on
 biases, norms; docs/method.md §14), 20 warm-up epochs, cosine to 1e-5, gradient clipping 5.0,
 label smoothing 0.1, RandAugment m9, mixup 0.8 / cutmix 1.0, random erasing 0.25, AdamW b1 0.9,
-b2 0.999, drop-path 0.3 with skips and 0 without; 224×224 images.
+b2 0.999, drop-path 0.3 with skips and 0 without; 224×224 images; whole batches per epoch, no
+repeated augmentation, no model EMA (Swin's data/build.py and config.py; docs/recipes.md).
 """
 
 import ml_collections

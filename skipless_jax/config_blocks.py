@@ -36,6 +36,13 @@ def deit_aug(**overrides: Any) -> dict[str, Any]:
     return aug
 
 
+def model_ema(decay: float = 0.99996, **overrides: Any) -> ml_collections.ConfigDict:
+    """Model EMA (trainers/model_ema.py, timm ModelEmaV3): DeiT's decay 0.99996 without warm-up,
+    evaluated by every config.evals entry under 'ema_<prefix>'; decay 0 is off."""
+    return ml_collections.ConfigDict(dict(dict(decay=decay, warmup=False, warmup_gamma=1.0, warmup_power=2 / 3,
+                                               evals=placeholder(tuple)), **overrides))
+
+
 def vit_model(a: dict[str, Any], init_constants: dict[str, float], **fields: Any) -> ml_collections.ConfigDict:
     """`config.model`: the switches, init and Token Graying from the config args `a` (those it
     has), drop-path 0.1 only with both skips, class token, learned position embedding; `fields`
@@ -218,24 +225,30 @@ def family_model(name: str, a: dict[str, Any], drop_path: float, **fields: Any) 
     ))
 
 
-def imagenet_recipe(a: dict[str, Any], model: ml_collections.ConfigDict, *, warmup_epochs: int, grad_clip: float,
-                    lr: float = 1e-3, weight_decay: float = 0.05) -> ml_collections.ConfigDict:
-    """The DeiT-style ImageNet-1k recipe these family configs share (batch 1024, 224×224)."""
+def imagenet_recipe(a: dict[str, Any], model: ml_collections.ConfigDict, *, warmup_epochs: int,
+                    grad_clip: float | None, lr: float = 1e-3, weight_decay: float = 0.05,
+                    repeated_augmentation: int = 1, ema_decay: float = 0.0) -> ml_collections.ConfigDict:
+    """The DeiT-style ImageNet-1k recipe these family configs share (batch 1024, 224×224; each
+    epoch whole batches, as the references' loaders drop the last one); `repeated_augmentation`
+    (DeiT's RASampler repeats) and `ema_decay` (model EMA, 0 off) as the family's reference
+    (docs/recipes.md)."""
     c = ml_collections.ConfigDict()
     c.trainer = "supervised"
     c.seed = a["seed"]
     c.dataset = ml_collections.ConfigDict(
         dict(name="imagenet2012", train_split="train", eval_split="validation", data_dir=placeholder(str)))
     c.input = ml_collections.ConfigDict(dict(batch_size=1024, eval_batch_size=1024, image_size=224, crop_pct=0.875,
-                                             num_workers=32, aug=deit_aug()))
+                                             num_workers=32, aug=deit_aug(),
+                                             repeated_augmentation=repeated_augmentation, drop_last=True))
     model.dtype = "bfloat16"
     c.model = model
     c.optimizer = optimizer(a["opt"], lr=lr, weight_decay=weight_decay)
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=warmup_epochs, end_lr=1e-5))
     c.total_epochs = a["epochs"]
-    c.grad_clip_norm = grad_clip
+    c.grad_clip_norm = grad_clip if grad_clip else placeholder(float)
     c.label_smoothing = 0.1
     c.skip_nonfinite_steps = False
+    c.model_ema = model_ema(decay=ema_decay)
     runtime(c, eval_every=5000, checkpoint_every=2000)
     return c
 

@@ -69,12 +69,14 @@ def _nonfinite_numbers(tree: Any, prefix: str) -> None:
 
 
 def steps_per_epoch(config: Any, num_train: int) -> float:
-    """Train steps in an epoch of `num_train` examples, as the trainers count them: num_train /
-    batch for the supervised trainer (epochs may end mid-batch), ⌊num_train / batch⌋ (at least
-    1) for DINO, whose loader drops the last partial batch."""
+    """Train steps in an epoch of `num_train` examples, as the trainers count them: ⌊num_train /
+    batch⌋ (at least 1) for DINO, whose loader drops the last partial batch; else
+    `inputs.steps_per_epoch` (L / batch: epochs may end mid-batch unless `input.drop_last`)."""
     if config.get("trainer", "supervised") == "dino":
         return max(num_train // config.input.batch_size, 1)
-    return num_train / config.input.batch_size
+    from skipless_jax.data import inputs  # repeated augmentation and drop_last (docs/method.md §21)
+
+    return inputs.steps_per_epoch(config, num_train)
 
 
 def _steps_field(config: Any, name: str) -> str:

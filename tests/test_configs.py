@@ -231,6 +231,8 @@ def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         c.mae.update(dict(decoder_width=16, decoder_depth=1, decoder_num_heads=2, picture_images=2))
     c.input.batch_size = c.input.eval_batch_size = 8
     c.input.num_workers = 0
+    if c.input.get("repeated_augmentation"):  # its epoch needs >= 256 examples; the mock split has fewer
+        c.input.repeated_augmentation = 1
     c.total_epochs, c.total_steps = None, 1
     c.schedule.warmup_epochs, c.schedule.warmup_steps = None, 0
     c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps = 1, 0, 0

@@ -37,11 +37,15 @@ def image_transforms(config: Any, on_device: bool = False) -> tuple[Any, Any]:
     info = sources.dataset_info(config.dataset.name)
     size = image_size(config)
     aug = config.input.get("aug")
-    if aug is None and info.fixed_size and size == info.image_shape[0]:  # stored at the model's size
-        plain = np.asarray if on_device else functools.partial(pipeline.normalize, mean=info.mean, std=info.std)
-        return _IgnoreRng(plain), plain
     crop_pct = config.input.get("crop_pct", 0.875)
-    evaluate = dataclasses.replace(augment.eval_transform(size, crop_pct, info.mean, info.std), uint8=on_device)
+    # Stored at the model's size: only normalized, unless an augmented config asks for a centre crop
+    # (crop_pct < 1 resizes up and crops); the resize is also 3-channel only (digits has 1).
+    if info.fixed_size and size == info.image_shape[0] and (aug is None or crop_pct == 1.0):
+        evaluate = np.asarray if on_device else functools.partial(pipeline.normalize, mean=info.mean, std=info.std)
+        if aug is None:
+            return _IgnoreRng(evaluate), evaluate
+    else:
+        evaluate = dataclasses.replace(augment.eval_transform(size, crop_pct, info.mean, info.std), uint8=on_device)
     if aug is None:  # no augmentation: train images go through the eval transform
         train = _IgnoreRng(evaluate)
     else:
@@ -77,7 +81,25 @@ def train_iterator(
         batch_transform=batch_transform,
         num_workers=config.input.get("num_workers") or 0,
         targets=info.targets if info.fixed_size else (),
+        repeats=repeats(config),
+        drop_last=bool(config.input.get("drop_last")),
     )
+
+
+def repeats(config: Any) -> int:
+    """`config.input.repeated_augmentation` r (None or absent: 1, off)."""
+    r = config.input.get("repeated_augmentation")
+    return 1 if r is None else r
+
+
+def steps_per_epoch(config: Any, num_train: int | None = None) -> float:
+    """Train steps per epoch of the stream (docs/method.md §21): L / B for the epoch length L of
+    `pipeline.epoch_length` (N, or ⌊N/256⌋·256 under repeated augmentation); with
+    `config.input.drop_last` L is whole batches, so the count is ⌊·/B⌋ as the references' loaders."""
+    num_train = num_train_examples(config) if num_train is None else num_train
+    batch = config.input.batch_size
+    length = pipeline.epoch_length(num_train, repeats(config), batch if config.input.get("drop_last") else None)
+    return length / batch
 
 
 def eval_iterator(

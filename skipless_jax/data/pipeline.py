@@ -2,9 +2,12 @@
 
 Train: the global example stream is `shuffle(seed) → repeat → random_map(transform)`, so the
 example at global position i (and its augmentation randomness) depends only on (seed, i);
-step s holds positions [s·B, (s+1)·B). Process p of P reads only its contiguous slice of each
-global batch, and a resumed run starts at `start_step` with no iterator state to restore: the
-examples from step s on are the same whatever the number of processes or workers.
+step s holds positions [s·B, (s+1)·B). With repeated augmentation (r > 1, DeiT's RASampler) or
+whole batches per epoch (`drop_last`), position i of epoch length L reads image
+order_e[(i mod L) // r] of epoch e = i // L (`epoch_length`, docs/method.md §21). Process p
+of P reads only its contiguous slice of each global batch, and a resumed run starts at
+`start_step` with no iterator state to restore: the examples from step s on are the same
+whatever the number of processes or workers.
 
 Eval: the split in order, cut into global batches of B; the last one is padded and every
 example carries `mask` (1 real, 0 padding), so every example counts exactly once.
@@ -35,6 +38,24 @@ Transform = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 BatchTransform = Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]]
 WORKER_CHUNK = 8  # consecutive examples a worker makes and ships at once
 WORKER_BUFFER = 2  # chunks each worker process keeps ready
+RA_MULTIPLE = 256  # DeiT's RASampler: an epoch of ⌊N/256⌋·256 samples (its num_selected_samples)
+
+
+def epoch_length(num_examples: int, repeats: int = 1, global_batch_size: int | None = None) -> int:
+    """Stream positions in one epoch (docs/method.md §21): N; ⌊N/256⌋·256 with repeated
+    augmentation (`repeats` r > 1, about N/r distinct images); rounded down to whole global
+    batches when `global_batch_size` is given (a loader that drops the last partial batch)."""
+    if not isinstance(repeats, (int, np.integer)) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"config.input.repeated_augmentation={repeats!r}; must be an int >= 1 (1: off)")
+    length = num_examples // RA_MULTIPLE * RA_MULTIPLE if repeats > 1 else num_examples
+    if global_batch_size:
+        length = length // global_batch_size * global_batch_size
+    if length <= 0:
+        raise ValueError(
+            f"an epoch of {num_examples} examples with repeated_augmentation={repeats} and drop_last batches of "
+            f"{global_batch_size} holds no sample; allowed: >= {RA_MULTIPLE if repeats > 1 else 1} examples and "
+            "at least one whole batch")
+    return length
 
 
 def normalize(image: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
@@ -84,15 +105,33 @@ class _Example:
                 **{k: np.asarray(record[k]) for k in self.targets}}
 
 
+class _EpochOrder:
+    """Position i -> the image `images` (the per-epoch shuffled, repeated source) holds there:
+    epoch e = i // length reads its order's entry (i mod length) // repeats (the r copies of an
+    image are consecutive positions, each augmented from its own position)."""
+
+    def __init__(self, images: Any, num_examples: int, length: int, repeats: int):
+        self.images, self.num_examples, self.length, self.repeats = images, num_examples, length, repeats
+
+    def __len__(self) -> int:
+        return 2**62
+
+    def __getitem__(self, i: int) -> Any:
+        epoch, k = divmod(i, self.length)
+        return self.images[epoch * self.num_examples + k // self.repeats]
+
+
 class _TrainExamples:
     """This process's train examples from `start_step` on, as a random-access source: element j
     is global position (start_step + j // local)·B + offset + j % local of the seeded stream.
     Pickles without the stream (a worker process rebuilds it on first use)."""
 
     def __init__(self, source: record_sources.Source, example: _Example, seed: int, global_batch_size: int,
-                 offset: int, local: int, start_step: int):
+                 offset: int, local: int, start_step: int, repeats: int = 1, drop_last: bool = False):
         self.source, self.example, self.seed = source, example, seed
         self.global_batch_size, self.offset, self.local, self.start_step = global_batch_size, offset, local, start_step
+        self.repeats = repeats
+        self.length = epoch_length(len(source), repeats, global_batch_size if drop_last else None)
         self._stream = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -107,8 +146,10 @@ class _TrainExamples:
 
     def __getitem__(self, j: int) -> dict[str, np.ndarray]:
         if self._stream is None:
-            self._stream = (grain.MapDataset.source(self.source).shuffle(seed=self.seed).repeat(None)
-                            .random_map(self.example, seed=self.seed))
+            images = grain.MapDataset.source(self.source).shuffle(seed=self.seed).repeat(None)
+            if (self.length, self.repeats) != (len(self.source), 1):  # else the plain stream, as before
+                images = grain.MapDataset.source(_EpochOrder(images, len(self.source), self.length, self.repeats))
+            self._stream = images.random_map(self.example, seed=self.seed)
         return self._stream[self.position(j)]
 
 
@@ -193,13 +234,17 @@ def train_batches(
     batch_transform: BatchTransform | None = None,
     num_workers: int = 0,
     targets: tuple[str, ...] = (),
+    repeats: int = 1,
+    drop_last: bool = False,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Process-local train batches {'image': (b, H, W, C), 'label': (b, K) f32, *targets} from
     step `start_step` on; b = global_batch_size / process_count. `targets` are record fields
-    (e.g. 'segmentation') stacked as they are stored."""
+    (e.g. 'segmentation') stacked as they are stored. `repeats` r: r consecutive differently
+    augmented copies of each image, epochs of ⌊N/256⌋·256 samples (DeiT's RASampler);
+    `drop_last`: each epoch is whole global batches, the rest of its order unused."""
     offset, local = _local_slice(global_batch_size, process_index, process_count)
     dataset = _TrainExamples(source, _Example(transform, targets), seed, global_batch_size, offset, local,
-                             start_step)
+                             start_step, repeats, drop_last)
     stream = examples(dataset, num_workers)
     for step in itertools.count(start_step):
         batch = stack([next(stream) for _ in range(local)])

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -64,18 +65,39 @@ def build_schedule(config: Any, total_steps: int) -> optax.Schedule:
 
 
 NO_DECAY = ("pos_embedding", "cls")  # DeiT: no weight decay on position table and class token
+# MAE's pre-training decays its (1, 1, d) class and mask tokens (stored (1, 1, d) and (d,) here).
+MAE_DECAYED_TOKENS = ("cls", "mask_token")
+DECAY_RULES = ("deit", "mae_pretrain", "all")
 
 
-def decay_mask(params: Any) -> Any:
-    """True for kernels (≥ 2 dims per layer); biases, norms, the position table and class token are not decayed."""
+def decay_mask(params: Any, rule: str = "deit") -> Any:
+    """Which leaves are weight-decayed (docs/method.md §14). 'deit' (timm's no_weight_decay list,
+    MAE fine-tuning alike): kernels (≥ 2 dims per layer); biases, norms, the position table and
+    class token are not. 'mae_pretrain' (MAE's main_pretrain: timm add_weight_decay without a
+    skip list): the kernels and the class and mask tokens. 'all' (torch AdamW over
+    `model.parameters()`, the ConvMixer CIFAR-10 reference): every leaf."""
     from skipless_jax import sharding
     from skipless_jax.models.common import layer_ndim
 
+    if rule not in DECAY_RULES:
+        raise ValueError(f"config.optimizer.weight_decay_rule={rule!r} is unknown; allowed: {list(DECAY_RULES)}")
+
     def leaf(path: tuple[Any, ...], p: Any) -> bool:
         names = {getattr(k, "key", None) for k in path}
+        if rule == "all":
+            return True
+        if rule == "mae_pretrain" and names & set(MAE_DECAYED_TOKENS):
+            return True
         return layer_ndim(sharding.path_str(path), p) >= 2 and not names & set(NO_DECAY)
 
     return jax.tree_util.tree_map_with_path(leaf, params)
+
+
+def _decay_mask(opt: Any) -> Callable[[Any], Any]:
+    rule = opt.get("weight_decay_rule", "deit")
+    if rule not in DECAY_RULES:  # here, before anything is traced
+        raise ValueError(f"config.optimizer.weight_decay_rule={rule!r} is unknown; allowed: {list(DECAY_RULES)}")
+    return functools.partial(decay_mask, rule=rule)
 
 
 def stacked_mask(params: Any) -> Any:
@@ -94,13 +116,13 @@ def _adamw(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:
         b2=opt.get("b2", 0.999),
         eps=opt.get("eps", 1e-8),
         weight_decay=opt.get("weight_decay", 0.0),
-        mask=decay_mask,
+        mask=_decay_mask(opt),
     )
 
 
 def _sgd(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:
     return optax.chain(
-        optax.add_decayed_weights(opt.get("weight_decay", 0.0), mask=decay_mask),
+        optax.add_decayed_weights(opt.get("weight_decay", 0.0), mask=_decay_mask(opt)),
         optax.sgd(lr, momentum=opt.get("momentum", 0.9)),
     )
 
@@ -117,7 +139,7 @@ def _soap(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:
         max_precond_dim=opt.get("max_precond_dim", 10000),
         merge_dims=opt.get("merge_dims", False),
         precondition_1d=opt.get("precondition_1d", False),
-        weight_decay_mask=decay_mask,
+        weight_decay_mask=_decay_mask(opt),
         stacked=stacked_mask,  # a scanned encoder: each layer its own factors (no L×L factor)
     )
 

@@ -57,12 +57,13 @@ def state_shardings(abstract_state: Any, mesh: jax.sharding.Mesh, config: ml_col
     """NamedShardings of the whole train state from its abstract shapes and `config.sharding_rules`.
 
     Leaves under `sharding.MIN_SHARD_SIZE` elements and PRNG keys stay replicated; the
-    optimizer state is ZeRO-sharded over all the data axes (`sharding.zero_spec`), so that on a
-    data-parallel mesh every device keeps and updates 1/N of it. An explicit rule that does not
-    fit a leaf is a one-line ValueError here, before anything compiles.
+    optimizer state and the model EMA (`ema`) are ZeRO-sharded over all the data axes
+    (`sharding.zero_spec`), so that on a data-parallel mesh every device keeps and updates 1/N
+    of them. An explicit rule that does not fit a leaf is a one-line ValueError here, before
+    anything compiles.
     """
     return sharding.tree_shardings(
-        abstract_state, mesh, config.sharding_rules, min_size=sharding.MIN_SHARD_SIZE, zero=("opt_state",)
+        abstract_state, mesh, config.sharding_rules, min_size=sharding.MIN_SHARD_SIZE, zero=("opt_state", "ema")
     )
 
 

@@ -242,7 +242,7 @@ def train_and_evaluate(
     mesh, _ = common.setup(config, devices)
     info = sources.dataset_info(config.dataset.name)
     image_size = inputs.image_size(config)
-    steps_per_epoch = inputs.num_train_examples(config) / config.input.batch_size
+    steps_per_epoch = inputs.steps_per_epoch(config)
     total_steps = common.steps_of(config, "total", steps_per_epoch)
     config.schedule.warmup_steps = common.steps_of(config, "warmup", steps_per_epoch)
 

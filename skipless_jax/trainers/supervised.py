@@ -10,6 +10,7 @@ head keeps its initialization when the source has none.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ from skipless_jax import checkpoint, evaluators, models, pretrained, rng_streams
 from skipless_jax.data import device_images, device_input, device_mix, inputs, sources
 from skipless_jax.evaluators.classification import cross_entropy
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, nonfinite, perf
+from skipless_jax.trainers import common, model_ema, nonfinite, perf
 from skipless_jax.trainers.run import Run, every, open_workdir
 
 EVALUATOR_TYPES = (
@@ -35,6 +36,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
     """Everything that can be wrong with a config or its data fails here, before compiling."""
     validate.validate_config(config, num_devices)
     evaluators.check_config(config, EVALUATOR_TYPES)
+    model_ema.check_config(config)
     evaluators.check_data(config)
 
 
@@ -68,9 +70,11 @@ def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> A
     return lambda name: name
 
 
-def make_init_state(model: Any, tx: optax.GradientTransformation, dummy: jax.Array) -> Callable[[jax.Array], Any]:
-    """rng -> the trainer's state {step, params, opt_state, rng, nonfinite[, batch_stats]} for
-    inputs shaped like `dummy`; `batch_stats` when the model keeps running statistics."""
+def make_init_state(model: Any, tx: optax.GradientTransformation, dummy: jax.Array,
+                    ema: bool = False) -> Callable[[jax.Array], Any]:
+    """rng -> the trainer's state {step, params, opt_state, rng, nonfinite[, batch_stats][, ema]} for
+    inputs shaped like `dummy`; `batch_stats` when the model keeps running statistics; `ema` (model
+    EMA, trainers/model_ema.py) a copy of params [and batch_stats]."""
 
     def init_state(rng: jax.Array) -> dict[str, Any]:
         init_rng, train_rng = jax.random.split(rng)
@@ -80,6 +84,8 @@ def make_init_state(model: Any, tx: optax.GradientTransformation, dummy: jax.Arr
                  "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
         if "batch_stats" in variables:
             state["batch_stats"] = variables["batch_stats"]
+        if ema:
+            state["ema"] = model_ema.init(state)
         return state
 
     return init_state
@@ -91,7 +97,8 @@ def make_train_step(
     """(state, {'image', 'label'}) -> (state, metrics); mixup/cutmix of the global batch first
     when `device_mix.enabled(config)`; gradient accumulation over
     `config.grad_accum_steps` equal strided micro-batches (examples j, j + k, ...: each is split
-    over every device like the batch); a non-finite update is rejected. A state with
+    over every device like the batch); a non-finite update is rejected; the model EMA, if the
+    state keeps one, moves after each kept update. A state with
     `batch_stats` (running BatchNorm statistics) has them updated by each (micro-)batch in turn,
     from the batch statistics over the whole global (micro-)batch."""
     smoothing = config.get("label_smoothing", 0.0)
@@ -141,7 +148,11 @@ def make_train_step(
             micro = (jnp.arange(microbatches), split(batch["image"]), split(batch["label"]))
             (sums, stats), _ = jax.lax.scan(accumulate, (zeros, stats), micro)
             loss, accuracy, grads = jax.tree.map(lambda x: x / microbatches, sums)
-        return nonfinite.guarded_update(state, loss, grads, tx, schedule, batch_stats=stats, accuracy=accuracy)
+        new_state, metrics = nonfinite.guarded_update(state, loss, grads, tx, schedule, batch_stats=stats,
+                                                      accuracy=accuracy)
+        if "ema" in state:
+            new_state = model_ema.after_update(config, state, new_state)
+        return new_state, metrics
 
     return train_step
 
@@ -191,7 +202,7 @@ def train_and_evaluate(
     mesh, _ = common.setup(config, devices)
     info = sources.dataset_info(config.dataset.name)
     image_size = inputs.image_size(config)
-    steps_per_epoch = inputs.num_train_examples(config) / config.input.batch_size
+    steps_per_epoch = inputs.steps_per_epoch(config)
     total_steps = common.steps_of(config, "total", steps_per_epoch)
     config.schedule.warmup_steps = common.steps_of(config, "warmup", steps_per_epoch)
 
@@ -200,7 +211,7 @@ def train_and_evaluate(
     tx, schedule = build_optimizer(config, total_steps)
     dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
 
-    init_state = make_init_state(model, tx, dummy)
+    init_state = make_init_state(model, tx, dummy, ema=model_ema.enabled(config))
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("Model: %s parameters, %d train steps (%.1f per epoch).",
                  f"{common.num_parameters(abstract_state['params']):,}", total_steps, steps_per_epoch)
@@ -220,6 +231,8 @@ def train_and_evaluate(
             state["batch_stats"] = pretrained.init_from(
                 config.init_from, state["batch_stats"], shardings["batch_stats"], "batch_stats"
             )
+        if "ema" in state:  # the EMA starts from the loaded model
+            state["ema"] = jax.jit(model_ema.init, out_shardings=shardings["ema"])(state)
         return state
 
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
@@ -250,8 +263,11 @@ def train_and_evaluate(
                 run.train_step_done(step, metrics, state)
                 if probe is not None and every(step, config.analysis.every_steps, total_steps):
                     run.writer.write_scalars(step, probe(common.entries(state, key)))
-                run.end_of_step(step, state, evaluators.run_all(evals, ctx, common.entries(state, key), step,
-                                                                total_steps))
+                results = evaluators.run_all(evals, ctx, common.entries(state, key), step, total_steps)
+                if "ema" in state:  # the EMA's own metrics, as 'ema_<prefix>'; the plain model's stay as they are
+                    results = itertools.chain(results, model_ema.results(
+                        config, evals, evaluators.run_all, ctx, common.entries(state["ema"], key), step, total_steps))
+                run.end_of_step(step, state, results)
             if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
                 run.final_evaluation(evaluators.run_all(evals, ctx, common.entries(state, key), total_steps,
                                                         total_steps))
