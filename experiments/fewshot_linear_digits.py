@@ -8,7 +8,7 @@ Each run trains its config as it is and evaluates at the last step only: `fewsho
 tokens for these width-64 backbones, batch 1024, lr 0.001·B/256, 100 epochs) and, as a second
 row, the same protocol at lr 0.1·B/256 (digits has 1,437 train images, 900× fewer than ImageNet,
 so the protocol's lr × steps is 900× smaller). Results go to `<out>.json` as runs finish (a
-rerun skips them); the table is printed and written to `<out>.md`.
+rerun skips them); the table (mean ± sample std, ddof 1) is printed and written to `<out>.md`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def summarize(results: dict[str, dict], out: str) -> str:
         cells = []
         for m in metrics:
             values = np.array([r[m] for r in runs if m in r]) * 100
-            cells.append(f"{values.mean():.1f} ± {values.std():.1f}" if values.size else "–")
+            spread = values.std(ddof=1) if values.size > 1 else 0.0
+            cells.append(f"{values.mean():.1f} ± {spread:.1f}" if values.size else "–")
         lines.append(f"| {trainer} | {len(runs)} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     with open(f"{out}.md", "w") as f:
