@@ -283,3 +283,35 @@ def test_full_disk_is_one_line_and_keeps_the_last_good_checkpoint(tmp_path):
     tracebacks = err.split("Traceback (most recent call last):")[1:]
     assert all("RuntimeError: Event loop is closed" in t for t in tracebacks), err[-3000:]
     assert len(err.splitlines()) - 6 * len(tracebacks) < 30, err[-3000:]
+
+
+def test_analyze_does_not_report_a_field_the_trainer_derived(monkeypatch, capsys):
+    from skipless_jax import analyze
+
+    from util import load_config
+
+    config = load_config("quickstart")
+    assert config.schedule.get("warmup_steps") is None  # the trainer derives it from warmup_epochs
+    saved = config.to_dict()
+    saved["schedule"]["warmup_steps"] = 112
+    monkeypatch.setattr(checkpoint, "saved_config", lambda workdir: saved)
+    monkeypatch.setattr(os.path, "isdir", lambda path: True)
+    assert analyze.config_of_workdir(config, "run").schedule.warmup_steps == 112
+    assert "differs" not in capsys.readouterr().out
+    config.model.depth = 8  # a real difference is still reported
+    analyze.config_of_workdir(config, "run")
+    assert "differs from the config saved in run (model.depth)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_analyze_prints_what_it_wrote_and_draws_the_jacobian(tmp_path, capsys):
+    from skipless_jax import analyze
+
+    from util import tiny_config
+
+    analyze.analyze(tiny_config("skip_sab=False,skip_ffn=False,init=skipless"), output_dir=str(tmp_path),
+                    num_images=2, jacobian=True)
+    written = [tmp_path / name for name in ("log_kappa.png", "log_kappa.json", "jacobian.png")]
+    assert capsys.readouterr().out.splitlines()[-1] == f"Wrote {', '.join(map(str, written))}"
+    with open(tmp_path / "jacobian.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
