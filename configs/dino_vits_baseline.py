@@ -31,7 +31,7 @@ is not this project's probe, §11).
     :dense=all,dense_root=DIR                   + the dense evaluations at the end (docs/data.md)
 
 Schedule: as configs/dino_vits_skipless.py (DINO, boosted): batch 1024, lr 0.0005 per 256
-images, 10 warm-up epochs, weight decay 0.04 rising to 0.4, 300 epochs (≈ 375k steps),
+images, 10 warm-up epochs, weight decay 0.04 rising to 0.4, 300 epochs (≈ 372k steps),
 2 global crops on 224×224 images and 8 local 96×96 crops with patch 16; drop-path 0.1 with
 skips and 0 without. SOAP: b1 0.9, b2 0.95, preconditioning every 10 steps.
 """

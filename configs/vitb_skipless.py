@@ -4,7 +4,7 @@ r"""ImageNet-1k ViT-B/16 without skips, skipless init, SOAP: the "Cutting the Sk
         --workdir=gs://BUCKET/vitb_skipless --config.dataset.data_dir=gs://BUCKET/tfds
 
 Hardware: sized for a TPU v4-64 pod slice or 4× 8-GPU H100 nodes (global batch 1024,
-bfloat16 compute). Wall-clock: not measured (300 epochs ≈ 375k steps).
+bfloat16 compute). Wall-clock: not measured (300 epochs ≈ 372k steps of train[:99%]).
 Data: imagenet2012 prepared by tensorflow-datasets (docs/data.md); the run fails at start,
 in one line, if it is absent.
 

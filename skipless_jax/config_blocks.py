@@ -250,6 +250,7 @@ def imagenet_recipe(a: dict[str, Any], model: ml_collections.ConfigDict, *, warm
     c.skip_nonfinite_steps = False
     c.model_ema = model_ema(decay=ema_decay)
     runtime(c, eval_every=5000, checkpoint_every=2000)
+    imagenet_evals(c, classifier=True)
     return c
 
 
@@ -330,6 +331,7 @@ def imagenet_vit(a: dict[str, Any]) -> ml_collections.ConfigDict:
     c.label_smoothing = 0.1
     c.skip_nonfinite_steps = False
     runtime(c, eval_every=5000, checkpoint_every=2000)
+    imagenet_evals(c, classifier=True)
     return c
 
 
@@ -406,6 +408,7 @@ def dino_vits(a: dict[str, Any]) -> ml_collections.ConfigDict:
     c.evals.update(dense_evals(a["dense"], a["dense_root"] or None))
     c.eval_at_start = False
     runtime(c, eval_every=50_000, checkpoint_every=2000, analysis=False)
+    imagenet_evals(c, classifier=False)
     return c
 
 

@@ -123,7 +123,7 @@ def eval_iterator(
         global_batch_size=batch_size or config.input.get("eval_batch_size") or config.input.batch_size,
         process_index=process_index,
         process_count=process_count,
-        targets=info.targets if info.fixed_size else (),
+        targets=(info.targets if info.fixed_size else ()) + info.label_targets,
         num_workers=config.input.get("num_workers") or 0,
     )
     return batches, len(source)

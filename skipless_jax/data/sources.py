@@ -16,7 +16,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from skipless_jax.data import dense_sources, digit_scenes, record_sources, tiny_imagenet
+from skipless_jax.data import dense_sources, digit_scenes, imagenet_real, record_sources, tiny_imagenet
 from skipless_jax.data.record_sources import Source
 
 
@@ -32,6 +32,8 @@ class DatasetInfo:
     tfds_name: str | None = None  # None: embedded, needs no files
     fixed_size: bool = True  # every stored image is image_shape (False: resize + crop always)
     targets: tuple[str, ...] = ()  # record fields batched with the image besides the label
+    # Record fields batched whatever the transform (no geometry: ImageNet-ReaL's label sets).
+    label_targets: tuple[str, ...] = ()
 
 
 DATASETS: dict[str, DatasetInfo] = {
@@ -80,6 +82,14 @@ DATASETS.update({
     name: DatasetInfo(k, (512, 512, 3), splits, *_IMAGENET, fixed_size=False, targets=targets)
     for name, (k, splits, targets) in DENSE.items()
 })
+# ImageNet's other test sets (docs/method.md §16), read by classification evaluators: ReaL's
+# label sets (data/imagenet_real.py) and ImageNet-v2 matched-frequency.
+DATASETS.update({
+    "imagenet2012_real": DatasetInfo(1000, (224, 224, 3), {"validation": 50_000}, *_IMAGENET,
+                                     tfds_name="imagenet2012_real", fixed_size=False, label_targets=("real_label",)),
+    "imagenet_v2": DatasetInfo(1000, (224, 224, 3), {"test": 10_000}, *_IMAGENET,
+                               tfds_name="imagenet_v2/matched-frequency", fixed_size=False),
+})
 
 
 def dataset_info(name: str) -> DatasetInfo:
@@ -107,6 +117,7 @@ READERS: dict[str, Callable[[str, str | None], Source]] = {
     **{name: functools.partial(dense_sources.get_source, name) for name in DENSE},
     **{name: functools.partial(record_sources.tfds_source, info.tfds_name)
        for name, info in DATASETS.items() if info.tfds_name is not None},
+    "imagenet2012_real": imagenet_real.reader,
 }
 
 
