@@ -252,6 +252,14 @@ def train_and_evaluate(
     run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
               cost, config.input.batch_size)
     data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
+    def results_at(step: int, state: dict[str, Any]) -> Any:
+        """The evaluations due at `step`: (prefix, metric, value) triples."""
+        results = evaluators.run_all(evals, ctx, common.entries(state, key), step, total_steps)
+        if "ema" in state:  # the EMA's own metrics, as 'ema_<prefix>'; the plain model's stay as they are
+            results = itertools.chain(results, model_ema.results(
+                config, evals, evaluators.run_all, ctx, common.entries(state["ema"], key), step, total_steps))
+        return results
+
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):
             if first_step == 0 and config.get("eval_at_start", False):
@@ -263,14 +271,9 @@ def train_and_evaluate(
                 run.train_step_done(step, metrics, state)
                 if probe is not None and every(step, config.analysis.every_steps, total_steps):
                     run.writer.write_scalars(step, probe(common.entries(state, key)))
-                results = evaluators.run_all(evals, ctx, common.entries(state, key), step, total_steps)
-                if "ema" in state:  # the EMA's own metrics, as 'ema_<prefix>'; the plain model's stay as they are
-                    results = itertools.chain(results, model_ema.results(
-                        config, evals, evaluators.run_all, ctx, common.entries(state["ema"], key), step, total_steps))
-                run.end_of_step(step, state, results)
+                run.end_of_step(step, state, results_at(step, state))
             if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
-                run.final_evaluation(evaluators.run_all(evals, ctx, common.entries(state, key), total_steps,
-                                                        total_steps))
+                run.final_evaluation(results_at(total_steps, state))
     finally:
         data.close()  # the pipeline's worker processes stop here, whatever ended the loop
         run.close()
