@@ -20,12 +20,7 @@ PACKAGE = "skipless_jax"
 # Known violations left to other work, each named so it can be removed when fixed; the test
 # fails if an entry is no longer needed. Empty means none is known.
 ALLOWED_CYCLES: list[frozenset[str]] = []
-ALLOWED_PRIVATE: list[tuple[str, str]] = [  # (using module, "module._name")
-    # The official DINO/MAE converter reuses timm_convert's key helpers (models side: make them
-    # public in timm_convert, or one shared module).
-    ("skipless_jax.models.official_convert", "skipless_jax.models.timm_convert._blocks"),
-    ("skipless_jax.models.official_convert", "skipless_jax.models.timm_convert._flat"),
-]
+ALLOWED_PRIVATE: list[tuple[str, str]] = []  # (using module, "module._name")
 ALLOWED_LIBRARY_INTERNAL: list[tuple[str, str]] = [  # (using module, imported path)
     # orbax's array-metadata store (issue 31: the public API, or one shim with a version check).
     ("skipless_jax.checkpoint", "orbax.checkpoint._src.metadata.array_metadata_store"),

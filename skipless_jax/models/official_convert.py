@@ -83,7 +83,7 @@ def vit_sizes(backbone: Mapping[str, np.ndarray], num_heads: int | None = None) 
     from skipless_jax.models import vit
 
     width, _, patch, _ = backbone["patch_embed.proj.weight"].shape
-    depth = len(timm_convert._blocks(r"blocks\.(\d+)\.", backbone))
+    depth = len(timm_convert.block_indices(r"blocks\.(\d+)\.", backbone))
     mlp_dim = int(backbone["blocks.0.mlp.fc1.weight"].shape[0])
     if num_heads is None:
         standard = [h for (w, _, _, h) in vit.VARIANTS.values() if w == width]
@@ -124,7 +124,7 @@ def dino_head(head: Mapping[str, np.ndarray]) -> tuple[dict[str, Any], dict[str,
     if "mlp.weight" in head:  # nlayers=1: one Linear
         layers = ["mlp"]
     else:
-        layers = [f"mlp.{i}" for i in timm_convert._blocks(r"mlp\.(\d+)\.", head)]
+        layers = [f"mlp.{i}" for i in timm_convert.block_indices(r"mlp\.(\d+)\.", head)]
     if any(k.startswith("mlp.") and k.endswith(("running_mean", "running_var")) for k in head):
         raise ValueError("a DINO head with BatchNorm (use_bn_in_head=True) is not supported")
     params: dict[str, Any] = {}
@@ -237,13 +237,13 @@ def convert_mae_pretraining(checkpoint: Mapping[str, Any], config: ml_collection
     official_model_config(config, vit_sizes(encoder, num_heads), "tok")
     params = timm_convert.convert("vit", encoder)["params"]
     del params["pos_embedding"]  # fixed: the model computes it
-    r = timm_convert._Reader({k: v for k, v in sd.items() if k.startswith(("decoder_", "mask_token"))})
+    r = timm_convert.Reader({k: v for k, v in sd.items() if k.startswith(("decoder_", "mask_token"))})
     r("decoder_pos_embed")
     width = int(r.sd["decoder_embed.weight"].shape[0])
-    decoder = {"decoder_embed": timm_convert._dense(r, "decoder_embed"), "mask_token": r("mask_token").reshape(-1),
-               "decoder_norm": timm_convert._ln(r, "decoder_norm"),
-               "decoder_pred": timm_convert._dense(r, "decoder_pred")}
-    blocks = timm_convert._blocks(r"decoder_blocks\.(\d+)\.", r.sd)
+    decoder = {"decoder_embed": timm_convert.dense(r, "decoder_embed"), "mask_token": r("mask_token").reshape(-1),
+               "decoder_norm": timm_convert.ln(r, "decoder_norm"),
+               "decoder_pred": timm_convert.dense(r, "decoder_pred")}
+    blocks = timm_convert.block_indices(r"decoder_blocks\.(\d+)\.", r.sd)
     for i in blocks:
         decoder[f"decoder_block_{i}"] = timm_convert.vit_block(r, f"decoder_blocks.{i}", width)
     if r.unused():
@@ -282,8 +282,8 @@ def _check_tree(config: ml_collections.ConfigDict, params: Mapping[str, Any]) ->
     else:
         model = models.build(config.model, sources.dataset_info(config.dataset.name).num_classes)
         shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), dummy, train=False))["params"]
-    want = {k: tuple(v.shape) for k, v in timm_convert._flat(shapes).items()}
-    got = {k: tuple(np.shape(v)) for k, v in timm_convert._flat(params).items()}
+    want = {k: tuple(v.shape) for k, v in timm_convert.flatten(shapes).items()}
+    got = {k: tuple(np.shape(v)) for k, v in timm_convert.flatten(params).items()}
     wrong = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
     if wrong:
         raise ValueError(f"the converted {wrong[0]} is {got.get(wrong[0])}, the {config.trainer} model of the config "

@@ -85,7 +85,7 @@ class _Tensors:
         return sorted(set(self.source) - self.used)
 
 
-class _Reader(_Tensors):
+class Reader(_Tensors):
     """Takes tensors out of a timm state dict by name (timm's computed buffers ignored)."""
 
     def __init__(self, state_dict: Mapping[str, Any]):
@@ -100,18 +100,18 @@ def _set(tree: dict[str, Any], path: str, value: np.ndarray) -> None:
     tree[leaf] = value
 
 
-def _ln(r: _Reader, src: str) -> dict[str, np.ndarray]:
+def ln(r: Reader, src: str) -> dict[str, np.ndarray]:
     return {"scale": r(f"{src}.weight"), "bias": r(f"{src}.bias")}
 
 
-def _dense(r: _Reader, src: str, bias: bool = True) -> dict[str, np.ndarray]:
+def dense(r: Reader, src: str, bias: bool = True) -> dict[str, np.ndarray]:
     out = {"kernel": linear(r(f"{src}.weight"))}
     if bias:
         out["bias"] = r(f"{src}.bias")
     return out
 
 
-def _attention(r: _Reader, src: str, d: int) -> dict[str, np.ndarray]:
+def _attention(r: Reader, src: str, d: int) -> dict[str, np.ndarray]:
     """timm's fused qkv (+ proj) -> query/key/value/out kernels and biases."""
     w, b = r(f"{src}.qkv.weight"), r(f"{src}.qkv.bias")
     out = {}
@@ -121,141 +121,141 @@ def _attention(r: _Reader, src: str, d: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _mlp(r: _Reader, src: str) -> dict[str, Any]:
-    return {"Dense_0": _dense(r, f"{src}.fc1"), "Dense_1": _dense(r, f"{src}.fc2")}
+def _mlp(r: Reader, src: str) -> dict[str, Any]:
+    return {"Dense_0": dense(r, f"{src}.fc1"), "Dense_1": dense(r, f"{src}.fc2")}
 
 
-def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out = {}
     for k, v in tree.items():
         if isinstance(v, Mapping):
-            out.update(_flat(v, f"{prefix}{k}/"))
+            out.update(flatten(v, f"{prefix}{k}/"))
         else:
             out[f"{prefix}{k}"] = v
     return out
 
 
-def _blocks(prefix_re: str, keys: Any) -> list[int]:
+def block_indices(prefix_re: str, keys: Any) -> list[int]:
     return sorted({int(m.group(1)) for k in keys if (m := re.match(prefix_re, k))})
 
 
 # ------------------------------------------------------------------ per family
 
 
-def _vit(r: _Reader) -> dict[str, Any]:
+def _vit(r: Reader) -> dict[str, Any]:
     if "dist_token" in r:
         raise ValueError("distilled DeiT checkpoints (dist_token, head_dist) are not supported; "
                          "use a non-distilled one")
     p: dict[str, Any] = {
         "cls": r("cls_token"), "pos_embedding": r("pos_embed"),
         "embedding": {"kernel": patch_conv(r("patch_embed.proj.weight")), "bias": r("patch_embed.proj.bias")},
-        "encoder_norm": _ln(r, "norm"),
+        "encoder_norm": ln(r, "norm"),
     }
     d = p["cls"].shape[-1]
-    for i in _blocks(r"blocks\.(\d+)\.", r.sd):
+    for i in block_indices(r"blocks\.(\d+)\.", r.sd):
         p[f"block_{i}"] = vit_block(r, f"blocks.{i}", d)
     if "head.weight" in r:
-        p["head"] = _dense(r, "head")
+        p["head"] = dense(r, "head")
     return {"params": p}
 
 
-def vit_block(r: _Reader, src: str, d: int) -> dict[str, Any]:
+def vit_block(r: Reader, src: str, d: int) -> dict[str, Any]:
     """timm's `Block` at `src` (norm1, attn, norm2, mlp) -> an `EncoderBlock`'s parameters."""
-    return {"LayerNorm_0": _ln(r, f"{src}.norm1"), "MultiHeadAttention_0": _attention(r, f"{src}.attn", d),
-            "LayerNorm_1": _ln(r, f"{src}.norm2"), "MlpBlock_0": _mlp(r, f"{src}.mlp")}
+    return {"LayerNorm_0": ln(r, f"{src}.norm1"), "MultiHeadAttention_0": _attention(r, f"{src}.attn", d),
+            "LayerNorm_1": ln(r, f"{src}.norm2"), "MlpBlock_0": _mlp(r, f"{src}.mlp")}
 
 
-def _bn(r: _Reader, src: str, stats: dict[str, Any], name: str) -> dict[str, np.ndarray]:
+def _bn(r: Reader, src: str, stats: dict[str, Any], name: str) -> dict[str, np.ndarray]:
     stats[name] = {"mean": r(f"{src}.running_mean"), "var": r(f"{src}.running_var")}
     return {"scale": r(f"{src}.weight"), "bias": r(f"{src}.bias")}
 
 
-def _convmixer(r: _Reader) -> dict[str, Any]:
+def _convmixer(r: Reader) -> dict[str, Any]:
     stats: dict[str, Any] = {}
     p: dict[str, Any] = {
         "embedding": {"kernel": patch_conv(r("stem.0.weight")), "bias": r("stem.0.bias")},
         "embedding_norm": _bn(r, "stem.2", stats, "embedding_norm"),
     }
-    for i in _blocks(r"blocks\.(\d+)\.", r.sd):
+    for i in block_indices(r"blocks\.(\d+)\.", r.sd):
         s = f"blocks.{i}"
         p[f"block_{i}_depthwise"] = {"kernel": conv(r(f"{s}.0.fn.0.weight")), "bias": r(f"{s}.0.fn.0.bias")}
         p[f"block_{i}_depthwise_norm"] = _bn(r, f"{s}.0.fn.2", stats, f"block_{i}_depthwise_norm")
         p[f"block_{i}_pointwise"] = {"kernel": conv(r(f"{s}.1.weight"))[0, 0], "bias": r(f"{s}.1.bias")}
         p[f"block_{i}_pointwise_norm"] = _bn(r, f"{s}.3", stats, f"block_{i}_pointwise_norm")
     if "head.weight" in r:
-        p["head"] = _dense(r, "head")
+        p["head"] = dense(r, "head")
     return {"params": p, "batch_stats": stats}
 
 
-def _swin(r: _Reader) -> dict[str, Any]:
+def _swin(r: Reader) -> dict[str, Any]:
     p: dict[str, Any] = {
         "embedding": {"kernel": patch_conv(r("patch_embed.proj.weight")), "bias": r("patch_embed.proj.bias")},
-        "embedding_norm": _ln(r, "patch_embed.norm"),
-        "encoder_norm": _ln(r, "norm"),
+        "embedding_norm": ln(r, "patch_embed.norm"),
+        "encoder_norm": ln(r, "norm"),
     }
-    stages = _blocks(r"layers\.(\d+)\.", r.sd)
+    stages = block_indices(r"layers\.(\d+)\.", r.sd)
     old_layout = "layers.0.downsample.reduction.weight" in r  # merging at the end of a stage (timm < 0.9)
     for s in stages:
         if f"layers.{s}.downsample.reduction.weight" in r:
             target = s + 1 if old_layout else s
-            p[f"stage_{target}_merge_norm"] = _ln(r, f"layers.{s}.downsample.norm")
-            p[f"stage_{target}_merge"] = _dense(r, f"layers.{s}.downsample.reduction", bias=False)
-        for j in _blocks(rf"layers\.{s}\.blocks\.(\d+)\.", r.sd):
+            p[f"stage_{target}_merge_norm"] = ln(r, f"layers.{s}.downsample.norm")
+            p[f"stage_{target}_merge"] = dense(r, f"layers.{s}.downsample.reduction", bias=False)
+        for j in block_indices(rf"layers\.{s}\.blocks\.(\d+)\.", r.sd):
             b = f"layers.{s}.blocks.{j}"
             d = r.sd[f"{b}.norm1.weight"].shape[0]
             p[f"stage_{s}_block_{j}"] = {
-                "norm1": _ln(r, f"{b}.norm1"), "norm2": _ln(r, f"{b}.norm2"), "mlp": _mlp(r, f"{b}.mlp"),
+                "norm1": ln(r, f"{b}.norm1"), "norm2": ln(r, f"{b}.norm2"), "mlp": _mlp(r, f"{b}.mlp"),
                 "window_attention": {"relative_position_bias": r(f"{b}.attn.relative_position_bias_table"),
                                      "attention": _attention(r, f"{b}.attn", d)},
             }
     for name in ("head.fc", "head"):
         if f"{name}.weight" in r:
-            p["head"] = _dense(r, name)
+            p["head"] = dense(r, name)
             break
     return {"params": p}
 
 
-def _cait(r: _Reader) -> dict[str, Any]:
+def _cait(r: Reader) -> dict[str, Any]:
     p: dict[str, Any] = {
         "cls": r("cls_token"), "pos_embedding": r("pos_embed"),
         "embedding": {"kernel": patch_conv(r("patch_embed.proj.weight")), "bias": r("patch_embed.proj.bias")},
-        "encoder_norm": _ln(r, "norm"),
+        "encoder_norm": ln(r, "norm"),
     }
     d = p["cls"].shape[-1]
-    for i in _blocks(r"blocks\.(\d+)\.", r.sd):
+    for i in block_indices(r"blocks\.(\d+)\.", r.sd):
         s = f"blocks.{i}"
         attention = _attention(r, f"{s}.attn", d)
         for name in ("proj_l", "proj_w"):
             attention[name] = linear(r(f"{s}.attn.{name}.weight"))
             attention[f"{name}_bias"] = r(f"{s}.attn.{name}.bias")
-        p[f"block_{i}"] = {"norm1": _ln(r, f"{s}.norm1"), "norm2": _ln(r, f"{s}.norm2"), "attention": attention,
+        p[f"block_{i}"] = {"norm1": ln(r, f"{s}.norm1"), "norm2": ln(r, f"{s}.norm2"), "attention": attention,
                            "mlp": _mlp(r, f"{s}.mlp"), "gamma_1": r(f"{s}.gamma_1"), "gamma_2": r(f"{s}.gamma_2")}
-    for k in _blocks(r"blocks_token_only\.(\d+)\.", r.sd):
+    for k in block_indices(r"blocks_token_only\.(\d+)\.", r.sd):
         s = f"blocks_token_only.{k}"
         attention = {}
         for src, name in (("q", "query"), ("k", "key"), ("v", "value"), ("proj", "out")):
             attention[name], attention[f"{name}_bias"] = linear(r(f"{s}.attn.{src}.weight")), r(f"{s}.attn.{src}.bias")
-        p[f"class_block_{k}"] = {"norm1": _ln(r, f"{s}.norm1"), "norm2": _ln(r, f"{s}.norm2"), "attention": attention,
+        p[f"class_block_{k}"] = {"norm1": ln(r, f"{s}.norm1"), "norm2": ln(r, f"{s}.norm2"), "attention": attention,
                                  "mlp": _mlp(r, f"{s}.mlp"), "gamma_1": r(f"{s}.gamma_1"), "gamma_2": r(f"{s}.gamma_2")}
     if "head.weight" in r:
-        p["head"] = _dense(r, "head")
+        p["head"] = dense(r, "head")
     return {"params": p}
 
 
-def _pvt_v2(r: _Reader) -> dict[str, Any]:
+def _pvt_v2(r: Reader) -> dict[str, Any]:
     p: dict[str, Any] = {
         "embedding": {"proj": {"kernel": conv(r("patch_embed.proj.weight")), "bias": r("patch_embed.proj.bias")},
-                      "norm": _ln(r, "patch_embed.norm")},
+                      "norm": ln(r, "patch_embed.norm")},
     }
-    for s in _blocks(r"stages\.(\d+)\.", r.sd):
+    for s in block_indices(r"stages\.(\d+)\.", r.sd):
         if f"stages.{s}.downsample.proj.weight" in r:
             ds = f"stages.{s}.downsample"
             p[f"stage_{s}_downsample"] = {
                 "proj": {"kernel": conv(r(f"{ds}.proj.weight")), "bias": r(f"{ds}.proj.bias")},
-                "norm": _ln(r, f"{ds}.norm"),
+                "norm": ln(r, f"{ds}.norm"),
             }
-        p[f"stage_{s}_norm"] = _ln(r, f"stages.{s}.norm")
-        for j in _blocks(rf"stages\.{s}\.blocks\.(\d+)\.", r.sd):
+        p[f"stage_{s}_norm"] = ln(r, f"stages.{s}.norm")
+        for j in block_indices(rf"stages\.{s}\.blocks\.(\d+)\.", r.sd):
             b = f"stages.{s}.blocks.{j}"
             d = r.sd[f"{b}.norm1.weight"].shape[0]
             kv_w, kv_b = r(f"{b}.attn.kv.weight"), r(f"{b}.attn.kv.bias")
@@ -266,18 +266,18 @@ def _pvt_v2(r: _Reader) -> dict[str, Any]:
             sra: dict[str, Any] = {"attention": attention}
             if f"{b}.attn.sr.weight" in r:
                 sra["sr"] = {"kernel": conv(r(f"{b}.attn.sr.weight")), "bias": r(f"{b}.attn.sr.bias")}
-                sra["sr_norm"] = _ln(r, f"{b}.attn.norm")
+                sra["sr_norm"] = ln(r, f"{b}.attn.norm")
             p[f"stage_{s}_block_{j}"] = {
-                "norm1": _ln(r, f"{b}.norm1"), "norm2": _ln(r, f"{b}.norm2"), "sra": sra,
-                "mlp": {"fc1": _dense(r, f"{b}.mlp.fc1"), "fc2": _dense(r, f"{b}.mlp.fc2"),
+                "norm1": ln(r, f"{b}.norm1"), "norm2": ln(r, f"{b}.norm2"), "sra": sra,
+                "mlp": {"fc1": dense(r, f"{b}.mlp.fc1"), "fc2": dense(r, f"{b}.mlp.fc2"),
                         "dwconv": {"kernel": conv(r(f"{b}.mlp.dwconv.weight")), "bias": r(f"{b}.mlp.dwconv.bias")}},
             }
     if "head.weight" in r:
-        p["head"] = _dense(r, "head")
+        p["head"] = dense(r, "head")
     return {"params": p}
 
 
-CONVERTERS: dict[str, Callable[[_Reader], dict[str, Any]]] = {
+CONVERTERS: dict[str, Callable[[Reader], dict[str, Any]]] = {
     "vit": _vit, "convmixer": _convmixer, "swin": _swin, "cait": _cait, "pvt_v2": _pvt_v2,
 }
 
@@ -307,7 +307,7 @@ class _Writer(_Tensors):
     what = "the parameters"
 
     def __init__(self, params: Mapping[str, Any]):
-        super().__init__({k: np.asarray(v, np.float32) for k, v in _flat(params).items()})
+        super().__init__({k: np.asarray(v, np.float32) for k, v in flatten(params).items()})
         self.sd: dict[str, np.ndarray] = {}
 
     def put(self, name: str, value: np.ndarray) -> None:
@@ -334,7 +334,7 @@ class _Writer(_Tensors):
         self.dense(f"{dst}.fc2", f"{src}/Dense_1")
 
     def indices(self, pattern: str) -> list[int]:
-        return _blocks(pattern, self.source)
+        return block_indices(pattern, self.source)
 
 
 def _vit_to_timm(w: _Writer, f: dict[str, Any]) -> None:
@@ -574,7 +574,7 @@ def abstract_params(cfg: Mapping[str, Any], num_classes: int, image_size: int, c
     model = models.build(cfg, num_classes)
     shapes = jax.eval_shape(lambda: model.init({"params": jax.random.PRNGKey(0)},
                                                jnp.zeros((1, image_size, image_size, channels)), train=False))
-    return {k: tuple(v.shape) for k, v in _flat(shapes["params"]).items()}
+    return {k: tuple(v.shape) for k, v in flatten(shapes["params"]).items()}
 
 
 def convert(
@@ -589,7 +589,7 @@ def convert(
     """
     if family not in CONVERTERS:
         raise ValueError(f"family={family!r} is unknown; allowed: {list(CONVERTERS)}")
-    reader = _Reader(state_dict)
+    reader = Reader(state_dict)
     result = CONVERTERS[family](reader)
     unused = reader.unused()
     if unused:
@@ -604,7 +604,7 @@ def convert(
         channels = _input_channels(family, reader)
         classes = num_classes if num_classes is not None else _num_classes(params)
         want = abstract_params(cfg, classes, image_size, channels)
-        got = {k: tuple(v.shape) for k, v in _flat(params).items()}
+        got = {k: tuple(v.shape) for k, v in flatten(params).items()}
         missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
         if missing or extra:
             raise ValueError(f"the converted {family} parameters do not fit config.model={dict(cfg)}: "
@@ -631,7 +631,7 @@ def _pre_logits_width(params: Mapping[str, Any]) -> int:
     return int(params[norms[-1]]["scale"].shape[0])
 
 
-def _input_channels(family: str, reader: _Reader) -> int:
+def _input_channels(family: str, reader: Reader) -> int:
     """In-channels of the first convolution (torch layout (out, in, kh, kw))."""
     return int(reader.sd["stem.0.weight" if family == "convmixer" else "patch_embed.proj.weight"].shape[1])
 
@@ -716,7 +716,7 @@ def main(argv: list[str]) -> None:
         write_checkpoint(result["params"], f.output, cfg, os.path.basename(f.input), result.get("batch_stats"))
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
-    count = sum(int(np.prod(v.shape)) for v in _flat(result["params"]).values())
+    count = sum(int(np.prod(v.shape)) for v in flatten(result["params"]).values())
     print(f"wrote {count:,} parameters of {f.family} {f.variant} to {f.output} (use --config.init_from={f.output})")
 
 
