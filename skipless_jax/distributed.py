@@ -21,10 +21,16 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
+import uuid
 
 import jax
 import numpy as np
 from absl import logging
+
+WORKDIR_TOKEN = ".process_0_token"  # written by process 0 into the workdir, read by the others
+# NFS and similar file systems may show a new file to other hosts a little late (attribute caches).
+TOKEN_WAIT_S = 10.0
 
 
 def _cluster_detected() -> bool:
@@ -136,3 +142,36 @@ def warm_up_collectives(mesh: jax.sharding.Mesh) -> None:
             if got != {expected}:
                 raise RuntimeError(f"collective warm-up over mesh axes {axes} summed {got}, expected {expected}")
     logging.info("Cross-process collectives ready on every device group of mesh %s.", dict(mesh.shape))
+
+
+def check_shared_workdir(workdir: str) -> None:
+    """In a multi-process run, every process must see the same `workdir` (else one finds a
+    checkpoint the others do not, and they hang at the first collective that differs): process 0
+    writes a token unique to this attempt into it and broadcasts the token (the broadcast is also
+    the barrier: the file exists before anyone looks), the others read it back, and every process
+    learns who could not. A one-line ValueError in every process, naming the workdir and the
+    processes that do not see it. Before anything else compiles; a no-op with one process."""
+    if jax.process_count() == 1:
+        return
+    from etils import epath
+    from jax.experimental import multihost_utils
+
+    path = epath.Path(workdir, WORKDIR_TOKEN)
+    token = np.frombuffer(uuid.uuid4().bytes, np.uint8)
+    if jax.process_index() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(token.tobytes())
+    token = np.asarray(multihost_utils.broadcast_one_to_all(token)).astype(np.uint8).tobytes()
+    deadline = time.monotonic() + TOKEN_WAIT_S
+    while not (seen := path.exists() and path.read_bytes() == token) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    seen_by = np.asarray(multihost_utils.process_allgather(np.array(seen)))
+    if jax.process_index() == 0:
+        path.unlink(missing_ok=True)
+    blind = [int(i) for i in np.flatnonzero(~seen_by)]
+    if blind:
+        raise ValueError(
+            f"--workdir={workdir} is not shared by the processes: process(es) {blind} of {jax.process_count()} "
+            f"(this is process {jax.process_index()}) do not see the token process 0 wrote to {path}; give every "
+            "process the same directory on a file system they all mount"
+        )

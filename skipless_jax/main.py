@@ -115,6 +115,7 @@ def main(argv: list[str]) -> None:
         module = trainers.get(trainer)
         module.check_config(config)
         check_sources(config)
+        distributed.check_shared_workdir(flags.FLAGS.workdir)  # multi-process: one line, not a hang
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"error: {err}")
     try:

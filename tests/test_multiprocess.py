@@ -1,5 +1,6 @@
 """Two processes × 2 fake CPU devices on 127.0.0.1 (gloo collectives): the same numbers as one
-process with 4 devices, checkpoints that restore in one process, and no hang when a peer dies."""
+process with 4 devices, checkpoints that restore in one process, no hang when a peer dies, and
+a one-line error (not a hang) when the processes are given workdirs they do not share."""
 
 import json
 import logging
@@ -153,3 +154,32 @@ def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path, tmp_p
     stops = [re.findall(r"Stopping at step (\d+) on a preemption", sr.tail(log, 10**6)) for log in logs]
     assert stops[0] == stops[1] and len(stops[0]) == 1, stops
     assert max(sr.steps_on_disk(workdir)) == int(stops[0][0])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_unshared_workdirs_are_a_one_line_error_in_every_process(tmp_path, tmp_path_factory):
+    """Each process gets its own --workdir: process 1 does not see process 0's token, and both
+    exit 1 with the same one-line error naming process 1, before anything compiles (no hang)."""
+    address = f"127.0.0.1:{sr.free_port()}"
+    environ = _environ(tmp_path_factory, JAX_HEARTBEAT_TIMEOUT=str(HEARTBEAT))
+    workdirs = [str(tmp_path / f"workdir_{index}") for index in range(2)]
+    procs, logs = [], []
+    try:
+        for index in range(2):
+            logs.append(str(tmp_path / f"process_{index}.log"))
+            procs.append(sr.start(sr.command(workdirs[index], [], (address, 2, index)), environ, logs[-1]))
+        codes = [sr.finish(proc, log, TIMEOUT) for proc, log in zip(procs, logs)]
+    finally:
+        _reap(procs)
+    assert codes == [1, 1], [sr.tail(log, 2000) for log in logs]
+    for index, log in enumerate(logs):
+        errors = [line for line in sr.tail(log, 10**6).splitlines() if line.startswith("error: ")]
+        assert errors == [
+            f"error: --workdir={workdirs[index]} is not shared by the processes: process(es) [1] of 2 (this is "
+            f"process {index}) do not see the token process 0 wrote to {workdirs[index]}/.process_0_token; give "
+            "every process the same directory on a file system they all mount"
+        ], sr.tail(log, 3000)
+        assert "Train step per device" not in sr.tail(log, 10**6)  # stopped before the step compiled
+    assert not os.path.exists(os.path.join(workdirs[0], ".process_0_token"))  # removed by process 0
+    assert not os.path.exists(os.path.join(workdirs[1], "checkpoints"))

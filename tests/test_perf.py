@@ -15,9 +15,10 @@ import ml_collections
 import numpy as np
 import pytest
 
+from skipless_jax.data import inputs, multicrop
 from skipless_jax.trainers import perf, run, supervised
 
-from util import tiny_config
+from util import load_config, tiny_config
 
 DEVICES = 2
 
@@ -30,9 +31,9 @@ def tiny_run(tmp_path_factory):
     compile_for = perf.compile_for
 
     def capture(*args, **kwargs):
-        compiled, cost, local = compile_for(*args, **kwargs)
+        compiled, cost = compile_for(*args, **kwargs)
         captured.update(compiled=compiled, cost=cost)
-        return compiled, cost, local
+        return compiled, cost
 
     config = tiny_config(peak_tflops=0.5)
     perf.compile_for = capture
@@ -105,6 +106,8 @@ def test_fit_check_refuses_an_oversized_step_in_one_line():
 
 def test_trainer_stops_before_the_loop_when_the_step_does_not_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(perf, "memory_limit", lambda device: 1024)  # a simulated 1 KiB device
+    # the fit check comes before the input pipeline is created: it must never be
+    monkeypatch.setattr(inputs, "train_iterator", lambda *args, **kwargs: pytest.fail("input pipeline created"))
     with pytest.raises(perf.DoesNotFit, match=r"the train step needs .* but the device has 1.00 KiB \(1024 bytes\)"):
         supervised.train_and_evaluate(tiny_config(), str(tmp_path), devices=jax.devices()[:1])
     assert not os.path.exists(tmp_path / "history.jsonl")  # no step ran
@@ -148,3 +151,20 @@ def test_missing_wandb_with_a_project_is_a_config_error(monkeypatch):
     assert "\n" not in message and message.startswith("config.wandb.project='skipless-test' needs the wandb package")
     assert "pip install -e .[wandb]" in message
     supervised.check_config(tiny_config(), num_devices=1)  # no project: wandb is not needed
+
+
+@pytest.mark.parametrize("name", ["quickstart", "dino_digits", "dino_digit_scenes", "mae_digits_pretrain"])
+def test_train_batch_spec_is_the_first_real_batch(name):
+    """The fit check's abstract batch, from the config alone, against the pipeline's first batch:
+    one process, and each of two processes' halves of the global batch."""
+    config = load_config(name)
+    config.input.num_workers = 0
+    dino = config.get("trainer") == "dino"
+    spec = (multicrop if dino else inputs).train_batch_spec(config, on_device=True)
+    for count in (1, 2):
+        iterator = (multicrop if dino else inputs).train_iterator(config, 3, count - 1, count, on_device=True)
+        first = next(iterator)
+        iterator.close()
+        real = {k: ((v.shape[0] * count, *v.shape[1:]), v.dtype) for k, v in first.items()}
+        assert spec == real, (name, count)
+    assert spec["label"][0] == (config.input.batch_size, 10)

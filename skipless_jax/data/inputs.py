@@ -65,25 +65,66 @@ def train_iterator(
     """Process-local train batches from `start_step` on; `transform` (per example) and
     `batch_transform` replace the config's augmentation (e.g. DINO's multi-crop). `on_device`:
     uint8 images (+ `erase` boxes) for `device_images.prepare` in the step; else float32, normalized."""
-    info = sources.dataset_info(config.dataset.name)
     source = sources.get_source(config.dataset.name, config.dataset.train_split, config.dataset.get("data_dir"))
+    return pipeline.train_batches(
+        source, **_train_batches_args(config, transform, batch_transform, on_device),
+        start_step=start_step, process_index=process_index, process_count=process_count,
+    )
+
+
+def _train_batches_args(config: Any, transform: Any, batch_transform: Any, on_device: bool) -> dict[str, Any]:
+    """`pipeline.train_batches`' arguments of the config, but the source and the process's place
+    (one home for `train_iterator` and `train_batch_spec`, so their batches cannot differ)."""
+    info = sources.dataset_info(config.dataset.name)
     if transform is None:
         transform, _ = image_transforms(config, on_device)
-    return pipeline.train_batches(
-        source,
-        transform,
+    return dict(
+        transform=transform,
         num_classes=info.num_classes,
         global_batch_size=config.input.batch_size,
         seed=config.seed,
-        start_step=start_step,
-        process_index=process_index,
-        process_count=process_count,
         batch_transform=batch_transform,
         num_workers=config.input.get("num_workers") or 0,
         targets=info.targets if info.fixed_size else (),
         repeats=repeats(config),
         drop_last=bool(config.input.get("drop_last")),
     )
+
+
+class _ZeroRecords:
+    """A source of `length` copies of one record: what `train_batch_spec` feeds the pipeline."""
+
+    def __init__(self, record: dict[str, Any], length: int):
+        self.record, self.length = record, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.record
+
+
+def train_batch_spec(
+    config: Any,
+    transform: Callable[[np.ndarray, np.random.Generator], Any] | None = None,
+    batch_transform: Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]] | None = None,
+    on_device: bool = False,
+) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The global train batch of `train_iterator(config, ..., same arguments)` as {name: (shape,
+    dtype)}, without reading the dataset: the pipeline's own first batch of a one-example batch
+    of a synthetic record (a zero uint8 image of the dataset's stored shape, label 0), its leading
+    dimension then config.input.batch_size. Datasets whose records carry `DatasetInfo.targets`
+    (the embedded digit_scenes) take those fields from the source's first record."""
+    info = sources.dataset_info(config.dataset.name)
+    record: dict[str, Any] = {"image": np.zeros(info.image_shape, np.uint8), "label": 0}
+    args = _train_batches_args(config, transform, batch_transform, on_device)
+    if args["targets"]:
+        stored = sources.get_source(config.dataset.name, config.dataset.train_split, config.dataset.get("data_dir"))[0]
+        record.update({k: np.zeros_like(np.asarray(stored[k])) for k in args["targets"]})
+    # One example; the length only has to satisfy the epoch rules (repeated augmentation: >= 256).
+    args.update(global_batch_size=1, num_workers=0)
+    first = next(pipeline.train_batches(_ZeroRecords(record, 1 << 16), **args))
+    return {k: ((config.input.batch_size, *np.shape(v)[1:]), np.asarray(v).dtype) for k, v in first.items()}
 
 
 def repeats(config: Any) -> int:

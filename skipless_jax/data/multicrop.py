@@ -217,15 +217,23 @@ def from_config(config: Any) -> MultiCrop:
     )
 
 
+def _transforms(config: Any, on_device: bool) -> dict[str, Any]:
+    """The pipeline's per-example transform (the packed crops) and batch transform (`unpack`)."""
+    mc = dataclasses.replace(from_config(config), uint8=on_device)
+    return dict(transform=mc, batch_transform=mc.unpack)
+
+
 def train_iterator(
     config: Any, start_step: int, process_index: int, process_count: int, on_device: bool = False
 ) -> Iterator[dict[str, np.ndarray]]:
     """Process-local multi-crop batches {'global', 'local', 'label'} from `start_step` on;
     `on_device`: uint8 crops, to be normalized in the step (`device_images.prepare`)."""
-    mc = dataclasses.replace(from_config(config), uint8=on_device)
-    return inputs.train_iterator(
-        config, start_step, process_index, process_count, transform=mc, batch_transform=mc.unpack
-    )
+    return inputs.train_iterator(config, start_step, process_index, process_count, **_transforms(config, on_device))
+
+
+def train_batch_spec(config: Any, on_device: bool = False) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The global batch of `train_iterator` as {name: (shape, dtype)}, no data read (`inputs.train_batch_spec`)."""
+    return inputs.train_batch_spec(config, **_transforms(config, on_device))
 
 
 def split_views(batch_global: Any, batch_local: Any) -> tuple[Any, Any]:

@@ -553,8 +553,9 @@ def train_and_evaluate(
 
     # ---- Loop.
     a = abstract_state
+    train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
+        train_step, state, multicrop.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
     local = multicrop.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
-    train_step, cost, local = perf.compile_for(train_step, state, local, sharding.batch_sharding(mesh), config)
     run = Run(config, workdir, mngr, total_steps, first_step,
               guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]),
               cost, config.input.batch_size)  # images, each once however many crops

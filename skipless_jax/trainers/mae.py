@@ -285,8 +285,9 @@ def train_and_evaluate(
     picture = picture_fn(config, model, ctx, workdir)
 
     # ---- Loop.
+    train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
+        train_step, state, inputs.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
     local = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
-    train_step, cost, local = perf.compile_for(train_step, state, local, sharding.batch_sharding(mesh), config)
     run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
               cost, config.input.batch_size)
     data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))

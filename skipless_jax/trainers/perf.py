@@ -2,20 +2,19 @@
 memory (the fit check, before the loop), the perf/* fields of the train records, and the
 profiler trace of a few steps after warm-up.
 
-    step, cost = compile_step(jax.jit(train_step, ...), state, abstract_batch(first_batch, sharding))
-    fit_check(cost, config)                       # one line; a ValueError if it cannot fit
+    step, cost = compile_for(jax.jit(train_step, ...), state, inputs.train_batch_spec(config), sharding, config)
+                                                  # compiled before any data; the fit check's one line
     meter = Meter(cost, images_per_step, config)  # Run.train_step_done adds meter.fields(step)
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
 import ml_collections
-import numpy as np
 from absl import logging
 
 # Peak dense bf16 TFLOP/s per device (a TPU chip, or one GPU), by `device_kind` substring;
@@ -51,30 +50,6 @@ class StepCost(NamedTuple):
     @property
     def bytes_needed(self) -> int:
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
-
-
-def abstract_batch(local: Mapping[str, np.ndarray], batch_sharding: jax.sharding.NamedSharding) -> dict[str, Any]:
-    """A process-local host batch -> the global batch's ShapeDtypeStructs (leading dim × processes)."""
-    return {
-        k: jax.ShapeDtypeStruct((x.shape[0] * jax.process_count(), *x.shape[1:]), x.dtype, sharding=batch_sharding)
-        for k, x in local.items()
-    }
-
-
-def peek(local: Iterator[Any]) -> tuple[Any, Iterator[Any]]:
-    """(the first item, an iterator of every item, the first included, that closes `local`)."""
-    first = next(local)
-
-    def chained():
-        try:
-            yield first
-            yield from local
-        finally:
-            close = getattr(local, "close", None)
-            if close is not None:
-                close()
-
-    return first, chained()
 
 
 def compile_step(jitted: Any, *args: Any, devices: int = 1) -> tuple[Any, StepCost]:
@@ -208,18 +183,13 @@ class Profiler:
 
 
 def compile_for(
-    jitted: Any, state: Any, local: Iterator[Mapping[str, np.ndarray]], batch_sharding: jax.sharding.NamedSharding,
-    config: ml_collections.ConfigDict,
-) -> tuple[Any, StepCost, Iterator[Mapping[str, np.ndarray]]]:
-    """(the train step compiled ahead of time, its cost, `local` again): the batch's shapes from
-    the first host batch (nothing is on the devices yet), then the fit check; `local` is closed
-    if either fails."""
-    first, local = peek(local)
-    try:
-        batch = abstract_batch(first, batch_sharding)
-        compiled, cost = compile_step(jitted, state, batch, devices=batch_sharding.mesh.size)
-        fit_check(cost, config)
-    except BaseException:
-        local.close()
-        raise
-    return compiled, cost, local
+    jitted: Any, state: Any, spec: Mapping[str, tuple[tuple[int, ...], Any]],
+    batch_sharding: jax.sharding.NamedSharding, config: ml_collections.ConfigDict,
+) -> tuple[Any, StepCost]:
+    """(the train step compiled ahead of time, its cost), then the fit check: the batch's global
+    shapes `spec` ({name: (shape, dtype)}, `inputs.train_batch_spec`) come from the config, so
+    this runs before the input pipeline is created and no data is read."""
+    batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding) for k, (shape, dtype) in spec.items()}
+    compiled, cost = compile_step(jitted, state, batch, devices=batch_sharding.mesh.size)
+    fit_check(cost, config)
+    return compiled, cost
