@@ -122,3 +122,70 @@ def test_ade20k_labels():
         dense_sources.ade20k_labels(np.array([151]))
     m = seg.confusion_matrix(np.array([0, 149, 3]), out.ravel()[:3], sources.dataset_info("ade20k").num_classes)
     assert m.sum() == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The probe's loss normalization and schedule (docs/method.md §8) vs plain numpy readings of
+# mmseg's CrossEntropyLoss and mmcv's PolyLrUpdaterHook.
+# ---------------------------------------------------------------------------------------------
+
+
+def mmcv_poly_warmup_lr(base_lr, cur_iter, max_iters, warmup_iters, warmup_ratio=1e-6, power=1.0, min_lr=0.0):
+    """mmcv LrUpdaterHook.before_train_iter (by_epoch=False) with PolyLrUpdaterHook and warmup='linear'."""
+    coeff = (1 - cur_iter / max_iters) ** power
+    regular = (base_lr - min_lr) * coeff + min_lr
+    if warmup_iters == 0 or cur_iter >= warmup_iters:
+        return regular
+    k = (1 - cur_iter / warmup_iters) * (1 - warmup_ratio)
+    return regular * (1 - k)
+
+
+@pytest.mark.parametrize("warmup, steps", [(1500, 40_000), (3, 10), (0, 7)])
+def test_poly_warmup_schedule_is_mmcvs(warmup, steps):
+    f = seg.schedule(1e-3, warmup, steps)  # the default
+    for s in sorted({0, 1, 2, warmup - 1, warmup, warmup + 1, steps // 2, steps - 1, steps} - {-1}):
+        assert float(f(s)) == pytest.approx(mmcv_poly_warmup_lr(1e-3, s, steps, warmup), rel=1e-5, abs=1e-12), s
+    if warmup:
+        assert float(f(0)) == pytest.approx(1e-9, rel=1e-5)  # lr · warmup_ratio
+
+
+def test_warmup_linear_schedule_is_the_former_rule():
+    f = seg.schedule(1e-3, 4, 12, "warmup_linear")
+    ref = [1e-3 * s / 4 if s < 4 else 1e-3 * (12 - s) / 8 for s in range(13)]
+    np.testing.assert_allclose([float(f(s)) for s in range(13)], ref, rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("loss_norm", ["all", "labelled"])
+def test_probe_loss_normalization_is_mmsegs(loss_norm):
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    b, h, d, k, c = 3, 4, 5, 6, 16  # 4×4 token grid → 16×16 crop
+    params, stats = seg.init_head(jax.random.PRNGKey(1), d, k)
+    feats = rng.normal(size=(b, h, h, d)).astype(np.float32)
+    labels = rng.integers(0, k, (b, c, c))
+    labels[rng.random(labels.shape) < 0.3] = 255
+    labels[:, 12:, :] = 255  # bottom padding of a smaller crop
+    weights = np.array([1.0, 1.0, 0.0], np.float32)  # the last row a padding example
+    loss, _ = seg.probe_loss(params, stats, jnp.asarray(feats), jnp.asarray(labels), jnp.asarray(weights), loss_norm)
+
+    # numpy: torch F.cross_entropy(reduction='none', ignore_index=255) then .mean() (avg_non_ignore=False)
+    # or .sum() / labelled count (avg_non_ignore=True), over the real examples.
+    logits, _ = seg.head_logits(params, stats, jnp.asarray(feats), jnp.asarray(weights), train=True)
+    logits = np.asarray(seg.upsample(logits, (c, c)), np.float64)[:2]
+    lab = labels[:2]
+    z = logits - logits.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    ce = -np.take_along_axis(logp, np.where(lab == 255, 0, lab)[..., None], -1)[..., 0]
+    ce[lab == 255] = 0.0
+    ref = ce.mean() if loss_norm == "all" else ce.sum() / (lab != 255).sum()
+    assert float(loss) == pytest.approx(ref, rel=1e-5)
+
+
+def test_loss_norm_and_schedule_values_checked():
+    for k, allowed in (("loss_norm", "'all', 'labelled'"), ("schedule", "'poly_warmup', 'warmup_linear'")):
+        with pytest.raises(ValueError, match=rf"^config\.evals\.e\.{k}='x' is unknown; allowed: \[{allowed}\]$"):
+            seg.validate_linear_segmentation({k: "x"}, where="config.evals.e")
+    f = seg.validate_linear_segmentation({})
+    assert (f["loss_norm"], f["schedule"]) == ("all", "poly_warmup")

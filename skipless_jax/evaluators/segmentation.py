@@ -151,34 +151,59 @@ def upsample(logits: jax.Array, label_hw: tuple[int, int]) -> jax.Array:
     return jax.image.resize(logits, (logits.shape[0], *label_hw, logits.shape[-1]), "bilinear")
 
 
+LOSS_NORMS = ("all", "labelled")
+SCHEDULES = ("poly_warmup", "warmup_linear")
+WARMUP_RATIO = 1e-6  # mmcv's warmup_ratio in DINOv2's configs
+
+
 def probe_loss(
-    params: dict[str, jax.Array], stats: dict[str, jax.Array], feats: jax.Array, labels: jax.Array, weights: jax.Array
+    params: dict[str, jax.Array], stats: dict[str, jax.Array], feats: jax.Array, labels: jax.Array, weights: jax.Array,
+    loss_norm: str = "all",
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Mean pixel cross-entropy of the upsampled logits over the labelled pixels (label ≠ 255)
-    of the real examples (weights > 0); (loss, new running statistics)."""
+    """Pixel cross-entropy of the upsampled logits, 0 where label = 255 or on padding rows
+    (weights 0), summed and divided (`loss_norm`, docs/method.md §8) by every pixel of the real
+    examples' crops ('all': mmseg's avg_non_ignore=False) or by their labelled pixels
+    ('labelled'); (loss, new running statistics). labels (B, c, c) int, weights (B,)."""
     logits, new_stats = head_logits(params, stats, feats, weights, train=True)
     logits = upsample(logits, labels.shape[1:3])
-    valid = (labels != IGNORE_INDEX) & (weights[:, None, None] > 0)
+    real = weights[:, None, None] > 0
+    valid = (labels != IGNORE_INDEX) & real
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.where(valid, labels, 0))
-    return (ce * valid).sum() / jnp.maximum(valid.sum(), 1), new_stats
+    pixels = valid.sum() if loss_norm == "labelled" else real.sum() * labels.shape[1] * labels.shape[2]
+    return (ce * valid).sum() / jnp.maximum(pixels, 1), new_stats
 
 
-def schedule(lr: float, warmup: int, steps: int) -> optax.Schedule:
-    """Linear warm-up 0 → lr over `warmup` steps, then linear decay to 0 at `steps`."""
+def schedule(lr: float, warmup: int, steps: int, kind: str = "poly_warmup") -> optax.Schedule:
+    """The learning rate of (0-based) step s, docs/method.md §8. 'poly_warmup' (mmcv's poly,
+    power 1, times its linear warm-up factor): lr·(1 − s/steps)·(1 − (1 − s/warmup)(1 − 1e-6))
+    for s < warmup, else lr·(1 − s/steps). 'warmup_linear': 0 → lr over `warmup` steps, then
+    linear decay to 0 at `steps`."""
+    if kind == "poly_warmup":
+        def poly_warmup(s: jax.Array) -> jax.Array:
+            s = jnp.asarray(s, jnp.float32)
+            poly = lr * jnp.maximum(steps - s, 0.0) / steps  # (T − s) exact in float32: no cancellation
+            if warmup == 0:
+                return poly
+            # = 1 − (1 − s/W)(1 − ρ), written without float32's cancellation near s = 0.
+            factor = WARMUP_RATIO + (1.0 - WARMUP_RATIO) * s / warmup
+            return jnp.where(s < warmup, poly * factor, poly)
+
+        return poly_warmup
     decay = optax.linear_schedule(lr, 0.0, max(steps - warmup, 1))
     if warmup == 0:
         return decay
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
 
 
-def optimizer(lr: float, weight_decay: float, warmup: int, steps: int) -> optax.GradientTransformation:
+def optimizer(lr: float, weight_decay: float, warmup: int, steps: int,
+              kind: str = "poly_warmup") -> optax.GradientTransformation:
     """AdamW (β = 0.9, 0.999; decay on every head parameter, as mmseg's default) on `schedule`."""
-    return optax.adamw(schedule(lr, warmup, steps), b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay)
+    return optax.adamw(schedule(lr, warmup, steps, kind), b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay)
 
 
 DEFAULTS = dict(
     protocol="lin", steps=40_000, batch_size=16, lr=1e-3, weight_decay=1e-4, warmup=1500, num_classes=None,
-    crop_size=None, blocks=None, flip=None, photometric=None,
+    crop_size=None, blocks=None, flip=None, photometric=None, loss_norm="all", schedule="poly_warmup",
 )
 
 
@@ -187,6 +212,9 @@ def validate_linear_segmentation(entry: Any, where: str = "config.evals.seg") ->
     f = {k: (entry.get(k) if entry.get(k) is not None else v) for k, v in DEFAULTS.items()}
     if f["protocol"] not in PROTOCOLS:
         raise ValueError(f"{where}.protocol={f['protocol']!r} is unknown; allowed: {list(PROTOCOLS)}")
+    for k, allowed in (("loss_norm", LOSS_NORMS), ("schedule", SCHEDULES)):
+        if f[k] not in allowed:
+            raise ValueError(f"{where}.{k}={f[k]!r} is unknown; allowed: {list(allowed)}")
     for k in ("steps", "batch_size"):
         if not is_positive_int(f[k]):
             raise ValueError(f"{where}.{k}={f[k]!r} must be a positive integer")
@@ -237,8 +265,10 @@ class LinearSegmentation:
     the (h, w) patch grid, frozen (computed inside the head's jitted step, no gradient).
     Head: BatchNorm over the global batch (running averages at test time, so the head is affine
     there) + 1×1 linear to `num_classes`; logits upsampled bilinearly to the input size;
-    cross-entropy over the pixels labelled ≠ 255; AdamW (`lr`, `weight_decay`) with `warmup`
-    linear warm-up steps then linear decay to 0 at `steps`. The step runs with the batch
+    pixel cross-entropy (0 on pixels labelled 255) over every crop pixel (`loss_norm='all'`,
+    mmseg) or the labelled ones ('labelled'); AdamW (`lr`, `weight_decay`) on mmcv's poly ×
+    linear warm-up (`schedule='poly_warmup'`, `warmup` steps) or warm-up then linear decay
+    ('warmup_linear') to 0 at `steps`. The step runs with the batch
     sharded over the mesh's data axes and the head replicated.
 
     Train data: at step s, examples perm_e[(s·B + i) mod N] of the train split (perm_e a
@@ -269,6 +299,8 @@ class LinearSegmentation:
     lr: float = 1e-3
     weight_decay: float = 1e-4
     warmup: int = 1500
+    loss_norm: str = "all"  # docs/method.md §8: 'all' (mmseg) | 'labelled'
+    schedule: str = "poly_warmup"  # docs/method.md §8: 'poly_warmup' (mmcv) | 'warmup_linear'
     seed: int = 0
     chunk: int = 64  # test windows per device call
     buffer_bytes: int = 1 << 30  # view buffers held before the pending windows are sent
@@ -286,13 +318,13 @@ class LinearSegmentation:
         self.patch_size = self.model.token_stride  # pixels a token of the feature grid
         self.info = sources.dataset_info(self.dataset or self.ctx.config.dataset.name)
         self._replicated = sharding.replicated(self.ctx.mesh)
-        self.tx = optimizer(self.lr, self.weight_decay, self.warmup, self.steps)
+        self.tx = optimizer(self.lr, self.weight_decay, self.warmup, self.steps, self.schedule)
 
         def step(state: dict[str, Any], params: Any, batch: dict[str, jax.Array]) -> tuple[dict[str, Any], jax.Array]:
             feats = self.features(params, batch["image"])
             labels = batch["segmentation"].astype(jnp.int32)
             (loss, stats), grads = jax.value_and_grad(probe_loss, has_aux=True)(
-                state["params"], state["stats"], feats, labels, batch["mask"]
+                state["params"], state["stats"], feats, labels, batch["mask"], self.loss_norm
             )
             updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
             return {
