@@ -74,6 +74,7 @@ def test_analyze_reads_the_latest_checkpoint(tmp_path):
     assert np.abs(np.array(result["log_kappa"]["sab"]) - at_init["sab"]).max() > 1e-2
 
 
+@pytest.mark.slow
 def test_analyze_uses_the_config_saved_in_the_workdir(tmp_path, capsys):
     """A --config with another skip switch or depth than the run's: the saved config is analysed
     (it used to print a plausible table for the wrong model, or a 77-line traceback)."""
@@ -133,6 +134,7 @@ def test_cli_error_is_one_line(tmp_path):
         "error: model.init='bogus' is unknown; allowed: default, skipless, mimetic")
 
 
+@pytest.mark.slow
 def test_analyze_a_dino_run_reads_the_teacher_backbone(tmp_path):
     """A DINO workdir: the EMA teacher's ViT backbone from the checkpoint (what DINO evaluates)."""
     from skipless_jax.trainers import dino

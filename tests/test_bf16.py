@@ -38,6 +38,7 @@ def test_token_graying_in_a_bf16_model_keeps_kappa_to_the_eps(method):
     np.testing.assert_array_equal(out["patches"], out32["patches"])
 
 
+@pytest.mark.slow
 def test_bf16_model_keeps_float32_parameters_and_logits_and_is_close_to_float32():
     images = _images(4)
     config = dict(SMALL)

@@ -229,6 +229,7 @@ def test_block_jacobian_matches_finite_differences(skip_sab, skip_ffn):
         assert s[-1] > 1e-3 * s[0]
 
 
+@pytest.mark.slow
 def test_skipless_vit_attention_jacobian_below_default():
     """A small skipless ViT at init (d=32, h=2, n=16, L=2) with the quickstart constants
     α=2, β=0.6, c=3: per seed, mean-over-layers log κ(K_ℓ) at least e³ below the default init's."""

@@ -244,6 +244,7 @@ def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return c
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_trains_one_step_and_evaluates_on_mock_data(name, tmp_path, monkeypatch):
     import tensorflow_datasets as tfds
@@ -351,6 +352,7 @@ def test_config_args_round_trip_and_sibling_recipes_agree():
     assert _module("cifar100_vit_tiny").get_config().dataset.name == "cifar100"
 
 
+@pytest.mark.slow
 def test_dino_vits_dense_evaluations_run_on_its_checkpoint(tmp_path, monkeypatch):
     """configs/dino_vits_skipless.py:dense=all on a (tiny) trained checkpoint through the evaluate
     command's function, every dataset read from generated folders in the documented layout."""

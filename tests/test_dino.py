@@ -312,6 +312,7 @@ def test_loss_and_centre_on_four_devices_equal_single_device():
     assert np.abs(center4 - quarter).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_checkpoint_resume_continues_teacher_centre_and_schedules_exactly(tmp_path):
     # The mesh is all 8 fake devices; no local crops, to keep the compile short.
     config = tiny_dino_config(checkpoint_every_steps=2, keep_checkpoints=5, **{"input.multicrop.num_local": 0})

@@ -26,6 +26,7 @@ def finished(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow
 def test_only_runs_the_named_evaluators_and_writes_each_file(finished):
     everything = evaluate.evaluate(str(finished))
     assert sorted(os.listdir(finished / "eval")) == ["knn.json", "test.json"]

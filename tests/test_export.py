@@ -45,6 +45,7 @@ def trained(tmp_path_factory):
     return workdir, metrics
 
 
+@pytest.mark.slow
 def test_exported_model_reproduces_the_final_test_accuracy_without_skipless_jax(trained, tmp_path):
     workdir, metrics = trained
     meta = export.export(workdir, "all")
@@ -77,6 +78,7 @@ def test_a_number_of_examples_takes_the_first_ones(trained):
     np.testing.assert_array_equal(labels, all_labels[:5])
 
 
+@pytest.mark.slow
 def test_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match=r"--examples='some' must be a positive number of examples or 'all'"):
         export.parse_examples("some")

@@ -563,6 +563,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_process_cpu_run_of_the_quickstart(tmp_path: Path):
     """gpu_node.sh --num-processes 2 on the CPU backend: jax.distributed over 127.0.0.1, gloo

@@ -80,6 +80,7 @@ def _run(tx, params, grads):
     return p, updates
 
 
+@pytest.mark.slow
 def test_adamw_with_layer_decay_equals_per_group_torch_adamw():
     params, grads = _toy()
     schedule = optax.linear_schedule(1e-2, 5e-3, 3)
@@ -107,6 +108,7 @@ def test_adamw_with_layer_decay_equals_per_group_torch_adamw():
     assert not decays["cls"] and not decays["embedding/bias"] and decays["embedding/kernel"]
 
 
+@pytest.mark.slow
 def test_soap_accepts_scale_by_layer():
     params, grads = _toy()
     hyper = dict(b1=0.9, b2=0.95, weight_decay=0.05, precondition_frequency=2)

@@ -45,6 +45,7 @@ def test_unbatched_input_and_mismatched_batches():
         linalg.map_matrices(lambda a, b: a @ b, jnp.zeros((2, 3, 3)), jnp.zeros((4, 3, 3)))
 
 
+@pytest.mark.slow
 def test_replicated_batched_factorizations_on_8_cpu_devices_finish():
     """A replicated program with several batched SVDs, a skipless-init ViT and Token Graying,
     on 8 host devices: with jnp.linalg's batched SVD this hangs on the first call (jax 0.10.2),

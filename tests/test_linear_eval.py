@@ -82,6 +82,7 @@ def test_trained_probe_beats_chance_on_digits(vit):
     assert got["top1"] > 0.25 and got["top5"] >= max(got["top1"], 0.6)
 
 
+@pytest.mark.slow
 def test_two_sgd_steps_equal_the_numpy_momentum_update(vit):
     """torch SGD(momentum=0.9, dampening=0): v ← 0.9·v + g (v₀ = g), p ← p − lr·v, at epoch 0's lr."""
     from skipless_jax.data import device_images, device_input

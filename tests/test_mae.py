@@ -162,6 +162,7 @@ SMALL = dict(patch_size=4, width=32, depth=2, mlp_dim=64, num_heads=4)
 DECODER = dict(decoder_width=16, decoder_depth=2, decoder_num_heads=2)
 
 
+@pytest.mark.slow
 def test_decoder_output_shape():
     dec = mae.MAEDecoder(grid_hw=(4, 4), patch_dim=48, width=16, depth=1, num_heads=2)
     latent = jnp.ones((2, 1 + 4, 32))
@@ -170,6 +171,7 @@ def test_decoder_output_shape():
     assert out.shape == (2, 16, 48)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token_graying", [None, "dct"])
 def test_mae_forward_and_finite_gradient(token_graying):
     model = mae.MAE(**SMALL, **DECODER, token_graying=token_graying, norm_pix_loss=True)

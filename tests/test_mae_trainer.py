@@ -74,6 +74,7 @@ def pretrained(tmp_path_factory):
     return workdir, checkpoint.load_raw(workdir, 4)[1], metrics
 
 
+@pytest.mark.slow
 def test_resume_is_exact_and_the_picture_and_evaluate_command_work(pretrained, tmp_path):
     workdir, reference, metrics = pretrained
     # The picture, written at the last step.
@@ -97,6 +98,7 @@ def test_resume_is_exact_and_the_picture_and_evaluate_command_work(pretrained, t
         jax.tree.map(np.testing.assert_array_equal, reference[key], resumed[key])
 
 
+@pytest.mark.slow
 def test_one_device_run_equals_the_eight_device_run(pretrained, tmp_path):
     """The masks (and so the step) depend on (seed, step) only, not on how the batch is split."""
     _, reference, _ = pretrained
@@ -130,6 +132,7 @@ def test_masks_of_a_step_depend_on_seed_and_step_only():
     np.testing.assert_array_equal(m0.sum(1), np.full(6, 16 - mae_lib.num_kept(16, 0.75)))
 
 
+@pytest.mark.slow
 def test_finetuning_starts_from_the_pretrained_encoder(pretrained, tmp_path):
     """Step 1 runs at the warm-up's lr 0, so it leaves the parameters as loaded: the encoder's."""
     workdir, saved, _ = pretrained
@@ -147,6 +150,7 @@ def test_finetuning_starts_from_the_pretrained_encoder(pretrained, tmp_path):
     assert 0 < np.std(params["head"]["kernel"]) < 1e-4  # fresh, std 2e-5
 
 
+@pytest.mark.slow
 def test_position_table_is_resized_for_another_grid(pretrained):
     workdir, _, _ = pretrained
     config = tiny_finetune_config(workdir, **{"input.image_size": 16})
@@ -168,6 +172,7 @@ def test_position_table_is_resized_for_another_grid(pretrained):
     assert posemb_extra((1, 16, 3), (1, 64, 3)) == 0 and posemb_extra((1, 17, 3), (1, 51, 3)) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opt", ["adamw", "soap"])
 def test_layer_decay_scales_each_group_by_its_formula(opt):
     """build_optimizer with config.optimizer.layer_decay: update = decay^(L+1−id) × the plain update."""
@@ -224,6 +229,7 @@ def test_bad_config_is_a_one_line_error_before_compiling(overrides, match, tmp_p
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_grayed_target_reconstructs_the_token_grayed_patches():
     config = tiny_mae_config("tg=dct,target=grayed")
     model = mae.build_model(config)
@@ -240,6 +246,7 @@ def test_grayed_target_reconstructs_the_token_grayed_patches():
     assert abs(float(raw) - float(loss)) > 1e-4  # the two targets differ
 
 
+@pytest.mark.slow
 def test_mae_step_divides_its_flops_over_eight_devices():
     """The trainer's own MAE step, compiled for 1 and 8 fake devices: per-device FLOPs ≤ 0.2×."""
     from skipless_jax import sharding

@@ -49,6 +49,7 @@ def _all_finite(tree):
     )
 
 
+@pytest.mark.slow
 def test_soap_with_a_huge_lr_never_saves_infinite_parameters(tmp_path):
     """SOAP turns finite gradients into infinite parameters at lr 1e30: the guard checks what the
     optimizer produced, so no checkpoint ("last good" or later) holds a non-finite value."""
@@ -66,6 +67,7 @@ def test_soap_with_a_huge_lr_never_saves_infinite_parameters(tmp_path):
         assert _all_finite(state["params"]) and _all_finite(state["opt_state"]), step
 
 
+@pytest.mark.slow
 def test_soap_skip_nonfinite_steps_finishes_with_finite_parameters(tmp_path):
     metrics = supervised.train_and_evaluate(_exploding(opt="soap", skip_nonfinite_steps=True), str(tmp_path))
     assert metrics["step"] == 6 and metrics["train_nonfinite_steps"] >= 1

@@ -62,6 +62,7 @@ def _signal_mid_run(tmp_path, environ, signum):
     return workdir, proc, at, log
 
 
+@pytest.mark.slow
 def test_sigkill_then_restart_equals_uninterrupted(tmp_path, environ, reference):
     workdir, proc, at, log = _signal_mid_run(tmp_path, environ, signal.SIGKILL)
     assert sr.finish(proc, log, TIMEOUT) == -signal.SIGKILL
@@ -72,6 +73,7 @@ def test_sigkill_then_restart_equals_uninterrupted(tmp_path, environ, reference)
     _assert_bitwise_equal(workdir, reference[1])
 
 
+@pytest.mark.slow
 def test_sigterm_saves_the_current_step_exits_preempted_and_resumes_equal(tmp_path, environ, reference):
     workdir, proc, at, log = _signal_mid_run(tmp_path, environ, signal.SIGTERM)
     assert sr.finish(proc, log, TIMEOUT) == EXIT_PREEMPTED, sr.tail(log)
@@ -105,6 +107,7 @@ def _truncate(path, rng):
     [(_garble, "state/ocdbt.process_*/d/*"), (_truncate, "state/**/*")],
     ids=["garbled-array-data", "truncated-files"],
 )
+@pytest.mark.slow
 def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, environ, reference, damage, pattern):
     workdir = str(tmp_path / "run")
     shutil.copytree(reference[0], workdir)

@@ -64,6 +64,7 @@ def _batch(config):
     return {"image": jnp.asarray(batch["image"]), "label": jnp.asarray(batch["label"])}
 
 
+@pytest.mark.slow
 def test_the_step_updates_running_statistics_once_per_micro_batch():
     """One update with k = 2 strided micro-batches moves the statistics as two sequential BN
     updates on examples (0, 2, …) then (1, 3, …); with k = 1 as one update on the whole batch."""

@@ -33,6 +33,7 @@ def _images(n=4):
     return jnp.asarray(np.random.default_rng(0).normal(size=(n, 8, 8, 1)), jnp.float32)
 
 
+@pytest.mark.slow
 def test_scanned_encoder_equals_the_unrolled_one_in_logits_gradients_and_intermediates():
     x = _images()
     unrolled = vit.ViT(**TINY)
@@ -85,6 +86,7 @@ def test_optimizer_masks_and_layer_decay_treat_the_stacked_axis_as_layers():
     assert unrolled["block_0"]["LayerNorm_0"]["bias"] == 0.5**3 and scales["head"]["bias"] == 1.0
 
 
+@pytest.mark.slow
 def test_a_checkpoint_initializes_a_model_of_the_other_layout(tmp_path):
     config = tiny_config(total_steps=2)
     supervised.train_and_evaluate(config, str(tmp_path / "unrolled"))
@@ -120,6 +122,7 @@ def test_bad_large_model_fields_are_one_line_errors(field, value, match):
         supervised.check_config(config)
 
 
+@pytest.mark.slow
 def test_soap_on_a_scanned_encoder_equals_soap_on_its_unrolled_layers():
     """SOAP treats the stacked layer axis as L independent tensors: (L, s, s) factors, never an
     L×L one, and the same updates as on the unrolled model's leaves (eigh at call 0, power
@@ -153,6 +156,7 @@ def test_soap_on_a_scanned_encoder_equals_soap_on_its_unrolled_layers():
         params = [jax.tree.map(jnp.add, p, u) for p, u in zip(params, (u_stacked, u_unrolled))]
 
 
+@pytest.mark.slow
 def test_remat_halves_the_vitb_train_steps_temporary_memory():
     plain = large_model.compiled_vitb_step(8, scan=True)[0].memory_analysis().temp_size_in_bytes
     remat = large_model.compiled_vitb_step(8, scan=True, remat="full")[0].memory_analysis().temp_size_in_bytes

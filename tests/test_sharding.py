@@ -23,6 +23,7 @@ def reference(tmp_path_factory):
     return _final_state(tmp_path_factory.mktemp("ref"), "one", {"data": 1}, jax.devices()[:1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", [{"data": 8, "fsdp": 1}, {"data": 2, "fsdp": 4}], ids=["dp8", "fsdp2x4"])
 def test_multi_device_equals_one_device(tmp_path, reference, mesh):
     ref_metrics, ref_state = reference

@@ -153,6 +153,7 @@ def test_slurm_and_tpu_scripts_list_the_unfinished_runs(setup):
     assert text.count("launch/tpu_vm.sh run") == 2 and f"--workdir {root}/seed=2 --run-name seed=2" in text
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(setup):
     config, _, root = setup
     cmd = [sys.executable, "-m", "skipless_jax.sweep", f"--config={config}", f"--root={root}"]

@@ -33,6 +33,7 @@ def test_loss_decreases_on_digits(tmp_path):
     assert json.loads((tmp_path / "final_metrics.json").read_text())["step"] == 60
 
 
+@pytest.mark.slow
 def test_resume_continues_from_saved_step_and_matches(tmp_path):
     config = tiny_config(total_steps=8, checkpoint_every_steps=4)
     supervised.train_and_evaluate(config, str(tmp_path / "full"))
@@ -270,6 +271,7 @@ def test_several_evaluation_splits_report_under_their_prefixes(tmp_path):
     assert 2 in scalars["minival/accuracy"] and 2 in scalars["test/knn_accuracy"]
 
 
+@pytest.mark.slow
 def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_path):
     """config.init_from with init_from_key='teacher': block and embedding weights are the DINO
     teacher's backbone, the new classifier head keeps its initialization."""

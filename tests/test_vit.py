@@ -155,6 +155,7 @@ def test_drop_path_is_off_without_the_skip():
     assert not np.allclose(train_out, eval_out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pool, posemb", [("tok", "learn"), ("gap", "sincos2d"), ("gap", "learn")])
 def test_vit_outputs_and_intermediates(pool, posemb):
     model = vit.ViT(
@@ -184,6 +185,7 @@ def test_bfloat16_compute_keeps_float32_params():
     assert out["blocks"][0]["sab"].dtype == jnp.bfloat16
 
 
+@pytest.mark.slow
 def test_position_embedding_resizes_for_other_resolutions():
     model = vit.ViT(num_classes=3, patch_size=2, width=16, depth=1, mlp_dim=32, num_heads=2, image_size=8)
     params = model.init(jax.random.PRNGKey(0), jnp.ones((1, 8, 8, 1)))["params"]
