@@ -1,6 +1,6 @@
-"""Mixup / CutMix of the global batch inside the train step (data/device_mix.py): the mix for
-given draws against a numpy reading of timm's batch mode, the draws' invariants, and a global
-batch that does not depend on how many processes read it."""
+"""Mixup / CutMix per data shard inside the train step (data/device_mix.py): the mix for given
+draws against a numpy reading of timm's batch mode on each shard, the draws' invariants and
+keys, and a global batch that does not depend on how many processes read it."""
 
 from __future__ import annotations
 
@@ -42,6 +42,61 @@ def test_cutmix_for_given_draws_pastes_the_box_and_corrects_lambda():
     np.testing.assert_array_equal(out, expected)
     lam = 1 - h * w / (8 * 10)
     np.testing.assert_allclose(mixed, lam * labels + (1 - lam) * labels[::-1], rtol=1e-6)
+
+
+def _timm_batch_mode(x, y, lam, use_cutmix, box):
+    """timm `Mixup._mix_batch` + `mixup_target` on one local batch (NHWC numpy, float64), for
+    given λ, switch and box (timm's `rand_bbox` corners yl, yh, xl, xh = top, top+h, left, left+w)."""
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    if use_cutmix:
+        top, left, h, w = box
+        x = x.copy()
+        x[:, top:top + h, left:left + w] = x[::-1][:, top:top + h, left:left + w]
+        lam = 1.0 - h * w / float(x.shape[1] * x.shape[2])  # correct_lam
+    else:
+        x = x * lam + x[::-1] * (1.0 - lam)
+    return x, y * lam + y[::-1] * (1.0 - lam)
+
+
+def test_the_mix_is_timm_batch_mode_on_each_shard():
+    """4 shards of 3 images, each with its own λ / switch / box: each shard equals timm's batch
+    mode on that shard alone (pairs within it), float64 reference."""
+    images, labels = _batch(b=12)
+    lam = np.array([0.3, 0.9, 0.55, 1.0], np.float32)
+    use_cutmix = np.array([False, True, True, False])
+    box = np.array([[0, 0, 0, 0], [2, 3, 4, 5], [1, 0, 7, 10], [0, 0, 0, 0]], np.int32)
+    out, mixed = device_mix.apply_per_shard(jnp.asarray(images), jnp.asarray(labels), jnp.asarray(lam),
+                                            jnp.asarray(use_cutmix), jnp.asarray(box))
+    for s in range(4):
+        rows = slice(3 * s, 3 * s + 3)
+        x, y = _timm_batch_mode(images[rows], labels[rows], float(lam[s]), bool(use_cutmix[s]), box[s])
+        np.testing.assert_allclose(np.asarray(out)[rows], x, rtol=1e-6, atol=1e-6, err_msg=f"shard {s}")
+        np.testing.assert_allclose(np.asarray(mixed)[rows], y, rtol=1e-6, atol=1e-6, err_msg=f"shard {s}")
+
+
+def test_each_shard_draws_from_the_key_folded_with_its_index():
+    """Shard s's (λ, switch, box) are `draws(fold_in(key, s))`; mixup_cutmix with S shards is
+    apply_per_shard of them; S = 1 is the one-batch mix; shards that do not divide the batch
+    are a one-line error."""
+    images, labels = _batch(b=8)
+    aug = ml_collections.ConfigDict(config_blocks.deit_aug(randaug=None))
+    key = jax.random.PRNGKey(7)
+    lam, cut, box = device_mix.shard_draws(key, 4, 8, 10, aug)
+    for s in range(4):
+        one = device_mix.draws(jax.random.fold_in(key, s), 8, 10, 0.8, 1.0, 0.5, 1.0)
+        for got, want in zip((lam[s], cut[s], box[s]), one):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert len(set(np.asarray(lam).tolist())) == 4  # independent draws per shard
+    out, mixed = device_mix.mixup_cutmix(key, jnp.asarray(images), jnp.asarray(labels), aug, shards=4)
+    want = device_mix.apply_per_shard(jnp.asarray(images), jnp.asarray(labels), lam, cut, box)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(mixed), np.asarray(want[1]))
+    single = device_mix.apply(jnp.asarray(images), jnp.asarray(labels),
+                              *device_mix.draws(jax.random.fold_in(key, 0), 8, 10, 0.8, 1.0, 0.5, 1.0))
+    np.testing.assert_array_equal(np.asarray(device_mix.mixup_cutmix(key, jnp.asarray(images), jnp.asarray(labels),
+                                                                     aug, shards=1)[0]), np.asarray(single[0]))
+    with pytest.raises(ValueError, match="a batch of 8 images does not split into 3 equal mixing shards"):
+        device_mix.mixup_cutmix(key, jnp.asarray(images), jnp.asarray(labels), aug, shards=3)
 
 
 @pytest.mark.parametrize("mixup, cutmix, prob", [(0.8, 0.0, 1.0), (0.0, 1.0, 1.0), (0.8, 1.0, 1.0), (0.8, 1.0, 0.0)])

@@ -1,15 +1,18 @@
-"""Mixup / CutMix of the global batch inside the jitted train step (docs/data.md, "Augmentation"),
-the project's one mixup.
+"""Mixup / CutMix per data shard inside the jitted train step (docs/method.md §23, docs/data.md,
+"Augmentation"), the project's one mixup.
 
-timm's Mixup in 'batch' mode, run on the device over the *global* batch with its draws from
-`key` = fold_in(run key, step) alone, so step s trains on the same mixed batch whatever the
-number of processes, devices or workers (a host mix of each process's local batch would depend
-on the process count):
+timm's Mixup in 'batch' mode applied to each device's slice of the global batch, as DeiT and MAE
+run it on each GPU's local batch. Shard s of S (S = the devices of the mesh's data axes, 1
+outside a mesh) draws from fold_in(key, s), `key` = fold_in(run key, step), MIX:
 
     with probability `prob`: CutMix with probability `switch_prob` when both are on (λ ~
     Beta(cutmix_alpha), timm's box: side ⌊H·√(1−λ)⌋ × ⌊W·√(1−λ)⌋ centred at a uniform pixel,
     clipped, λ ← 1 − box area / image area), else mixup (λ ~ Beta(mixup_alpha), x ← λx + (1−λ)x_rev);
-    labels λ·y + (1 − λ)·y_rev, x_rev / y_rev the global batch reversed.
+    labels λ·y + (1 − λ)·y_rev, x_rev / y_rev the shard reversed.
+
+The global batch is viewed as (S, B/S, ...) with the shard axis split over the data axes, so the
+mix is local to each device (no collective over the images). The mixed batch depends on S
+(docs/design.md, "1 vs 8 devices"), not on the process or worker count.
 
 Label smoothing stays in the loss (smoothing and mixing commute).
 """
@@ -20,6 +23,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from skipless_jax import sharding
 
 
 def draws(
@@ -64,14 +69,47 @@ def apply(
     return out, mixed
 
 
-def mixup_cutmix(key: jax.Array, images: jax.Array, labels: jax.Array, aug: Any) -> tuple[jax.Array, jax.Array]:
-    """`apply(draws(key, ...))` with the settings of `config.input.aug` (mixup, cutmix,
-    mixup_switch_prob, mixup_prob)."""
-    lam, use_cutmix, box = draws(
-        key, images.shape[1], images.shape[2], float(aug.get("mixup", 0.0) or 0.0),
-        float(aug.get("cutmix", 0.0) or 0.0), float(aug.get("mixup_switch_prob", 0.5)),
-        float(aug.get("mixup_prob", 1.0) if aug.get("mixup_prob") is not None else 1.0))
-    return apply(images, labels, lam, use_cutmix, box)
+def num_shards() -> int:
+    """S: the devices of the data axes of the mesh being traced under (`jax.set_mesh`); 1 outside one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return 1 if mesh.empty else sharding.num_data_shards(mesh)
+
+
+def shard_draws(
+    key: jax.Array, shards: int, height: int, width: int, aug: Any
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Shard s's `draws(fold_in(key, s), ...)` with the settings of `config.input.aug` (mixup,
+    cutmix, mixup_switch_prob, mixup_prob): (λ (S,), use_cutmix (S,), box (S, 4))."""
+    settings = (float(aug.get("mixup", 0.0) or 0.0), float(aug.get("cutmix", 0.0) or 0.0),
+                float(aug.get("mixup_switch_prob", 0.5)),
+                float(aug.get("mixup_prob", 1.0) if aug.get("mixup_prob") is not None else 1.0))
+    keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(jnp.arange(shards))
+    return jax.vmap(lambda k: draws(k, height, width, *settings))(keys)
+
+
+def apply_per_shard(
+    images: jax.Array, labels: jax.Array, lam: jax.Array, use_cutmix: jax.Array, box: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """`apply` on each of the S = len(lam) consecutive equal slices of the batch with its own
+    draws: (images (B, H, W, C), soft labels (B, K) float32), B divisible by S."""
+    shards, batch = lam.shape[0], images.shape[0]
+    if batch % shards:
+        raise ValueError(f"a batch of {batch} images does not split into {shards} equal mixing shards")
+
+    def per_shard(x):  # (B, ...) -> (S, B/S, ...), shard s on the devices of data shard s
+        return sharding.constrain_batch(x.reshape(shards, batch // shards, *x.shape[1:]))
+
+    out, mixed = jax.vmap(apply)(per_shard(images), per_shard(labels), lam, use_cutmix, box)
+    return (sharding.constrain_batch(out.reshape(images.shape)),
+            sharding.constrain_batch(mixed.reshape(labels.shape)))
+
+
+def mixup_cutmix(
+    key: jax.Array, images: jax.Array, labels: jax.Array, aug: Any, shards: int | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """`apply_per_shard(shard_draws(key, S, ...))`, S = `shards` or `num_shards()`."""
+    lam, use_cutmix, box = shard_draws(key, shards or num_shards(), images.shape[1], images.shape[2], aug)
+    return apply_per_shard(images, labels, lam, use_cutmix, box)
 
 
 def enabled(config: Any) -> bool:

@@ -94,8 +94,8 @@ def make_init_state(model: Any, tx: optax.GradientTransformation, dummy: jax.Arr
 def make_train_step(
     model: Any, tx: optax.GradientTransformation, schedule: optax.Schedule, config: ml_collections.ConfigDict
 ):
-    """(state, {'image', 'label'}) -> (state, metrics); mixup/cutmix of the global batch first
-    when `device_mix.enabled(config)`; gradient accumulation over
+    """(state, {'image', 'label'}) -> (state, metrics); mixup/cutmix of each device's shard
+    of the batch first when `device_mix.enabled(config)`; gradient accumulation over
     `config.grad_accum_steps` equal strided micro-batches (examples j, j + k, ...: each is split
     over every device like the batch); a non-finite update is rejected; the model EMA, if the
     state keeps one, moves after each kept update. A state with
@@ -124,7 +124,7 @@ def make_train_step(
         # uint8 from the host: normalized (and randomly erased) here, over the global batch
         batch = device_images.prepare(batch, mean, std, jax.random.fold_in(dropout_rng, rng_streams.ERASE))
         batch = {**batch, "image": sharding.constrain_batch(batch["image"])}
-        if mix:  # mixup/cutmix of the global batch: draws from (seed, step) alone
+        if mix:  # mixup/cutmix per device shard: draws from (seed, step, shard), pairs within the shard
             images, labels = device_mix.mixup_cutmix(
                 jax.random.fold_in(dropout_rng, rng_streams.MIX), batch["image"], batch["label"], config.input.aug)
             batch = {**batch, "image": sharding.constrain_batch(images), "label": sharding.constrain_batch(labels)}
