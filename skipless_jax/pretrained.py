@@ -17,6 +17,7 @@ import numpy as np
 from absl import logging
 
 from skipless_jax import checkpoint, sharding
+from skipless_jax.nested import flatten
 
 # Config fields that may differ between a run and its resumption: they change how a run is
 # executed, logged or evaluated, not what it trains. Everything else must match the saved config.
@@ -34,14 +35,9 @@ class ConfigChangedError(checkpoint.IncompatibleCheckpointError):
     """The workdir's checkpoint was written by a config that trains something else."""
 
 
-def _flat_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in config.items():
-        if isinstance(v, Mapping):
-            out.update(_flat_config(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
-    return out
+def _flat_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Dotted fields; tuples as lists, as a config reads back from its JSON."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in flatten(config, ".").items()}
 
 
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:

@@ -45,6 +45,7 @@ import ml_collections
 import numpy as np
 
 from skipless_jax.models import timm_convert
+from skipless_jax.nested import flatten
 
 SOURCES = ("dino", "mae")
 TARGETS = {"dino": ["dino"], "mae": ["vit", "mae"]}  # the trainer whose workdir is written
@@ -282,8 +283,8 @@ def _check_tree(config: ml_collections.ConfigDict, params: Mapping[str, Any]) ->
     else:
         model = models.build(config.model, sources.dataset_info(config.dataset.name).num_classes)
         shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), dummy, train=False))["params"]
-    want = {k: tuple(v.shape) for k, v in timm_convert.flatten(shapes).items()}
-    got = {k: tuple(np.shape(v)) for k, v in timm_convert.flatten(params).items()}
+    want = {k: tuple(v.shape) for k, v in flatten(shapes).items()}
+    got = {k: tuple(np.shape(v)) for k, v in flatten(params).items()}
     wrong = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
     if wrong:
         raise ValueError(f"the converted {wrong[0]} is {got.get(wrong[0])}, the {config.trainer} model of the config "

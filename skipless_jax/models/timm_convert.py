@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from skipless_jax.nested import flatten
+
 FAMILY_NAMES = ("vit", "convmixer", "swin", "cait", "pvt_v2")
 IGNORED = re.compile(r".*(relative_position_index|attn_mask|num_batches_tracked)$")
 
@@ -123,16 +125,6 @@ def _attention(r: Reader, src: str, d: int) -> dict[str, np.ndarray]:
 
 def _mlp(r: Reader, src: str) -> dict[str, Any]:
     return {"Dense_0": dense(r, f"{src}.fc1"), "Dense_1": dense(r, f"{src}.fc2")}
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, Mapping):
-            out.update(flatten(v, f"{prefix}{k}/"))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def block_indices(prefix_re: str, keys: Any) -> list[int]:

@@ -28,6 +28,7 @@ from clu import metric_writers, periodic_actions
 from etils import epath
 
 from skipless_jax import checkpoint
+from skipless_jax.nested import flatten
 from skipless_jax.pretrained import check_saved_config
 from skipless_jax.trainers import perf, wandb_writer
 from skipless_jax.trainers.nonfinite import NonFiniteError, all_finite, inexact_names, nonfinite_error
@@ -192,17 +193,6 @@ def stack_metrics(metrics: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
     return {k: jnp.stack([m[k] for m in metrics]) for k in metrics[0]}
 
 
-def flatten_dict(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'a': {'b': 1}} -> {'a.b': 1} (config hyperparameters for TensorBoard)."""
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, Mapping):
-            out.update(flatten_dict(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def every(step: int, period: int | None, total_steps: int) -> bool:
     """True on multiples of `period` (0/None: never) and on the last step."""
     return step == total_steps or bool(period and step % period == 0)
@@ -246,7 +236,7 @@ class Run:
         if self._wandb is not None:
             self.writer = metric_writers.MultiWriter([self.writer, self._wandb])
         if first_step == 0:
-            self.writer.write_hparams({k: str(v) for k, v in flatten_dict(config.to_dict()).items()})
+            self.writer.write_hparams({k: str(v) for k, v in flatten(config.to_dict(), ".").items()})
         self.progress = periodic_actions.ReportProgress(
             num_train_steps=total_steps, writer=self.writer, every_steps=config.log_every_steps
         )
