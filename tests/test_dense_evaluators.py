@@ -415,3 +415,81 @@ def test_tokencut_splits_the_cut_over_processes_and_gathers_every_box(monkeypatc
     assert np.all(halves[0][1::2] == 0) and np.all(halves[1][0::2] == 0)  # each cut only its rows
     gathered = np.stack([halves[0], halves[1]])
     np.testing.assert_array_equal(gathered[np.arange(11) % 2, np.arange(11)], whole)
+
+
+# ---------------------------------------------------------------------------------------------
+# The device test pass (docs/method.md §8) = the host reference
+# ---------------------------------------------------------------------------------------------
+
+
+def _host_and_device(ev, params, head, images):
+    host = [s.argmax(-1) for s in ev.scores(params, head, images)]
+    device = list(ev.device_predictions(params, head, images))
+    return host, device
+
+
+@pytest.mark.parametrize("protocol", ["lin", "ms"])
+def test_device_test_pass_equals_the_host_reference(protocol, tmp_path):
+    """VOC-like folder images of several sizes at crop 32 (windows overlap, views of several sizes,
+    buffers padded to their buckets): the device predictions are the host's argmax pixel for
+    pixel, and the confusions are equal."""
+    from dense_folders import voc_seg_folder
+
+    voc_seg_folder(str(tmp_path))
+    ctx, params, _, _ = _rgb_context()
+    entry = ml_collections.ConfigDict(dict(type="linear_segmentation", dataset="voc12_seg", data_dir=str(tmp_path),
+                                           train_split="train", crop_size=32, steps=3, warmup=1, protocol=protocol,
+                                           blocks=2 if protocol == "ms" else None))
+    ev = seg.LinearSegmentation.from_config("seg", entry, ctx, **common("seg", "val"))
+    head = ev.train(params)
+    source = ev.source("val")
+    rng = np.random.default_rng(0)
+    images = [source[0]["image"]] + [rng.integers(0, 256, (*hw, 3), dtype=np.uint8) for hw in ((37, 29), (45, 61))]
+    host, device = _host_and_device(ev, params, jax.device_get(head), images)
+    for h, d, image in zip(host, device, images, strict=True):
+        assert d.shape == image.shape[:2]
+        np.testing.assert_array_equal(d, h)
+    np.testing.assert_array_equal(ev.confusion(params, head, device=True), ev.confusion(params, head, device=False))
+
+
+def test_device_test_pass_splits_images_over_processes_and_sums_the_confusions(monkeypatch):
+    """Two processes simulated in one: process r reads only records r, r + 2, …; the two local
+    confusions add up to the one-process confusion."""
+    from jax.experimental import multihost_utils
+
+    ctx, params, _ = context("tok")
+    ev = probe(ctx, steps=4)
+    ev.split = "test[:8]"
+    head = ev.train(params)
+    whole = ev.confusion(params, head)
+    source = ev.source(ev.split)
+    read: dict[int, list[int]] = {0: [], 1: []}
+    local: dict[int, np.ndarray] = {}
+
+    class Recording:
+        def __init__(self, rank):
+            self.rank = rank
+
+        def __len__(self):
+            return len(source)
+
+        def __getitem__(self, i):
+            read[self.rank].append(i)
+            return source[i]
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    for rank in (0, 1):
+        monkeypatch.setattr(jax, "process_index", lambda rank=rank: rank)
+        monkeypatch.setattr(ev, "source", lambda split, rank=rank: Recording(rank))
+
+        def gather(x, tiled=False, rank=rank):
+            if tiled:  # the params and head, whole on each process
+                return jax.tree.map(np.asarray, jax.device_get(x))
+            if np.ndim(x) == 2:
+                local[rank] = np.asarray(x)
+            return np.stack([np.asarray(x)] * 2)
+
+        monkeypatch.setattr(multihost_utils, "process_allgather", gather)
+        ev.confusion(params, head)
+    assert read == {0: [0, 2, 4, 6], 1: [1, 3, 5, 7]}
+    np.testing.assert_array_equal(local[0] + local[1], whole)

@@ -189,3 +189,24 @@ def test_loss_norm_and_schedule_values_checked():
             seg.validate_linear_segmentation({k: "x"}, where="config.evals.e")
     f = seg.validate_linear_segmentation({})
     assert (f["loss_norm"], f["schedule"]) == ("all", "poly_warmup")
+
+
+@pytest.mark.parametrize("out_hw, in_hw", [((32, 24), (8, 6)), ((17, 40), (45, 61)), ((50, 41), (50, 41))])
+def test_device_resize_is_the_host_resize_and_jax_bilinear(out_hw, in_hw):
+    """The device test pass's resize (taps padded to a bucket, flipped) = data.dense.resize_bilinear
+    (the host path) = jax.image.resize bilinear without antialiasing (half-pixel centres)."""
+    import jax
+    import jax.numpy as jnp
+
+    from skipless_jax.data import dense
+
+    x = np.random.default_rng(0).normal(size=(*in_hw, 5)).astype(np.float32)
+    host = dense.resize_bilinear(x, out_hw, dtype=np.float32)
+    for flip in (False, True):
+        ty = seg.taps_padded(out_hw[0], in_hw[0], out_hw[0] + 7)
+        tx = seg.taps_padded(out_hw[1], in_hw[1], out_hw[1] + 3, flip=flip)
+        dev = np.asarray(seg.resize_taps(jnp.asarray(x), ty, tx))
+        assert dev.shape == (out_hw[0] + 7, out_hw[1] + 3, 5)
+        np.testing.assert_array_equal(dev[: out_hw[0], : out_hw[1]], host[:, ::-1] if flip else host)
+    ref = np.asarray(jax.image.resize(jnp.asarray(x), (*out_hw, 5), "bilinear", antialias=False))
+    np.testing.assert_allclose(host, ref, rtol=1e-5, atol=1e-5)  # the same map, float32 rounding apart

@@ -201,6 +201,30 @@ def optimizer(lr: float, weight_decay: float, warmup: int, steps: int,
     return optax.adamw(schedule(lr, warmup, steps, kind), b1=0.9, b2=0.999, eps=1e-8, weight_decay=weight_decay)
 
 
+def taps_padded(out: int, inp: int, size: int, flip: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`data.dense.bilinear_taps(out, inp)` (reversed when `flip`: output j reads out − 1 − j)
+    padded to `size` ≥ out entries (index 0, weight 0): one compiled resize per bucket of sizes."""
+    from skipless_jax.data.dense import bilinear_taps
+
+    i0, i1, frac = (np.asarray(a)[::-1] if flip else np.asarray(a) for a in bilinear_taps(out, inp))
+    pad = size - out
+    return (np.pad(i0, (0, pad)).astype(np.int32), np.pad(i1, (0, pad)).astype(np.int32),
+            np.pad(frac, (0, pad)).astype(np.float32))
+
+
+def resize_taps(x: jax.Array, ty: tuple[jax.Array, ...], tx: tuple[jax.Array, ...]) -> jax.Array:
+    """(h, w, K) → (len(ty[0]), len(tx[0]), K): the host's two-tap bilinear (`data.dense.resize_bilinear`
+    in float32: x[i0]·(1 − f) + x[i1]·f, rows then columns) from its tap arrays."""
+    (y0, y1, fy), (x0, x1, fx) = ty, tx
+    fy, fx = fy[:, None, None], fx[None, :, None]
+    x = x[y0] * (1 - fy) + x[y1] * fy
+    return x[:, x0] * (1 - fx) + x[:, x1] * fx
+
+
+def bucket_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
 DEFAULTS = dict(
     protocol="lin", steps=40_000, batch_size=16, lr=1e-3, weight_decay=1e-4, warmup=1500, num_classes=None,
     crop_size=None, blocks=None, flip=None, photometric=None, loss_norm="all", schedule="poly_warmup",
@@ -281,7 +305,9 @@ class LinearSegmentation:
     to the window), window logits averaged where windows overlap, resized bilinearly to the
     label's (H, W) (flipped views flipped back); one view: argmax of the logits, several: of the
     mean (here: sum) softmax. mIoU: one confusion matrix summed over the split (`confusion_matrix`,
-    `mean_iou`); pixel accuracy = its trace / its sum.
+    `mean_iou`); pixel accuracy = its trace / its sum. By default (`device_test`) the resizes,
+    accumulation, softmax and argmax run on the devices (`device_predictions`) with image i on
+    process i mod P and the confusions summed once; `scores` is the host reference.
     """
 
     name: str
@@ -305,6 +331,7 @@ class LinearSegmentation:
     chunk: int = 64  # test windows per device call
     buffer_bytes: int = 1 << 30  # view buffers held before the pending windows are sent
     workers: int = 0  # host threads making the train crops (0: min(16, cores))
+    device_test: bool = True  # the test pass's resizes, accumulation and softmax on the devices (False: host)
 
     def __post_init__(self):
         if self.ctx.outputs is None:
@@ -338,9 +365,34 @@ class LinearSegmentation:
             logits, _ = head_logits(head["params"], head["stats"], self.features(params, batch["image"]))
             return logits
 
+        def accumulate(total: jax.Array, grid: jax.Array, starts: jax.Array, lo: jax.Array, hi: jax.Array,
+                       hw: tuple[int, int]) -> jax.Array:
+            """Rows lo..hi−1 of grid (B, gh, gw, K) (window logits on their padded patch grid) resized
+            to the window's hw (the host's taps) and added into the view buffer total (hb, wb, K) at
+            starts[r] = (y0, x0); total is donated (updated in place)."""
+            ty = tuple(jnp.asarray(a) for a in taps_padded(hw[0], grid.shape[1], hw[0]))
+            tx = tuple(jnp.asarray(a) for a in taps_padded(hw[1], grid.shape[2], hw[1]))
+
+            def body(r, total):
+                win = resize_taps(grid[r].astype(jnp.float32), ty, tx)
+                at = (starts[r, 0], starts[r, 1], 0)
+                return jax.lax.dynamic_update_slice(total, jax.lax.dynamic_slice(total, at, win.shape) + win, at)
+
+            return jax.lax.fori_loop(lo, hi, body, total)
+
+        def view_scores(total: jax.Array, count: jax.Array, ty: tuple, tx: tuple, softmax: bool) -> jax.Array:
+            """The view's mean window logits (total / count) resized to the image's (bucketed) size
+            with the host's taps (a flipped view: reversed column taps), softmax when several views."""
+            x = resize_taps(total / count, ty, tx)
+            return jax.nn.softmax(x, axis=-1) if softmax else x
+
+        self._accumulate = jax.jit(accumulate, static_argnums=5, donate_argnums=0)
+        self._view_scores = jax.jit(view_scores, static_argnums=4)
         self._step = jax.jit(step, out_shardings=(self._replicated, self._replicated))
         # Replicated (patch-grid logits: small): every host reads all rows.
         self._window_logits = jax.jit(window_logits, out_shardings=self._replicated)
+        # The device test pass: the grid stays where it is computed (any mesh, e.g. a process's own).
+        self._window_grid = jax.jit(window_logits)
 
     def features(self, params: Any, images: jax.Array) -> jax.Array:
         """(B, H, W, C) → frozen (B, h, w, blocks·d) float32 patch tokens of the last `blocks` blocks
@@ -481,17 +533,93 @@ class LinearSegmentation:
                 yield results.pop(next_out)
                 next_out += 1
 
-    def confusion(self, params: Any, head: dict[str, Any]) -> np.ndarray:
-        """The (K, K) confusion over every record of `split`, exactly once."""
+    def device_predictions(self, params: Any, head: dict[str, Any], images: list[np.ndarray],
+                           mesh: Any = None) -> Iterator[np.ndarray]:
+        """(H, W) int predictions of each uint8 image, in order, the test pass on the devices of
+        `mesh` (default the context's): the same views, windows and arithmetic as `scores` (the host
+        reference, docs/method.md §8), with each window's logits resized (the host's bilinear taps),
+        accumulated into its view's buffer, the view resized to the image's size (flipped back), the
+        softmax and the sum over views, and the argmax taken on the devices; only the argmax comes back.
+
+        Shapes are bucketed so that few programs compile: a view's buffer is (h, w) rounded up to
+        a multiple of `bucket` (a quarter of the window side), the image's scores (H, W) likewise;
+        windows go `chunk` at a time per window shape (rows padded to a power of two)."""
+        from skipless_jax.data import dense, pipeline
+        from skipless_jax.evaluators.common import global_rows
+
+        mesh = self.ctx.mesh if mesh is None else mesh
+        p, k, step = self.patch_size, self.num_classes, max(self.protocol.crop // 4, 1)
+        one_view = len(self.protocol.test_scales) == 1 and not self.protocol.test_flip
+        for image in images:
+            H, W = image.shape[:2]
+            score = None
+            for _, flipped, resized in dense.test_views(image, self.protocol):
+                hw = resized.shape[:2]
+                wins = dense.windows(hw, self.protocol.crop, self.protocol.stride)
+                count = np.ones((bucket_up(hw[0], step), bucket_up(hw[1], step), 1), np.float32)
+                count[: hw[0], : hw[1]] = 0
+                for y0, y1, x0, x1 in wins:
+                    count[y0:y1, x0:x1] += 1
+                total = jnp.zeros((*count.shape[:2], k), jnp.float32)
+                x = pipeline.normalize(resized, self.info.mean, self.info.std)
+                by_shape: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+                for win in wins:
+                    by_shape.setdefault((win[1] - win[0], win[3] - win[2]), []).append(win)
+                for whw, group in by_shape.items():
+                    padded_hw = dense.patch_multiple(whw, p)
+                    top, left = (padded_hw[0] - whw[0]) // 2, (padded_hw[1] - whw[1]) // 2
+                    for c in range(0, len(group), self.chunk):
+                        part = group[c : c + self.chunk]
+                        crops = np.zeros((len(part), *padded_hw, x.shape[-1]), np.float32)
+                        for r, (y0, y1, x0, x1) in enumerate(part):  # DINOv2's CenterPadding
+                            crops[r, top : top + whw[0], left : left + whw[1]] = x[y0:y1, x0:x1]
+                        grid = self._window_grid(head, params, global_rows(mesh, {"image": crops}, bucket=True))
+                        starts = np.zeros((grid.shape[0], 2), np.int32)
+                        starts[: len(part)] = [(w[0], w[2]) for w in part]
+                        total = self._accumulate(total, grid, starts, 0, len(part), whw)
+                ty = taps_padded(H, hw[0], bucket_up(H, step))
+                tx = taps_padded(W, hw[1], bucket_up(W, step), flip=flipped)
+                view = self._view_scores(total, count, ty, tx, not one_view)
+                score = view if score is None else score + view
+            yield np.asarray(jax.device_get(jnp.argmax(score, axis=-1)))[:H, :W]
+
+    def confusion(self, params: Any, head: dict[str, Any], device: bool | None = None) -> np.ndarray:
+        """The (K, K) confusion over every record of `split`, exactly once. `device` (default
+        `device_test`): the device test pass (`device_predictions`) with image i read, decoded and
+        scored on process i mod P only (on its own devices) and the confusion matrices summed over
+        the processes once; else the host reference (`scores`) on every process."""
+        device = self.device_test if device is None else device
         source = self.source(self.split)
         total = np.zeros((self.num_classes, self.num_classes), np.int64)
         count = 0
-        for start in range(0, len(source), self.chunk):
-            records = [source[i] for i in range(start, min(start + self.chunk, len(source)))]
-            for record, score in zip(records, self.scores(params, head, [r["image"] for r in records]), strict=True):
-                total += confusion_matrix(score.argmax(-1), record["segmentation"], self.num_classes)
+        procs, rank = (jax.process_count(), jax.process_index()) if device else (1, 0)
+        mesh = self.ctx.mesh
+        if procs > 1:  # each process scores its own images alone: its devices, the head and backbone on them
+            from jax.experimental import multihost_utils
+
+            from skipless_jax import sharding
+
+            mesh = sharding.make_mesh({"data": -1, "fsdp": 1}, jax.local_devices())
+            local = sharding.replicated(mesh)
+            params, head = (jax.device_put(multihost_utils.process_allgather(t, tiled=True), local)
+                            for t in (params, head))
+        mine = list(range(rank, len(source), procs))
+        for start in range(0, len(mine), self.chunk):
+            records = [source[i] for i in mine[start : start + self.chunk]]
+            images = [r["image"] for r in records]
+            if device:
+                preds = self.device_predictions(params, head, images, mesh)
+            else:
+                preds = (score.argmax(-1) for score in self.scores(params, head, images))
+            for record, pred in zip(records, preds, strict=True):
+                total += confusion_matrix(pred, record["segmentation"], self.num_classes)
                 count += 1
                 record.clear()  # the image and label, once scored
+        if procs > 1:
+            from jax.experimental import multihost_utils
+
+            total = np.asarray(multihost_utils.process_allgather(total)).sum(0)
+            count = int(np.asarray(multihost_utils.process_allgather(np.int64(count))).sum())
         if count != len(source):  # every example exactly once
             raise AssertionError(f"segmentation counted {count} of {len(source)} examples of {self.split!r}")
         return total
