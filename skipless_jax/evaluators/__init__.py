@@ -59,8 +59,13 @@ def entries(config: ml_collections.ConfigDict) -> dict[str, Any]:
     return dict(evals)
 
 
-def check_config(config: ml_collections.ConfigDict, allowed_types: tuple[str, ...] = tuple(EVALUATORS)) -> None:
-    """One-line ValueError for an unknown type or field, or a bad period, before anything compiles."""
+def check_config(config: ml_collections.ConfigDict, allowed_types: tuple[str, ...] = tuple(EVALUATORS),
+                 required_by: str | None = None) -> None:
+    """One-line ValueError for an unknown type or field, or a bad period, before anything compiles;
+    `required_by` (a trainer without a default classification evaluation): also for no `config.evals`."""
+    if required_by is not None and config.get("evals") is None:
+        raise ValueError(f"config.evals must list the {required_by} trainer's evaluators "
+                         "(knn, linear_probe); {} for none")
     for name, entry in entries(config).items():
         kind = entry.get("type")
         if kind not in allowed_types:

@@ -334,9 +334,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
     ref = config.optimizer.get("lr_reference_batch")
     require(ref is None or (is_finite(ref) and ref > 0),
              f"config.optimizer.lr_reference_batch={ref!r} must be > 0 or None")
-    require(config.get("evals") is not None,
-             "config.evals must list the dino trainer's evaluators (knn, linear_probe); {} for none")
-    evaluators.check_config(config, EVALUATOR_TYPES)
+    evaluators.check_config(config, EVALUATOR_TYPES, required_by="dino")
     evaluators.check_data(config)
 
 

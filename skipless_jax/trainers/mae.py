@@ -77,9 +77,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
     images = m.get("picture_images", 8)
     require(isinstance(images, int) and not isinstance(images, bool) and images >= 0,
              f"config.mae.picture_images={images!r} must be an integer >= 0 (0: no picture)")
-    require(config.get("evals") is not None,
-             "config.evals must list the mae trainer's evaluators (knn, linear_probe); {} for none")
-    evaluators.check_config(config, EVALUATOR_TYPES)
+    evaluators.check_config(config, EVALUATOR_TYPES, required_by="mae")
     evaluators.check_data(config)
 
 
