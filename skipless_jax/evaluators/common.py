@@ -40,6 +40,30 @@ class Evaluator(Protocol):
 
 
 @dataclasses.dataclass
+class FeatureFitEvaluator:
+    """The fields and rows of an evaluator fitted on the features of `train_split` and scored on
+    those of `split` (kNN, linear probe); subclasses add their own fields and `run`."""
+
+    name: str
+    prefix: str
+    every_steps: int | None
+    split: str
+    ctx: Any
+    train_split: str
+
+    def fit_and_test_rows(self, params: Any) -> tuple[Any, Any, int, np.ndarray, np.ndarray]:
+        """(train features (on the devices), train labels, train count, test features, test labels)."""
+        train_x, train_y, n = self.ctx.extract_rows(params, self.train_split)
+        test_x, test_y = self.ctx.extract(params, self.split)
+        return train_x, train_y, n, test_x, test_y
+
+    @staticmethod
+    def train_split_of(entry: Any, ctx: Any) -> str:
+        """The entry's `train_split`, default the dataset's train split."""
+        return entry.get("train_split") or ctx.config.dataset.train_split
+
+
+@dataclasses.dataclass
 class EvalCache:
     """What the evaluators of one `Context` compute once and share, owned by that context.
 

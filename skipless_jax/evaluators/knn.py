@@ -20,6 +20,7 @@ from absl import logging
 from jax.sharding import PartitionSpec as P
 
 from skipless_jax import sharding
+from skipless_jax.evaluators.common import FeatureFitEvaluator
 from skipless_jax.models.dino_head import l2_normalize
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -137,22 +138,15 @@ def knn_accuracy(
 
 
 @dataclasses.dataclass
-class KNN:
+class KNN(FeatureFitEvaluator):
     """config.evals entry `type='knn'`: yields ('knn_accuracy', top-1) of the weighted kNN
     classifier whose bank is the features of `train_split` (default the dataset's train split)."""
 
-    name: str
-    prefix: str
-    every_steps: int | None
-    split: str
-    ctx: Any
-    train_split: str
     k: int = 20
     temperature: float = 0.07
 
     def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
-        train_x, train_y, n = self.ctx.extract_rows(params, self.train_split)  # the bank stays on the devices
-        test_x, test_y = self.ctx.extract(params, self.split)
+        train_x, train_y, n, test_x, test_y = self.fit_and_test_rows(params)  # the bank stays on the devices
         k = min(self.k, n)  # a bank smaller than k (a tiny split) votes with all of it
         if k < self.k:
             logging.warning("kNN: only %d train examples; using k=%d instead of %d.", n, k, self.k)
@@ -167,5 +161,5 @@ class KNN:
     def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> KNN:
         cls.check(name, entry)
         k, temperature = entry.get("k", 20), entry.get("temperature", 0.07)
-        train_split = entry.get("train_split") or ctx.config.dataset.train_split
-        return cls(name=name, ctx=ctx, train_split=train_split, k=k, temperature=temperature, **common)
+        return cls(name=name, ctx=ctx, train_split=cls.train_split_of(entry, ctx), k=k, temperature=temperature,
+                   **common)

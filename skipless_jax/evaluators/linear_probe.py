@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from skipless_jax import sharding
+from skipless_jax.evaluators.common import FeatureFitEvaluator
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -137,22 +138,15 @@ def linear_probe_accuracy(
 
 
 @dataclasses.dataclass
-class LinearProbe:
+class LinearProbe(FeatureFitEvaluator):
     """config.evals entry `type='linear_probe'`: yields ('linear_accuracy', top-1) of the probe
     fitted on the features of `train_split`."""
 
-    name: str
-    prefix: str
-    every_steps: int | None
-    split: str
-    ctx: Any
-    train_split: str
     l2: float = 1e-4
     max_steps: int = 500
 
     def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
-        train_x, train_y, _ = self.ctx.extract_rows(params, self.train_split)  # fitted on the devices
-        test_x, test_y = self.ctx.extract(params, self.split)
+        train_x, train_y, _, test_x, test_y = self.fit_and_test_rows(params)  # fitted on the devices
         yield "linear_accuracy", linear_probe_accuracy(
             train_x, train_y, test_x, test_y, self.ctx.num_classes, self.l2, self.max_steps, mesh=self.ctx.mesh
         )
@@ -165,5 +159,4 @@ class LinearProbe:
     def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> LinearProbe:
         cls.check(name, entry)
         l2, steps = entry.get("l2", 1e-4), entry.get("steps", 500)
-        train_split = entry.get("train_split") or ctx.config.dataset.train_split
-        return cls(name=name, ctx=ctx, train_split=train_split, l2=l2, max_steps=steps, **common)
+        return cls(name=name, ctx=ctx, train_split=cls.train_split_of(entry, ctx), l2=l2, max_steps=steps, **common)
