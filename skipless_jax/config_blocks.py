@@ -225,6 +225,36 @@ def family_model(name: str, a: dict[str, Any], drop_path: float, **fields: Any) 
     ))
 
 
+def recipe(a: dict[str, Any], trainer: str, dataset: str, train_split: str, eval_split: str,
+           **input_fields: Any) -> ml_collections.ConfigDict:
+    """The head of every recipe: the trainer, the seed from the args `a`, the dataset and its
+    splits (data_dir set per run) and `config.input` from `input_fields`."""
+    c = ml_collections.ConfigDict()
+    c.trainer = trainer
+    c.seed = a["seed"]
+    c.dataset = ml_collections.ConfigDict(
+        dict(name=dataset, train_split=train_split, eval_split=eval_split, data_dir=placeholder(str)))
+    c.input = ml_collections.ConfigDict(input_fields)
+    return c
+
+
+# The ImageNet-1k input of the references: batch 1024, 224×224 (evaluation resizes to 256 and
+# centre-crops 224).
+IMAGENET_INPUT = dict(batch_size=1024, eval_batch_size=1024, image_size=224, crop_pct=0.875, num_workers=32)
+
+
+def supervised_training(c: ml_collections.ConfigDict, a: dict[str, Any], *, lr: float, weight_decay: float,
+                        warmup_epochs: int, grad_clip: float | None) -> None:
+    """The supervised recipes' training: the args' optimizer and epochs, linear warm-up then cosine
+    to 1e-5, gradient clipping (None or 0: off), label smoothing 0.1, non-finite steps fatal."""
+    c.optimizer = optimizer(a["opt"], lr=lr, weight_decay=weight_decay)
+    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=warmup_epochs, end_lr=1e-5))
+    c.total_epochs = a["epochs"]
+    c.grad_clip_norm = grad_clip if grad_clip else placeholder(float)
+    c.label_smoothing = 0.1
+    c.skip_nonfinite_steps = False
+
+
 def imagenet_recipe(a: dict[str, Any], model: ml_collections.ConfigDict, *, warmup_epochs: int,
                     grad_clip: float | None, lr: float = 1e-3, weight_decay: float = 0.05,
                     repeated_augmentation: int = 1, ema_decay: float = 0.0) -> ml_collections.ConfigDict:
@@ -232,22 +262,11 @@ def imagenet_recipe(a: dict[str, Any], model: ml_collections.ConfigDict, *, warm
     epoch whole batches, as the references' loaders drop the last one); `repeated_augmentation`
     (DeiT's RASampler repeats) and `ema_decay` (model EMA, 0 off) as the family's reference
     (docs/recipes.md)."""
-    c = ml_collections.ConfigDict()
-    c.trainer = "supervised"
-    c.seed = a["seed"]
-    c.dataset = ml_collections.ConfigDict(
-        dict(name="imagenet2012", train_split="train", eval_split="validation", data_dir=placeholder(str)))
-    c.input = ml_collections.ConfigDict(dict(batch_size=1024, eval_batch_size=1024, image_size=224, crop_pct=0.875,
-                                             num_workers=32, aug=deit_aug(),
-                                             repeated_augmentation=repeated_augmentation, drop_last=True))
+    c = recipe(a, "supervised", "imagenet2012", "train", "validation", **IMAGENET_INPUT, aug=deit_aug(),
+               repeated_augmentation=repeated_augmentation, drop_last=True)
     model.dtype = "bfloat16"
     c.model = model
-    c.optimizer = optimizer(a["opt"], lr=lr, weight_decay=weight_decay)
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=warmup_epochs, end_lr=1e-5))
-    c.total_epochs = a["epochs"]
-    c.grad_clip_norm = grad_clip if grad_clip else placeholder(float)
-    c.label_smoothing = 0.1
-    c.skip_nonfinite_steps = False
+    supervised_training(c, a, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs, grad_clip=grad_clip)
     c.model_ema = model_ema(decay=ema_decay)
     runtime(c, eval_every=5000, checkpoint_every=2000)
     imagenet_evals(c, classifier=True)
@@ -257,22 +276,14 @@ def imagenet_recipe(a: dict[str, Any], model: ml_collections.ConfigDict, *, warm
 def cifar_vit_tiny(a: dict[str, Any]) -> ml_collections.ConfigDict:
     """The CIFAR-10 ViT-Tiny recipe of configs/cifar10_vit_tiny.py for the config args `a` (the
     CIFAR-100 and Tiny-ImageNet configs change its dataset and sizes)."""
-    c = ml_collections.ConfigDict()
-    c.trainer = "supervised"
-    c.seed = a["seed"]
-
-    c.dataset = ml_collections.ConfigDict(
-        dict(name="cifar10", train_split="train", eval_split="test", data_dir=placeholder(str))
-    )
-    c.input = ml_collections.ConfigDict(
-        dict(
-            batch_size=128,
-            eval_batch_size=1000,
-            image_size=32,
-            crop_pct=1.0,  # eval sees the image as it is
-            num_workers=8,
-            aug=deit_aug(crop="pad", crop_padding=4),  # scale: used only by crop="rrc"
-        )
+    c = recipe(
+        a, "supervised", "cifar10", "train", "test",
+        batch_size=128,
+        eval_batch_size=1000,
+        image_size=32,
+        crop_pct=1.0,  # eval sees the image as it is
+        num_workers=8,
+        aug=deit_aug(crop="pad", crop_padding=4),  # scale: used only by crop="rrc"
     )
     c.model = vit_model(
         a,
@@ -284,13 +295,7 @@ def cifar_vit_tiny(a: dict[str, Any]) -> ml_collections.ConfigDict:
         mlp_dim=768,
         patch_size=4,
     )
-
-    c.optimizer = optimizer(a["opt"], lr=1e-3, weight_decay=0.05)
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10, end_lr=1e-5))
-    c.total_epochs = a["epochs"]
-    c.grad_clip_norm = 1.0
-    c.label_smoothing = 0.1
-    c.skip_nonfinite_steps = False
+    supervised_training(c, a, lr=1e-3, weight_decay=0.05, warmup_epochs=10, grad_clip=1.0)
     steps_per_10_epochs = 3906  # 390.6 steps per epoch
     runtime(c, eval_every=steps_per_10_epochs, checkpoint_every=steps_per_10_epochs)
     return c
@@ -299,23 +304,7 @@ def cifar_vit_tiny(a: dict[str, Any]) -> ml_collections.ConfigDict:
 def imagenet_vit(a: dict[str, Any]) -> ml_collections.ConfigDict:
     """The ImageNet-1k ViT recipe of configs/vitb_skipless.py for the config args `a` (the baseline
     and Token Graying ViT configs set other args)."""
-    c = ml_collections.ConfigDict()
-    c.trainer = "supervised"
-    c.seed = a["seed"]
-
-    c.dataset = ml_collections.ConfigDict(
-        dict(name="imagenet2012", train_split="train", eval_split="validation", data_dir=placeholder(str))
-    )
-    c.input = ml_collections.ConfigDict(
-        dict(
-            batch_size=1024,
-            eval_batch_size=1024,
-            image_size=224,
-            crop_pct=0.875,
-            num_workers=32,
-            aug=deit_aug(),
-        )
-    )
+    c = recipe(a, "supervised", "imagenet2012", "train", "validation", **IMAGENET_INPUT, aug=deit_aug())
     c.model = vit_model(
         a,
         VITB_SUPERVISED_INIT,
@@ -323,52 +312,76 @@ def imagenet_vit(a: dict[str, Any]) -> ml_collections.ConfigDict:
         patch_size=placeholder(int),  # from the variant
         dtype="bfloat16",
     )
-
-    c.optimizer = optimizer(a["opt"], lr=1e-3, weight_decay=0.3)
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=5, end_lr=1e-5))
-    c.total_epochs = a["epochs"]
-    c.grad_clip_norm = 1.0
-    c.label_smoothing = 0.1
-    c.skip_nonfinite_steps = False
+    supervised_training(c, a, lr=1e-3, weight_decay=0.3, warmup_epochs=5, grad_clip=1.0)
     runtime(c, eval_every=5000, checkpoint_every=2000)
     imagenet_evals(c, classifier=True)
     return c
 
 
+def multicrop(*, global_scale: tuple[float, float], local_size: int, local_scale: tuple[float, float],
+              num_local: int, flip_prob: float, jitter: tuple[float, ...], blur_sigma: tuple[float, float]
+              ) -> dict[str, Any]:
+    """`config.input.multicrop` of the DINO recipes: DINO's colour jitter (p 0.8), grayscale (p 0.2),
+    blur (p 1.0 / 0.1 / 0.5 on global 1, global 2, locals) and solarization (p 0.2) probabilities;
+    the crops' sizes and scales, flip, jitter strengths and blur sigmas are the recipe's."""
+    return dict(
+        global_scale=global_scale,
+        local_size=local_size,
+        local_scale=local_scale,
+        num_local=num_local,
+        flip_prob=flip_prob,
+        jitter=jitter,
+        jitter_prob=0.8,
+        grayscale_prob=0.2,
+        blur_prob=(1.0, 0.1, 0.5),
+        blur_sigma=blur_sigma,
+        solarize_prob=0.2,
+    )
+
+
+def dino_training(c: ml_collections.ConfigDict, a: dict[str, Any], *, out_dim: int, hidden_dim: int,
+                  bottleneck_dim: int, warmup_teacher_temp: float, teacher_temp: float,
+                  warmup_teacher_temp_epochs: int, lr: float, lr_reference_batch: Any) -> None:
+    """`config.dino` and the training of the DINO recipes: the head's sizes and the teacher
+    temperatures are the recipe's; 3 head layers with a normalized last one, student T 0.1, centre
+    momentum 0.9, teacher momentum 0.996, per-tensor clipping at 3, last layer frozen 1 epoch;
+    the args' optimizer with min lr 1e-6 and weight decay 0.04 -> 0.4, 10 warm-up epochs."""
+    c.dino = ml_collections.ConfigDict(
+        dict(
+            out_dim=out_dim,
+            hidden_dim=hidden_dim,
+            bottleneck_dim=bottleneck_dim,
+            num_layers=3,
+            norm_last_layer=True,
+            student_temp=0.1,
+            warmup_teacher_temp=warmup_teacher_temp,
+            teacher_temp=teacher_temp,
+            warmup_teacher_temp_epochs=warmup_teacher_temp_epochs,
+            center_momentum=0.9,
+            momentum_teacher=0.996,
+            clip_grad=3.0,
+            freeze_last_layer_epochs=1,
+        )
+    )
+    c.optimizer = optimizer(
+        a["opt"], lr=lr, lr_reference_batch=lr_reference_batch, min_lr=1e-6, weight_decay=0.04, weight_decay_end=0.4
+    )
+    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10))
+    c.total_epochs = a["epochs"]
+    c.total_steps = placeholder(int)  # set to override the epochs
+    c.grad_clip_norm = placeholder(float)  # DINO clips per tensor: config.dino.clip_grad
+    c.skip_nonfinite_steps = False
+
+
 def dino_vits(a: dict[str, Any]) -> ml_collections.ConfigDict:
     """The DINO ViT-S/16 ImageNet recipe of configs/dino_vits_skipless.py for the config args `a`
     (configs/dino_vits_baseline.py sets the switches)."""
-    c = ml_collections.ConfigDict()
-    c.trainer = "dino"
-    c.seed = a["seed"]
-
-    c.dataset = ml_collections.ConfigDict(
-        dict(name="imagenet2012", train_split="train", eval_split="validation", data_dir=placeholder(str))
+    c = recipe(
+        a, "dino", "imagenet2012", "train", "validation", **IMAGENET_INPUT,  # image_size: the global crops
+        aug=None,
+        multicrop=multicrop(global_scale=(0.4, 1.0), local_size=96, local_scale=(0.05, 0.4), num_local=8,
+                            flip_prob=0.5, jitter=(0.4, 0.4, 0.2, 0.1), blur_sigma=(0.1, 2.0)),
     )
-    c.input = ml_collections.ConfigDict(
-        dict(
-            batch_size=1024,
-            eval_batch_size=1024,
-            image_size=224,  # global crops; evaluation resizes to 256 and centre-crops 224
-            crop_pct=0.875,
-            num_workers=32,
-            aug=None,
-            multicrop=dict(
-                global_scale=(0.4, 1.0),
-                local_size=96,
-                local_scale=(0.05, 0.4),
-                num_local=8,
-                flip_prob=0.5,
-                jitter=(0.4, 0.4, 0.2, 0.1),
-                jitter_prob=0.8,
-                grayscale_prob=0.2,
-                blur_prob=(1.0, 0.1, 0.5),
-                blur_sigma=(0.1, 2.0),
-                solarize_prob=0.2,
-            ),
-        )
-    )
-
     c.model = vit_model(
         a,
         DINO_VITS_INIT,
@@ -377,33 +390,8 @@ def dino_vits(a: dict[str, Any]) -> ml_collections.ConfigDict:
         dtype="bfloat16",
         **DINO_BACKBONE,
     )
-    c.dino = ml_collections.ConfigDict(
-        dict(
-            out_dim=65536,
-            hidden_dim=2048,
-            bottleneck_dim=256,
-            num_layers=3,
-            norm_last_layer=True,
-            student_temp=0.1,
-            warmup_teacher_temp=0.04,
-            teacher_temp=0.07,
-            warmup_teacher_temp_epochs=30,
-            center_momentum=0.9,
-            momentum_teacher=0.996,
-            clip_grad=3.0,
-            freeze_last_layer_epochs=1,
-        )
-    )
-
-    c.optimizer = optimizer(
-        a["opt"], lr=0.0005, lr_reference_batch=256, min_lr=1e-6, weight_decay=0.04, weight_decay_end=0.4
-    )
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10))
-    c.total_epochs = a["epochs"]
-    c.total_steps = placeholder(int)  # set to override the epochs
-    c.grad_clip_norm = placeholder(float)  # DINO clips per tensor: config.dino.clip_grad
-    c.skip_nonfinite_steps = False
-
+    dino_training(c, a, out_dim=65536, hidden_dim=2048, bottleneck_dim=256, warmup_teacher_temp=0.04,
+                  teacher_temp=0.07, warmup_teacher_temp_epochs=30, lr=0.0005, lr_reference_batch=256)
     c.evals = dino_evals(linear_l2=1e-4, linear_steps=1000)
     c.evals.update(dense_evals(a["dense"], a["dense_root"] or None))
     c.eval_at_start = False
@@ -415,36 +403,16 @@ def dino_vits(a: dict[str, Any]) -> ml_collections.ConfigDict:
 def dino_digits(a: dict[str, Any]) -> ml_collections.ConfigDict:
     """The DINO recipe on digits of configs/dino_digits.py for the config args `a`
     (configs/dino_digit_scenes.py changes data, crops and evaluations)."""
-    c = ml_collections.ConfigDict()
-    c.trainer = "dino"
-    c.seed = a["seed"]
-
-    c.dataset = ml_collections.ConfigDict(
-        dict(name="digits", train_split="train", eval_split="test", data_dir=placeholder(str))
+    c = recipe(
+        a, "dino", "digits", "train", "test",
+        batch_size=32,
+        eval_batch_size=256,
+        image_size=8,  # global crops and evaluation images
+        num_workers=0,
+        aug=None,
+        multicrop=multicrop(global_scale=(0.5, 1.0), local_size=4, local_scale=(0.3, 0.6), num_local=2,
+                            flip_prob=0.0, jitter=(0.4, 0.4, 0.0, 0.0), blur_sigma=(0.1, 0.6)),
     )
-    c.input = ml_collections.ConfigDict(
-        dict(
-            batch_size=32,
-            eval_batch_size=256,
-            image_size=8,  # global crops and evaluation images
-            num_workers=0,
-            aug=None,
-            multicrop=dict(
-                global_scale=(0.5, 1.0),
-                local_size=4,
-                local_scale=(0.3, 0.6),
-                num_local=2,
-                flip_prob=0.0,
-                jitter=(0.4, 0.4, 0.0, 0.0),
-                jitter_prob=0.8,
-                grayscale_prob=0.2,
-                blur_prob=(1.0, 0.1, 0.5),
-                blur_sigma=(0.1, 0.6),
-                solarize_prob=0.2,
-            ),
-        )
-    )
-
     c.model = vit_model(
         a,
         DINO_VITS_INIT,
@@ -457,33 +425,8 @@ def dino_digits(a: dict[str, Any]) -> ml_collections.ConfigDict:
         drop_path=0.0,
         **DINO_BACKBONE,
     )
-    c.dino = ml_collections.ConfigDict(
-        dict(
-            out_dim=256,
-            hidden_dim=256,
-            bottleneck_dim=32,
-            num_layers=3,
-            norm_last_layer=True,
-            student_temp=0.1,
-            warmup_teacher_temp=0.025,
-            teacher_temp=0.025,
-            warmup_teacher_temp_epochs=0,
-            center_momentum=0.9,
-            momentum_teacher=0.996,
-            clip_grad=3.0,
-            freeze_last_layer_epochs=1,
-        )
-    )
-
-    c.optimizer = optimizer(
-        a["opt"], lr=1e-3, lr_reference_batch=placeholder(int), min_lr=1e-6, weight_decay=0.04, weight_decay_end=0.4
-    )
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10))
-    c.total_epochs = a["epochs"]
-    c.total_steps = placeholder(int)  # set to override the epochs
-    c.grad_clip_norm = placeholder(float)  # DINO clips per tensor: config.dino.clip_grad
-    c.skip_nonfinite_steps = False
-
+    dino_training(c, a, out_dim=256, hidden_dim=256, bottleneck_dim=32, warmup_teacher_temp=0.025,
+                  teacher_temp=0.025, warmup_teacher_temp_epochs=0, lr=1e-3, lr_reference_batch=placeholder(int))
     c.evals = dino_evals(linear_l2=1e-3, linear_steps=300)
     c.eval_at_start = True  # and every 660 steps (15 epochs) and at the end
 
