@@ -329,11 +329,17 @@ class _Writer(_Tensors):
         return block_indices(pattern, self.source)
 
 
-def _vit_to_timm(w: _Writer, f: dict[str, Any]) -> None:
-    w.put("cls_token", w("cls"))
-    w.put("pos_embed", w("pos_embedding"))
+def _patch_embed_to_timm(w: _Writer, f: dict[str, Any], class_token: bool = False) -> None:
+    """timm's `patch_embed.proj` conv (and, with `class_token`, `cls_token` and `pos_embed` first)."""
+    if class_token:
+        w.put("cls_token", w("cls"))
+        w.put("pos_embed", w("pos_embedding"))
     w.put("patch_embed.proj.weight", unpatch_conv(w("embedding/kernel"), f["patch_size"]))
     w.put("patch_embed.proj.bias", w("embedding/bias"))
+
+
+def _vit_to_timm(w: _Writer, f: dict[str, Any]) -> None:
+    _patch_embed_to_timm(w, f, class_token=True)
     for i in w.indices(r"block_(\d+)/"):
         s, b = f"block_{i}", f"blocks.{i}"
         w.ln(f"{b}.norm1", f"{s}/LayerNorm_0")
@@ -366,8 +372,7 @@ def _convmixer_to_timm(w: _Writer, f: dict[str, Any], stats: _Writer) -> None:
 
 def _swin_to_timm(w: _Writer, f: dict[str, Any]) -> None:
     """timm ≥ 0.9's layout: the patch merging at the start of stage s + 1 (`layers.{s+1}.downsample`)."""
-    w.put("patch_embed.proj.weight", unpatch_conv(w("embedding/kernel"), f["patch_size"]))
-    w.put("patch_embed.proj.bias", w("embedding/bias"))
+    _patch_embed_to_timm(w, f)
     w.ln("patch_embed.norm", "embedding_norm")
     for s in w.indices(r"stage_(\d+)_"):
         if f"stage_{s}_merge/kernel" in w:
@@ -384,10 +389,7 @@ def _swin_to_timm(w: _Writer, f: dict[str, Any]) -> None:
 
 
 def _cait_to_timm(w: _Writer, f: dict[str, Any]) -> None:
-    w.put("cls_token", w("cls"))
-    w.put("pos_embed", w("pos_embedding"))
-    w.put("patch_embed.proj.weight", unpatch_conv(w("embedding/kernel"), f["patch_size"]))
-    w.put("patch_embed.proj.bias", w("embedding/bias"))
+    _patch_embed_to_timm(w, f, class_token=True)
     for i in w.indices(r"block_(\d+)/"):
         s, b = f"block_{i}", f"blocks.{i}"
         w.attention(f"{b}.attn", f"{s}/attention")
