@@ -17,19 +17,24 @@ Skip, DINO ViT-S/16, 300 epochs; skip → skipless, this config is the right-han
 paper's: linear segmentation mIoU VOC12 56.3 → 62.3 (single layer, `voc_lin`) and 61.6 → 65.4
 (multi-scale, `voc_ms`), COCO-Stuff 24.6 → 24.9 (`cocostuff_lin`), ADE20K 23.7 → 22.5 (`ade_lin`)
 and 26.0 → 26.3 (`ade_ms`); TokenCut CorLoc with SOAP VOC12 49.4 → 63.2 (`voc12_tokencut`),
-COCO20k 27.5 → 46.7 (`coco20k_tokencut`). The dense evaluations (docs/method.md §7-8: DINOv2's
-`lin` / `ms` probes, TokenCut) run at the end of training with `:dense=all,dense_root=DIR` (or
-'+'-joined names, e.g. dense=voc_lin+voc12_tokencut; docs/data.md lays out DIR), or afterwards
-on the checkpoint: python -m skipless_jax.evaluate --workdir=W
---config=configs/dino_vits_skipless.py:dense=all,dense_root=DIR. Each probe is 40k steps of 16
-crops; a run without `dense` reports the teacher's kNN and linear-probe top-1 (docs/method.md §11).
+COCO20k 27.5 → 46.7 (`coco20k_tokencut`). The dense evaluations (docs/method.md
+§7-8: DINOv2's `lin` / `ms` probes, TokenCut) are their own job by default, run on the checkpoint
+after training (one host; each writes W/eval/<name>.json; docs/data.md lays out DIR):
+    python -m skipless_jax.evaluate --workdir=W \
+        --config=configs/dino_vits_skipless.py:dense=all,dense_root=DIR \
+        --only=voc_lin,voc_ms,ade_lin,ade_ms,cocostuff_lin,voc07_tokencut,voc12_tokencut,coco20k_tokencut
+(any subset in --only). Training runs none of them unless asked: `:dense=all,dense_root=DIR` (or
+'+'-joined names, e.g. dense=voc_lin+voc12_tokencut) on the training command adds them to its
+last step, where the whole slice waits for them. Each probe is 40k steps of 16 crops
+(docs/results.md estimates the test passes' hours); a run without `dense` reports the teacher's
+kNN and linear-probe top-1 (docs/method.md §11).
 DINO's own ViT-S/16 300-epoch run (with skips, last layer not normalized) reaches 73.3 kNN /
 76.0 linear top-1 on ImageNet (facebookresearch/dino; its linear evaluation is not this
 project's probe, §11).
     (no args)                                   skipless, skipless init, AdamW
     :opt=soap                                   skipless, skipless init, SOAP
     :init=default                               skipless, default init (the ablation)
-    :dense=all,dense_root=DIR                   + the dense evaluations at the end (docs/data.md)
+    :dense=all,dense_root=DIR                   + the dense evaluations at training's end (not the default)
 
 Schedule (DINO, boosted): batch 1024, lr 0.0005 per 256 images (linear scaling), 10 warm-up
 epochs then cosine to a min lr of 1e-6, weight decay 0.04 rising to 0.4 (cosine; all parameters

@@ -13,6 +13,12 @@
 #   launch/gpu_node.sh --platform cpu --num-processes 2 --config configs/quickstart.py \
 #       --workdir /tmp/qs2 --dry-run
 #
+# The dense evaluations of the DINO configs are a second command, on the finished workdir, on
+# one machine (docs/dino.md; each named evaluator writes WORKDIR/eval/<name>.json):
+#   python -m skipless_jax.evaluate --workdir /data/runs/dino \
+#       --config 'configs/dino_vits_skipless.py:dense=all,dense_root=/data/dense' \
+#       --only voc_lin,voc_ms,ade_lin,ade_ms,cocostuff_lin,voc07_tokencut,voc12_tokencut,coco20k_tokencut
+#
 # docs/launch.md: set-up, where outputs land, resuming, and what the common failures mean.
 #
 # Settings that matter on GPUs (export them before calling; what you set is kept):

@@ -9,6 +9,8 @@
 #   salloc --nodes 2 --gpus-per-node 8 --exclusive
 #   launch/slurm_multinode.sh --config configs/quickstart.py --workdir /shared/runs/qs
 #
+# The DINO configs' dense evaluations run after training as their own job on one node (not
+# inside the training job): launch/gpu_node.sh's header and docs/dino.md give the command.
 # docs/launch.md: set-up, where outputs land, resuming, and what the common failures mean.
 #
 # Every process gets JAX_COORDINATOR_ADDRESS=<first node of SLURM_JOB_NODELIST>:PORT,

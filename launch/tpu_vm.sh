@@ -26,6 +26,8 @@
 #       --accelerator-type v4-32 --bucket gs://my-bucket --config configs/quickstart.py \
 #       -- --config.seed=1
 #
+# The DINO configs' dense evaluations run after training as their own job on one node (not
+# inside the training job): launch/gpu_node.sh's header and docs/dino.md give the command.
 # docs/launch.md: set-up, where outputs land, resuming, and what the common failures mean.
 set -euo pipefail
 
