@@ -134,15 +134,20 @@ def block_indices(prefix_re: str, keys: Any) -> list[int]:
 # ------------------------------------------------------------------ per family
 
 
-def _vit(r: Reader) -> dict[str, Any]:
-    if "dist_token" in r:
-        raise ValueError("distilled DeiT checkpoints (dist_token, head_dist) are not supported; "
-                         "use a non-distilled one")
-    p: dict[str, Any] = {
+def _class_token_stem(r: Reader) -> dict[str, Any]:
+    """The class token, position table, patch embedding and final norm of timm's ViT layout (CaiT's too)."""
+    return {
         "cls": r("cls_token"), "pos_embedding": r("pos_embed"),
         "embedding": {"kernel": patch_conv(r("patch_embed.proj.weight")), "bias": r("patch_embed.proj.bias")},
         "encoder_norm": ln(r, "norm"),
     }
+
+
+def _vit(r: Reader) -> dict[str, Any]:
+    if "dist_token" in r:
+        raise ValueError("distilled DeiT checkpoints (dist_token, head_dist) are not supported; "
+                         "use a non-distilled one")
+    p = _class_token_stem(r)
     d = p["cls"].shape[-1]
     for i in block_indices(r"blocks\.(\d+)\.", r.sd):
         p[f"block_{i}"] = vit_block(r, f"blocks.{i}", d)
@@ -208,11 +213,7 @@ def _swin(r: Reader) -> dict[str, Any]:
 
 
 def _cait(r: Reader) -> dict[str, Any]:
-    p: dict[str, Any] = {
-        "cls": r("cls_token"), "pos_embedding": r("pos_embed"),
-        "embedding": {"kernel": patch_conv(r("patch_embed.proj.weight")), "bias": r("patch_embed.proj.bias")},
-        "encoder_norm": ln(r, "norm"),
-    }
+    p = _class_token_stem(r)
     d = p["cls"].shape[-1]
     for i in block_indices(r"blocks\.(\d+)\.", r.sd):
         s = f"blocks.{i}"
