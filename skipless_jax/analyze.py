@@ -63,12 +63,8 @@ def config_of_workdir(config: ml_collections.ConfigDict | None, workdir: str | N
 
     has_checkpoints = workdir and os.path.isdir(os.path.join(workdir, "checkpoints"))
     saved = checkpoint.saved_config(workdir) if has_checkpoints else None
-    if saved is None:
-        if config is None:
-            raise ValueError(f"--workdir={workdir!r} has no checkpoint with a saved config; pass --config")
-        return config
-    saved_config = ml_collections.ConfigDict(saved)
-    if config is not None:
+    saved_config = pretrained.saved_or_given(saved, config, workdir)
+    if saved is not None and config is not None:
         given = config.to_dict()
         # A field the given config leaves unset (None) is one the trainer derives and saves, e.g.
         # schedule.warmup_steps from warmup_epochs: not a difference.

@@ -35,12 +35,8 @@ def resolve_config(workdir: str, config: ml_collections.ConfigDict | None) -> ml
     from skipless_jax import checkpoint, pretrained
 
     saved = checkpoint.saved_config(workdir)
-    if saved is None:
-        if config is None:
-            raise ValueError(f"--workdir={workdir!r} has no checkpoint with a saved config; pass --config")
-        return config
-    resolved = ml_collections.ConfigDict(saved)
-    if config is not None:
+    resolved = pretrained.saved_or_given(saved, config, workdir)
+    if saved is not None and config is not None:
         diffs = pretrained.config_differences(saved, config.to_dict())
         trained = [d for d in diffs if not d.startswith(("dataset.", "input.eval_batch_size"))]
         if trained:

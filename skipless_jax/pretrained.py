@@ -47,6 +47,17 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> 
     return sorted(k for k in set(a) | set(b) if not runtime(k) and a.get(k) != b.get(k))
 
 
+def saved_or_given(saved: Mapping[str, Any] | None, config: ml_collections.ConfigDict | None,
+                   workdir: str | None) -> ml_collections.ConfigDict:
+    """What a tool reading `workdir` (analyze, evaluate) starts from: its `saved` config, else the
+    given `config` (--config); with neither, the one-line ValueError naming the workdir."""
+    if saved is not None:
+        return ml_collections.ConfigDict(saved)
+    if config is None:
+        raise ValueError(f"--workdir={workdir!r} has no checkpoint with a saved config; pass --config")
+    return config
+
+
 def check_saved_config(config: ml_collections.ConfigDict, workdir: str, allow_change: bool) -> bool:
     """A one-line ConfigChangedError when the workdir's newest checkpoint was written by a config
     that trains something else (a flipped skip switch, another optimizer, depth, ...); with
