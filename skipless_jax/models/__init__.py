@@ -22,6 +22,8 @@ from typing import Any
 
 import flax.linen as nn
 
+from skipless_jax.models import init_schemes
+
 FAMILIES = {
     "vit": "skipless_jax.models.vit",
     "convmixer": "skipless_jax.models.convmixer",
@@ -86,5 +88,7 @@ def has_running_stats(model_config: Any) -> bool:
 
 
 def check_config(model_config: Any, image_size: int) -> None:
-    """The family's own config check (one-line ValueError for the first bad field)."""
+    """The family's own config check (one-line ValueError for the first bad field), then
+    whether a reference init ('timm', 'mae') is defined for the family."""
     family(model_config).check_config(model_config, image_size)
+    init_schemes.check(model_config.get("init", "default"), model_config.get("name", "vit") or "vit")

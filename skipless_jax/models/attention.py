@@ -26,7 +26,7 @@ def kernel_params(module: nn.Module, d: int) -> dict[str, jax.Array]:
     Xavier uniform each under the default init; one joint draw of the four (models/init.py,
     docs/method.md §3) under the skipless and mimetic inits. Both attention modules (this one and
     `family_parts.Attention`) build their kernels here."""
-    if module.init_scheme == "default":
+    if module.init_scheme in init_lib.PLAIN_SCHEMES:
         xavier = nn.initializers.xavier_uniform()
         return {n: module.param(n, xavier, (d, d), jnp.float32) for n in ATTENTION_KERNELS}
     joint = None

@@ -250,7 +250,7 @@ class Attention(nn.Module):
     dtype: Any = jnp.float32
 
     def _mixing(self, name: str, h: int) -> tuple[jax.Array, jax.Array]:
-        if self.init_scheme == "default":
+        if self.init_scheme in init_lib.PLAIN_SCHEMES:
             kernel = self.param(name, nn.initializers.xavier_uniform(), (h, h), jnp.float32)
         else:
             kernel = self.param(name, lambda _: jnp.eye(h, dtype=jnp.float32))

@@ -23,7 +23,11 @@ import jax.numpy as jnp
 
 from skipless_jax import linalg
 
-INIT_METHODS = ("default", "skipless", "mimetic")
+# 'timm' / 'mae': the references' inits (docs/method.md §24, models/init_schemes.py); modules
+# build under them as under 'default' (PLAIN_SCHEMES), then every parameter is redrawn.
+REFERENCE_SCHEMES = ("timm", "mae")
+PLAIN_SCHEMES = ("default", *REFERENCE_SCHEMES)
+INIT_METHODS = ("default", "skipless", "mimetic", *REFERENCE_SCHEMES)
 
 # Plain mimetic V/O constants of docs/method.md §3 (α₂ = β₂ = 0.4); Q/K take the configured α, β.
 MIMETIC_VO_ALPHA = 0.4
@@ -54,7 +58,7 @@ def validate_init(
     if method not in INIT_METHODS:
         raise ValueError(f"model.init={method!r} is unknown; allowed: {', '.join(INIT_METHODS)}")
     _check_heads(d, num_heads)
-    if method == "default":
+    if method in PLAIN_SCHEMES:
         return
     _check_positive("model.init_alpha", alpha)
     _check_nonnegative("model.init_beta", beta)
@@ -75,7 +79,7 @@ def validate_init_config(model_config: Any) -> None:
     d, h = get("width", None), get("num_heads", None)
     if not get("variant", None) and d is not None and h is not None:
         _check_heads(d, h)
-    if method != "default":
+    if method not in PLAIN_SCHEMES:
         _check_positive("model.init_alpha", get("init_alpha", None))
         _check_nonnegative("model.init_beta", get("init_beta", None))
     if method == "skipless":

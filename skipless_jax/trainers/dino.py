@@ -26,7 +26,7 @@ from absl import logging
 from skipless_jax import checkpoint, evaluators, models, pretrained, sharding, validate
 from skipless_jax.checks import is_finite, require
 from skipless_jax.data import device_images, device_input, inputs, multicrop, sources
-from skipless_jax.models import dino_head
+from skipless_jax.models import dino_head, init_schemes
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
 from skipless_jax.trainers import common, nonfinite, perf
@@ -457,7 +457,8 @@ def init_state_fn(
 
     def init_state(rng: jax.Array) -> dict[str, Any]:
         init_rng, train_rng = jax.random.split(rng)
-        params = model.init({"params": init_rng}, (dummy,), train=False)["params"]
+        variables = model.init({"params": init_rng}, (dummy,), train=False)
+        params = init_schemes.reinitialize(model, variables, init_rng)["params"]  # init='timm'
         return {
             "step": jnp.zeros((), jnp.int32),
             "params": params,

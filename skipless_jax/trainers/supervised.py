@@ -23,6 +23,7 @@ from absl import logging
 from skipless_jax import checkpoint, evaluators, models, pretrained, rng_streams, sharding, validate
 from skipless_jax.data import device_images, device_input, device_mix, inputs, sources
 from skipless_jax.evaluators.classification import cross_entropy
+from skipless_jax.models import init_schemes
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common, model_ema, nonfinite, perf
 from skipless_jax.trainers.run import Run, every, open_workdir
@@ -79,6 +80,7 @@ def make_init_state(model: Any, tx: optax.GradientTransformation, dummy: jax.Arr
     def init_state(rng: jax.Array) -> dict[str, Any]:
         init_rng, train_rng = jax.random.split(rng)
         variables = model.init({"params": init_rng}, dummy, train=False)
+        variables = init_schemes.reinitialize(model, variables, init_rng)  # init='timm' | 'mae'
         params = variables["params"]
         state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
                  "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
