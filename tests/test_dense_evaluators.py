@@ -398,23 +398,51 @@ def test_train_crops_depend_on_seed_and_step_only():
 
 
 def test_tokencut_splits_the_cut_over_processes_and_gathers_every_box(monkeypatch):
-    """Two processes simulated in one: each cuts rows p, p + 2, …; the gather puts every box back."""
+    """Two processes simulated in one: process r reads, decodes and cuts only records r, r + 2, …;
+    the gathers (boxes, ground truths) put every row back: equal to one process."""
     from jax.experimental import multihost_utils
 
     ctx, params, _ = context("tok")
     ev = tc.TokenCut.from_config("tc", ml_collections.ConfigDict(), ctx, **common("tc", "test[:11]"))
     ev.chunk = 4
-    whole, _ = ev.boxes(params)
-    halves = {}
+    whole, whole_gts = ev.boxes(params)
+    source = ev.records()
+    read: dict[int, list[int]] = {0: [], 1: []}
+    sent: dict[int, list[np.ndarray]] = {0: [], 1: []}
+
+    class Recording:
+        def __init__(self, rank):
+            self.rank = rank
+
+        def __len__(self):
+            return len(source)
+
+        def __getitem__(self, i):
+            read[self.rank].append(i)
+            return source[i]
+
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     for rank in (0, 1):
         monkeypatch.setattr(jax, "process_index", lambda rank=rank: rank)
-        monkeypatch.setattr(multihost_utils, "process_allgather",
-                            lambda x, rank=rank: np.stack([halves.setdefault(rank, x)] * 2))
+        monkeypatch.setattr(ev, "records", lambda rank=rank: Recording(rank))
+
+        def gather(x, tiled=False, rank=rank):
+            if tiled:  # the params, whole on each process
+                return jax.tree.map(np.asarray, jax.device_get(x))
+            sent[rank].append(np.asarray(x))
+            return np.stack([np.asarray(x)] * 2)
+
+        monkeypatch.setattr(multihost_utils, "process_allgather", gather)
         ev.boxes(params)
-    assert np.all(halves[0][1::2] == 0) and np.all(halves[1][0::2] == 0)  # each cut only its rows
-    gathered = np.stack([halves[0], halves[1]])
-    np.testing.assert_array_equal(gathered[np.arange(11) % 2, np.arange(11)], whole)
+    assert read == {0: [0, 2, 4, 6, 8, 10], 1: [1, 3, 5, 7, 9]}
+    boxes = [sent[r][0] for r in (0, 1)]
+    assert np.all(boxes[0][1::2] == 0) and np.all(boxes[1][0::2] == 0)  # each cut only its rows
+    np.testing.assert_array_equal(np.stack(boxes)[np.arange(11) % 2, np.arange(11)], whole)
+    k = max(int(sent[0][1]), int(sent[1][1]))
+    gts = [np.pad(sent[r][2], ((0, 0), (0, k - sent[r][2].shape[1]), (0, 0)), constant_values=np.nan)
+           for r in (0, 1)]  # each process's own k here (the real gather agrees on the largest)
+    for i, g in enumerate(np.stack(gts)[np.arange(11) % 2, np.arange(11)]):
+        np.testing.assert_array_equal(g[~np.isnan(g[:, 0])], whole_gts[i])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -253,3 +253,92 @@ def test_random_inputs_match_reference(seed):
         keys[blob] = obj
         keys = keys + 0.7 * rng.normal(size=keys.shape)
     _check_against_reference(keys.astype(np.float32), (h, w), p, image_hw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Canonical grids (docs/method.md §7): a few programs whatever the image sizes, the keys of each
+# image equal to the image alone.
+# ---------------------------------------------------------------------------------------------
+
+# VOC07-like sizes (H, W): VOC's long side is 500 for nearly every image, the short side varies.
+VOC07_LIKE = [(375, 500), (500, 375), (333, 500), (500, 333), (334, 500), (332, 500), (366, 500), (500, 400),
+              (281, 500), (500, 500), (360, 480), (353, 500), (374, 500), (500, 335), (357, 500), (338, 500),
+              (500, 341), (500, 496), (377, 500), (313, 500), (400, 500), (500, 319), (240, 320), (442, 500)]
+VOC07_WEIGHTS = [30, 10, 12, 5, 4, 4, 3, 3, 2, 3, 1, 2, 3, 2, 2, 2, 1, 1, 2, 1, 2, 1, 1, 1]
+
+
+def voc07_like_sizes(n: int, seed: int = 0) -> list[tuple[int, int]]:
+    rng = np.random.default_rng(seed)
+    p = np.asarray(VOC07_WEIGHTS, np.float64)
+    return [VOC07_LIKE[i] for i in rng.choice(len(VOC07_LIKE), n, p=p / p.sum())]
+
+
+def test_candidate_grids_and_canonical_sizes_on_voc07_like_images():
+    assert tc.candidate_grids((16, 8), 8) == tuple((h, w) for h in range(9, 17) for w in range(1, 9))
+    grids = {tuple(-(-g // 8) * 8 for g in tc.dense_patch_grid(hw, 16)) for hw in voc07_like_sizes(5000)}
+    assert len(grids) <= 8, grids  # every size VOC07 draws, patch 16, bucket 8 tokens (128 px)
+
+
+@pytest.mark.slow
+def test_canonical_grids_equal_per_image_keys_and_boxes_with_few_programs():
+    """A patch-16 tiny ViT (learned table resized bicubically) on 24 random images of VOC07-like
+    sizes: canonical grids (masked attention, the real grid's table) give each image's keys and
+    box as the image alone (bucket=0, one program per padded shape), in ≤ 8 programs."""
+    import jax
+    import jax.numpy as jnp
+
+    from skipless_jax import evaluators, models, sharding
+
+    from util import tiny_config
+
+    config = tiny_config()
+    config.dataset.name = "voc07_boxes"
+    config.model.update(dict(patch_size=16, pool="tok"))
+    model = models.build(config.model, 0, image_size=64)
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 64, 64, 3)))["params"]
+    mesh = sharding.make_mesh({"data": -1, "fsdp": 1})
+    ctx = evaluators.Context(config, mesh, 20, outputs=lambda p, x: model.apply({"params": p}, x)[1])
+    params = jax.device_put(params, sharding.replicated(mesh))
+    rng = np.random.default_rng(0)
+    records = [{"image": rng.integers(0, 256, (*hw, 3), dtype=np.uint8), "boxes": np.array([[0, 0, 50, 50.0]])}
+               for hw in voc07_like_sizes(24)]
+
+    class Source:
+        def __len__(self):
+            return len(records)
+
+        def __getitem__(self, i):
+            return dict(records[i])
+
+    results = {}
+    for bucket in (8, 0):
+        ev = tc.TokenCut("tc", "tc", None, "x", ctx, dataset="voc07_boxes", bucket=bucket, chunk=24)
+        ev.records = Source
+        results[bucket] = ev.boxes(params)[0]
+        if bucket:
+            programs = ev._bucket_keys._cache_size()
+        else:
+            shapes = ev._keys._cache_size()
+    np.testing.assert_array_equal(results[8], results[0])
+    assert 1 < programs <= 8 and programs < shapes, (programs, shapes)
+    # The keys themselves: one image alone vs on its canonical grid with another size beside it.
+    ev = tc.TokenCut("tc", "tc", None, "x", ctx, dataset="voc07_boxes")
+    info = ev.info
+    from skipless_jax.data import pipeline
+
+    a, b = records[0]["image"], records[1]["image"]
+    xa = tc.pad_to_patch_multiple(pipeline.normalize(a, info.mean, info.std), 16)
+    alone = np.asarray(ev._keys(params, {"image": jnp.asarray(xa[None])}))[0, 1:]
+    key = ev.canonical(a.shape[:2])
+    cands = tc.candidate_grids(key, 8)
+    canvas = np.zeros((8, key[0] * 16, key[1] * 16, 3), np.float32)
+    canvas[0, : xa.shape[0], : xa.shape[1]] = xa
+    grid = np.zeros((8,), np.int32)
+    grid[0] = cands.index(tc.dense_patch_grid(a.shape[:2], 16))
+    if ev.canonical(b.shape[:2]) == key:
+        xb = tc.pad_to_patch_multiple(pipeline.normalize(b, info.mean, info.std), 16)
+        canvas[1, : xb.shape[0], : xb.shape[1]] = xb
+        grid[1] = cands.index(tc.dense_patch_grid(b.shape[:2], 16))
+    keys = np.asarray(ev._bucket_keys(params, jnp.asarray(canvas), jnp.asarray(grid), cands, key))[0, 1:]
+    gh, gw = tc.dense_patch_grid(a.shape[:2], 16)
+    np.testing.assert_allclose(keys.reshape(*key, -1)[:gh, :gw].reshape(gh * gw, -1), alone, rtol=1e-5, atol=1e-5)

@@ -225,6 +225,18 @@ def bucket_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
+def process_local(*trees: Any) -> tuple[Any, list[Any]]:
+    """(a mesh over this process's devices alone, the trees whole and replicated on it): for work
+    that each process does on its own share of a split (dense test passes, TokenCut)."""
+    from jax.experimental import multihost_utils
+
+    from skipless_jax import sharding
+
+    mesh = sharding.make_mesh({"data": -1, "fsdp": 1}, jax.local_devices())
+    local = sharding.replicated(mesh)
+    return mesh, [jax.device_put(multihost_utils.process_allgather(t, tiled=True), local) for t in trees]
+
+
 DEFAULTS = dict(
     protocol="lin", steps=40_000, batch_size=16, lr=1e-3, weight_decay=1e-4, warmup=1500, num_classes=None,
     crop_size=None, blocks=None, flip=None, photometric=None, loss_norm="all", schedule="poly_warmup",
@@ -595,14 +607,7 @@ class LinearSegmentation:
         procs, rank = (jax.process_count(), jax.process_index()) if device else (1, 0)
         mesh = self.ctx.mesh
         if procs > 1:  # each process scores its own images alone: its devices, the head and backbone on them
-            from jax.experimental import multihost_utils
-
-            from skipless_jax import sharding
-
-            mesh = sharding.make_mesh({"data": -1, "fsdp": 1}, jax.local_devices())
-            local = sharding.replicated(mesh)
-            params, head = (jax.device_put(multihost_utils.process_allgather(t, tiled=True), local)
-                            for t in (params, head))
+            mesh, (params, head) = process_local(params, head)
         mine = list(range(rank, len(source), procs))
         for start in range(0, len(mine), self.chunk):
             records = [source[i] for i in mine[start : start + self.chunk]]

@@ -27,7 +27,9 @@ and runs the cut on the host.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -235,6 +237,81 @@ def validate_tokencut(block: Any, tau: Any, eps: Any, iou: Any, where: str = "co
         raise ValueError(f"{where}.iou={iou!r} must be a number in (0, 1]")
 
 
+def dense_patch_grid(hw: tuple[int, int], p: int) -> tuple[int, int]:
+    """The token grid of an (H, W) image padded to a multiple of p: (⌈H/p⌉, ⌈W/p⌉)."""
+    return -(-hw[0] // p), -(-hw[1] // p)
+
+
+def sharding_shards(mesh: Any) -> int:
+    from skipless_jax import sharding
+
+    return sharding.num_data_shards(mesh)
+
+
+def candidate_grids(canonical: tuple[int, int], bucket: int) -> tuple[tuple[int, int], ...]:
+    """Every real token grid (gh, gw) that pads to the canonical grid: Gh − bucket < gh ≤ Gh (and w)."""
+    gh, gw = canonical
+    return tuple((h, w) for h in range(max(gh - bucket + 1, 1), gh + 1) for w in range(max(gw - bucket + 1, 1), gw + 1))
+
+
+@contextlib.contextmanager
+def _attention_key_mask(mask: jax.Array) -> Iterator[None]:
+    """While tracing: every `jax.nn.dot_product_attention` call gets `mask` (B, 1, 1, n) (keys
+    outside the mask take no part). Used only around `models.attention.MultiHeadAttention`'s
+    call inside `bucket_keys`, which runs in the evaluating thread."""
+    plain = jax.nn.dot_product_attention
+    jax.nn.dot_product_attention = functools.partial(plain, mask=mask)
+    try:
+        yield
+    finally:
+        jax.nn.dot_product_attention = plain
+
+
+def bucket_keys(outputs: Any, block: int, params: Any, images: jax.Array, grid: jax.Array,
+                candidates: tuple[tuple[int, int], ...], canonical: tuple[int, int]) -> jax.Array:
+    """Keys (B, extra + Gh·Gw, d) of block `block` for images (B, Gh·p, Gw·p, C) zero-padded to the
+    canonical grid (Gh, Gw), image b's real grid candidates[grid[b]]: the ViT's position table
+    is the real grid's (`_position_embedding` at (gh, gw), laid on the canonical grid, 0 on the
+    padding), and every attention masks the padding's keys, so the real tokens' keys are those of
+    the image alone (docs/method.md §7)."""
+    import flax.linen as nn
+
+    from skipless_jax.models.attention import MultiHeadAttention
+    from skipless_jax.models.common import resize_posemb
+
+    gh_c, gw_c = canonical
+    masks = np.stack([np.pad(np.ones(c, bool), ((0, gh_c - c[0]), (0, gw_c - c[1]))).reshape(-1) for c in candidates])
+    valid = jnp.asarray(masks)[grid]  # (B, Gh·Gw)
+
+    def intercept(next_fun, args, kwargs, context):
+        if context.method_name == "_position_embedding":  # (grid_h, grid_w, d) of the canonical grid
+            d, vit = args[2], context.module
+            if vit.posemb != "sincos2d":  # the learned table, read once, resized as the ViT does
+                native = (vit.image_size // vit.patch_size,) * 2
+                table = next_fun(*native, d)
+            tables = []
+            for h, w in candidates:
+                if vit.posemb == "sincos2d":
+                    pe = next_fun(h, w, d)
+                else:
+                    pe = table if (h, w) == native else resize_posemb(
+                        table, h, w, antialias=vit.posemb_antialias, extra=int(vit.pool != "gap"))
+                extra = pe.shape[1] - h * w
+                laid = jnp.pad(pe[:, extra:].reshape(1, h, w, d), ((0, 0), (0, gh_c - h), (0, gw_c - w), (0, 0)))
+                tables.append(jnp.concatenate([pe[:, :extra], laid.reshape(1, gh_c * gw_c, d)], axis=1))
+            return jnp.concatenate(tables, axis=0)[grid]  # (B, extra + Gh·Gw, d)
+        if isinstance(context.module, MultiHeadAttention) and context.method_name == "__call__":
+            extra = args[0].shape[1] - gh_c * gw_c
+            keep = jnp.concatenate([jnp.ones((valid.shape[0], extra), bool), valid], axis=1)
+            with _attention_key_mask(keep[:, None, None, :]):
+                return next_fun(*args, **kwargs)
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(intercept):
+        out = outputs(params, images)
+    return out["blocks"][block]["keys"].astype(jnp.float32)
+
+
 @dataclasses.dataclass
 class TokenCut:
     """config.evals entry `type='tokencut'`: yields ('corloc', CorLoc) of TokenCut's boxes on
@@ -243,10 +320,11 @@ class TokenCut:
     Every record of the split exactly once, at its own resolution: normalized with the
     dataset's mean/std, zero-padded at the bottom/right to a multiple of the patch size; the
     keys of block `block` (default −1, the last) from `ctx.outputs`, jitted over the images
-    of one padded shape at a time (`chunk` consecutive records grouped by shape, the rows split
-    over the mesh's data axes, the keys replicated), on the model's token grid
-    (`models.describe(config.model).token_stride` pixels a token), CLS dropped (prefix = tokens − h·w); `ncut`
-    with (tau, eps) on the host in float64 — process p cuts rows p, p + P, … and the boxes are
+    of one canonical grid (`bucket`, ViT family: `bucket_keys`, few programs whatever the sizes)
+    or one padded shape at a time (`chunk` consecutive records grouped, the rows split over the
+    mesh's data axes), on the model's token grid (`models.describe(config.model).token_stride`
+    pixels a token), CLS dropped (prefix = tokens − h·w); `ncut` with (tau, eps) on the host in
+    float64 — process p reads, decodes and cuts records p, p + P, … alone and the boxes are
     gathered — `box` clipped to the unpadded image, then CorLoc at `iou` against the record's
     `boxes` (none: a miss).
     """
@@ -264,6 +342,8 @@ class TokenCut:
     iou: float = CORLOC_IOU
     picture_images: int = 8
     chunk: int = 64
+    bucket: int = 8  # canonical grids: multiples of `bucket` tokens (ViT family; 0: one program per padded shape)
+    rows: int = 16  # images per call of a canonical grid (rounded up to the data shards)
 
     def __post_init__(self):
         if self.ctx.outputs is None:
@@ -281,6 +361,8 @@ class TokenCut:
             return self.ctx.outputs(params, batch["image"])["blocks"][block]["keys"].astype(jnp.float32)
 
         self._keys = jax.jit(keys, out_shardings=sharding.replicated(self.ctx.mesh))  # every host reads all rows
+        self.family = models.describe(self.ctx.config.model).family
+        self._bucket_keys = jax.jit(functools.partial(bucket_keys, self.ctx.outputs, block), static_argnums=(3, 4))
 
     def records(self) -> Any:
         from skipless_jax.data import sources
@@ -293,41 +375,96 @@ class TokenCut:
         _, mask, seed = ncut(tokens, grid, self.tau, self.eps)
         return box(mask, seed, self.patch_size, image_hw)
 
+    def canonical(self, image_hw: tuple[int, int]) -> tuple[int, int] | None:
+        """The canonical token grid an image is padded to: its grid (⌈H/p⌉, ⌈W/p⌉) rounded up to
+        multiples of `bucket` (None: the image's own padded shape: no bucket, another family than
+        ViT's, or a dataset stored at one size, whose one shape needs none)."""
+        if not self.bucket or self.family != "vit" or self.info.fixed_size:
+            return None
+        grid = dense_patch_grid(image_hw, self.patch_size)
+        return tuple(-(-g // self.bucket) * self.bucket for g in grid)
+
     def boxes(self, params: Any) -> tuple[np.ndarray, list[np.ndarray]]:
         """(predicted boxes (n, 4), n ground-truth arrays (k_i, 4)) over every record of the split;
-        the first `picture_images` images are kept in `self.shown` for the picture."""
+        the first `picture_images` images of this process are kept in `self.shown` for the picture.
+
+        Image i is read, decoded and cut by process i mod P alone (on its own devices); the boxes
+        and ground truths are gathered. With canonical grids (`bucket`, the ViT family) the images
+        of one canonical grid go `rows` at a time through one program: zero-padded at the
+        bottom/right to the canonical grid after their own padding to a multiple of p, the
+        padded tokens masked out of every attention and given no position embedding, the real
+        grid's position table placed on it; the keys are cropped back to the real grid (equal
+        to the image alone, docs/method.md §7). Else one program per padded shape (as the
+        official code: the image alone)."""
         from skipless_jax.data import dense, pipeline
         from skipless_jax.evaluators.common import global_rows
+        from skipless_jax.evaluators.segmentation import process_local
 
         source = self.records()
         n, rank, procs = len(source), jax.process_index(), jax.process_count()
+        mesh = self.ctx.mesh
+        if procs > 1:
+            mesh, (params,) = process_local(params)
         preds = np.zeros((n, 4), np.float64)
-        gts: list[np.ndarray] = []
-        self.shown = []
-        for start in range(0, n, self.chunk):
-            records = [source[i] for i in range(start, min(start + self.chunk, n))]
+        gts: dict[int, np.ndarray] = {}
+        self.shown, self.shown_rows = [], []
+        mine = list(range(rank, n, procs))
+        shards = -(-self.rows // sharding_shards(mesh)) * sharding_shards(mesh)
+        for start in range(0, len(mine), self.chunk):
+            index = mine[start : start + self.chunk]
+            records = [source[i] for i in index]
             normalized = [pipeline.normalize(r["image"], self.info.mean, self.info.std) for r in records]
-            groups: dict[tuple[int, int], list[int]] = {}
+            groups: dict[Any, list[int]] = {}
             for j, r in enumerate(records):
-                gts.append(np.asarray(r.get("boxes", np.zeros((0, 4))), np.float64).reshape(-1, 4))
-                groups.setdefault(dense.patch_multiple(r["image"].shape[:2], self.patch_size), []).append(j)
+                gts[index[j]] = np.asarray(r.get("boxes", np.zeros((0, 4))), np.float64).reshape(-1, 4)
+                hw = r["image"].shape[:2]
+                groups.setdefault(self.canonical(hw) or dense.patch_multiple(hw, self.patch_size), []).append(j)
                 if len(self.shown) < self.picture_images:
                     self.shown.append(normalized[j])
-            for members in groups.values():
-                images = np.stack([pad_to_patch_multiple(normalized[j], self.patch_size) for j in members])
-                batch = global_rows(self.ctx.mesh, {"image": images}, bucket=True)
-                keys = np.asarray(jax.device_get(self._keys(params, batch)))
-                for row, j in enumerate(members):
-                    if (start + j) % procs == rank:
-                        preds[start + j] = self._cut(keys[row], records[j]["image"].shape[:2])
+                    self.shown_rows.append(index[j])
+            for key, members in groups.items():
+                if self.canonical(records[members[0]]["image"].shape[:2]) is None:
+                    images = np.stack([pad_to_patch_multiple(normalized[j], self.patch_size) for j in members])
+                    keys = np.asarray(jax.device_get(self._keys(params, global_rows(mesh, {"image": images},
+                                                                                    bucket=True))))
+                    for row, j in enumerate(members):
+                        preds[index[j]] = self._cut(keys[row], records[j]["image"].shape[:2])
+                    continue
+                canvas = (key[0] * self.patch_size, key[1] * self.patch_size)
+                cands = candidate_grids(key, self.bucket)
+                for c in range(0, len(members), shards):
+                    part = members[c : c + shards]
+                    images = np.zeros((shards, *canvas, normalized[part[0]].shape[-1]), np.float32)
+                    which = np.zeros((shards,), np.int32)
+                    for row, j in enumerate(part):
+                        x = pad_to_patch_multiple(normalized[j], self.patch_size)
+                        images[row, : x.shape[0], : x.shape[1]] = x
+                        which[row] = cands.index(dense_patch_grid(x.shape[:2], self.patch_size))
+                    batch = global_rows(mesh, {"image": images, "grid": which})
+                    keys = np.asarray(jax.device_get(self._bucket_keys(params, batch["image"], batch["grid"],
+                                                                       cands, key)))
+                    for row, j in enumerate(part):
+                        hw = records[j]["image"].shape[:2]
+                        grid = dense_patch_grid(hw, self.patch_size)
+                        extra = keys.shape[1] - key[0] * key[1]
+                        real = keys[row, extra:].reshape(*key, -1)[: grid[0], : grid[1]].reshape(-1, keys.shape[-1])
+                        preds[index[j]] = self._cut(real, hw)
+            for r in records:
+                r.clear()  # the image, once cut
         if procs > 1:  # each process cut its rows; the others are zeros there
             from jax.experimental import multihost_utils
 
             gathered = np.asarray(multihost_utils.process_allgather(preds))
             preds = gathered[np.arange(n) % procs, np.arange(n)]
+            k = int(np.max(multihost_utils.process_allgather(np.int64(max([len(g) for g in gts.values()] + [0])))))
+            padded = np.full((n, k, 4), np.nan)
+            for i, g in gts.items():
+                padded[i, : len(g)] = g
+            gathered = np.asarray(multihost_utils.process_allgather(padded))[np.arange(n) % procs, np.arange(n)]
+            gts = {i: g[~np.isnan(g[:, 0])] for i, g in enumerate(gathered)}
         if len(gts) != n:  # every record exactly once
             raise AssertionError(f"TokenCut counted {len(gts)} of {n} examples of {self.split!r}")
-        return preds, gts
+        return preds, [gts[i] for i in range(n)]
 
     def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
         preds, gts = self.boxes(params)
@@ -339,10 +476,10 @@ class TokenCut:
 
             hw = tuple(max(x.shape[i] for x in self.shown) for i in (0, 1))  # images of several sizes: padded
             self.shown = [dense.pad_to(x, hw, 0.0) for x in self.shown]
-            drawn = [[(tuple(p), "red")] + [(tuple(g), "lime") for g in gt] for p, gt in zip(preds, gts)]
+            drawn = [[(tuple(preds[i]), "red")] + [(tuple(g), "lime") for g in gts[i]] for i in self.shown_rows]
             pictures.image_grid(path, [("TokenCut", pictures.for_display(np.stack(self.shown)))],
                                 f"{self.prefix}: TokenCut box (red), ground truth (green); CorLoc {100 * score:.1f}%",
-                                boxes={0: drawn[: len(self.shown)]})
+                                boxes={0: drawn})
         yield "corloc", score
 
     @staticmethod
