@@ -6,7 +6,8 @@ r"""ImageNet-1k CaiT-S24 with Token Graying: the CaiT row of "Always Skip Attent
 Token Graying acts on the raw 16×16×3 patch matrix (196×768 per image) before the patch
 projection. Args: tg=dct|svd|svd_fast|none, eps ∈ (0, 1], skip_sab, skip_ffn (the residuals of
 the self-attention blocks; with one off its LayerScale γ starts at 1, docs/method.md §10),
-init=default|skipless, opt=adamw|soap, seed, epochs, variant=XXS24|S24. The class-attention
+init=timm|default|skipless (timm: CaiT's own init, docs/method.md §24),
+opt=adamw|soap, seed, epochs, variant=XXS24|S24. The class-attention
 blocks keep their skips (`config.model.skip_class_sab`, `skip_class_ffn` switch them).
 
 Hardware: sized for one 8-GPU node (A100/H100) or a TPU v4-32 slice (global batch 1024,
@@ -35,7 +36,7 @@ from skipless_jax import config_args, config_blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    a = config_args.parse(arg, tg="dct", eps=0.95, skip_sab=True, skip_ffn=True, init="default", opt="adamw", seed=0,
+    a = config_args.parse(arg, tg="dct", eps=0.95, skip_sab=True, skip_ffn=True, init="timm", opt="adamw", seed=0,
                           epochs=400, variant="S24")
     model = config_blocks.family_model("cait", a, 0.1, variant=a["variant"])
     # DeiT's main.py (CaiT's training code): repeated augmentation 3, model EMA 0.99996, no clipping.

@@ -4,7 +4,8 @@ r"""ConvMixer-256/8 on CIFAR-10 with and without its skip: the control of "Alway
         --workdir=/tmp/convmixer_cifar10_noskip
 
 ConvMixer has one residual per block, around depthwise conv → GELU → BatchNorm (`skip_sab`);
-the pointwise conv has none (docs/method.md §10). Args: skip_sab, init=default|skipless,
+the pointwise conv has none (docs/method.md §10). Args: skip_sab,
+init=timm|default|skipless (timm: the reference's torch defaults, docs/method.md §24),
 opt=adamw|soap, tg=dct|svd|svd_fast|none, eps, seed, epochs.
 
 Hardware: one GPU or TPU chip and ≥ 8 host cores for the augmentation (docs/data.md).
@@ -35,7 +36,7 @@ from skipless_jax import config_args, config_blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    a = config_args.parse(arg, skip_sab=True, init="default", opt="adamw", tg="none", eps=0.95, seed=0, epochs=25)
+    a = config_args.parse(arg, skip_sab=True, init="timm", opt="adamw", tg="none", eps=0.95, seed=0, epochs=25)
     c = ml_collections.ConfigDict()
     c.trainer = "supervised"
     c.seed = a["seed"]

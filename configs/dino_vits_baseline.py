@@ -30,8 +30,8 @@ last step, where the whole slice waits for them. Each probe is 40k steps of 16 c
 kNN and linear-probe top-1 (docs/method.md §11). DINO's own ViT-S/16 300-epoch run (last layer not normalized)
 reaches 73.3 kNN / 76.0 linear top-1 on ImageNet (facebookresearch/dino; its linear evaluation
 is not this project's probe, §11).
-    (no args)                                   both skips, default init, AdamW
-    :opt=soap                                   both skips, default init, SOAP
+    (no args)                                   both skips, DINO's init (init=timm), AdamW
+    :opt=soap                                   both skips, DINO's init (init=timm), SOAP
     :dense=all,dense_root=DIR                   + the dense evaluations at training's end (not the default)
 
 Schedule: as configs/dino_vits_skipless.py (DINO, boosted): batch 1024, lr 0.0005 per 256
@@ -47,7 +47,7 @@ from skipless_jax import config_args, config_blocks
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(
-        arg, skip_sab=True, skip_ffn=True, init="default", opt="adamw", seed=0, variant="S/16", epochs=300,
+        arg, skip_sab=True, skip_ffn=True, init="timm", opt="adamw", seed=0, variant="S/16", epochs=300,
         dense="none", dense_root="",
     )
     # The one recipe (config_blocks.dino_vits, as dino_vits_skipless.py); this file only flips the switches.

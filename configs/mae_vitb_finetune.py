@@ -29,7 +29,7 @@ SETTINGS = {"code": dict(base_lr=5e-4, layer_decay=0.65), "paper": dict(base_lr=
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(
-        arg, init_from=None, skip_sab=True, skip_ffn=True, init="default", seed=0, tg="none", eps=0.95,
+        arg, init_from=None, skip_sab=True, skip_ffn=True, init="mae", seed=0, tg="none", eps=0.95,
         settings="code", epochs=100,
     )
     if a["settings"] not in SETTINGS:

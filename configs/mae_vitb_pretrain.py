@@ -34,7 +34,7 @@ from skipless_jax import config_args, config_blocks
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(
-        arg, skip_sab=True, skip_ffn=True, init="default", seed=0, tg="none", eps=0.95, target="raw", epochs=800
+        arg, skip_sab=True, skip_ffn=True, init="mae", seed=0, tg="none", eps=0.95, target="raw", epochs=800
     )
     c = ml_collections.ConfigDict()
     c.trainer = "mae"

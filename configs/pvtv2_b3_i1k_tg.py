@@ -6,7 +6,9 @@ r"""ImageNet-1k PVTv2-b3 with Token Graying: the PVTv2 row of "Always Skip Atten
 PVTv2's stem is an overlapping 7×7 convolution of stride 4, not a plain patch projection: Token
 Graying acts on the stem-stride 4×4×3 patch matrix (3136×48 per image), mapped back to the
 image, then the model's own stem, identically at train and eval. Args: tg=dct|svd|svd_fast|none,
-eps ∈ (0, 1], skip_sab, skip_ffn, init=default|skipless, opt=adamw|soap, seed, epochs,
+eps ∈ (0, 1], skip_sab, skip_ffn,
+init=timm|default|skipless (timm: PVTv2's own init, docs/method.md §24),
+opt=adamw|soap, seed, epochs,
 variant=b0|b1|b2|b3.
 
 Hardware: sized for one 8-GPU node (A100/H100) or a TPU v4-32 slice (global batch 1024,
@@ -34,7 +36,7 @@ from skipless_jax import config_args, config_blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    a = config_args.parse(arg, tg="dct", eps=0.95, skip_sab=True, skip_ffn=True, init="default", opt="adamw", seed=0,
+    a = config_args.parse(arg, tg="dct", eps=0.95, skip_sab=True, skip_ffn=True, init="timm", opt="adamw", seed=0,
                           epochs=300, variant="b3")
     model = config_blocks.family_model("pvt_v2", a, 0.3, variant=a["variant"])
     # PVT's classification/main.py: repeated augmentation on (3), model EMA commented out;

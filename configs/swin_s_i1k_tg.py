@@ -6,7 +6,9 @@ r"""ImageNet-1k Swin-S with Token Graying: the Swin row of "Always Skip Attentio
 Token Graying acts on the stem's raw 4×4×3 patch matrix (3136×48 per image) before the patch
 projection (the Swin stem is a plain patch projection), identically at train and eval. Args:
 tg=dct|svd|svd_fast|none, eps ∈ (0, 1], skip_sab, skip_ffn (the two residuals of every Swin
-block), init=default|skipless, opt=adamw|soap, seed, epochs, variant=T|S|B.
+block),
+init=timm|default|skipless (timm: Swin's own init, docs/method.md §24),
+opt=adamw|soap, seed, epochs, variant=T|S|B.
 
 Hardware: sized for one 8-GPU node (A100/H100) or a TPU v4-32 slice (global batch 1024,
 bfloat16 compute); the augmentation needs ≈ 47 worker processes (`input.num_workers`) per
@@ -33,7 +35,7 @@ from skipless_jax import config_args, config_blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    a = config_args.parse(arg, tg="dct", eps=0.95, skip_sab=True, skip_ffn=True, init="default", opt="adamw", seed=0,
+    a = config_args.parse(arg, tg="dct", eps=0.95, skip_sab=True, skip_ffn=True, init="timm", opt="adamw", seed=0,
                           epochs=300, variant="S")
     model = config_blocks.family_model("swin", a, 0.3, variant=a["variant"])
     return config_blocks.imagenet_recipe(a, model, warmup_epochs=20, grad_clip=5.0)

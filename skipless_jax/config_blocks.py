@@ -216,7 +216,8 @@ def family_model(name: str, a: dict[str, Any], drop_path: float, **fields: Any) 
     drop-path only with both skips (docs/method.md §1); `fields` (variant, sizes) are added."""
     skip_sab, skip_ffn = a.get("skip_sab", True), a.get("skip_ffn", True)
     init = a.get("init", "default")
-    constants = VITB_SUPERVISED_INIT if init != "default" else dict(init_alpha=1.0, init_beta=1.0, init_c=1.0)
+    skipless = init in ("skipless", "mimetic")
+    constants = VITB_SUPERVISED_INIT if skipless else dict(init_alpha=1.0, init_beta=1.0, init_c=1.0)
     tg = a.get("tg", "none")
     return ml_collections.ConfigDict(dict(
         name=name, skip_sab=skip_sab, skip_ffn=skip_ffn, drop_path=drop_path if skip_sab and skip_ffn else 0.0,
