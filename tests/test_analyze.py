@@ -31,6 +31,7 @@ def _np_embedding_kappa(model, params, images):
     return result
 
 
+@pytest.mark.slow
 def test_analyze_at_init_writes_table_plot_and_json(tmp_path, capsys):
     arg = "skip_sab=False,init=skipless"
     config = tiny_config(arg)
@@ -51,6 +52,7 @@ def test_analyze_at_init_writes_table_plot_and_json(tmp_path, capsys):
         np.testing.assert_allclose(result["log_kappa"][point], want[point], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_analyze_reads_the_latest_checkpoint(tmp_path):
     config = tiny_config("skip_sab=False")
     model, shape = analyze.build(config)
@@ -95,6 +97,7 @@ def test_analyze_uses_the_config_saved_in_the_workdir(tmp_path, capsys):
     assert no_config["log_kappa"] == right["log_kappa"]
 
 
+@pytest.mark.slow
 def test_jacobian_columns(tmp_path, capsys):
     config = tiny_config("skip_sab=False,skip_ffn=False,init=skipless")
     result = analyze.analyze(config, output_dir=str(tmp_path), num_images=2, jacobian=True)
@@ -122,6 +125,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         analyze.analyze(tiny_config(), workdir=str(tmp_path / "missing"))
 
 
+@pytest.mark.slow
 def test_cli_error_is_one_line(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "skipless_jax.analyze", "--config=configs/quickstart.py:init=bogus",

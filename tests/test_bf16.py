@@ -20,6 +20,7 @@ def _images(n=2, size=32):
     return jnp.asarray(patches.reshape(n, grid, grid, 4, 4, 3).transpose(0, 1, 3, 2, 4, 5).reshape(n, size, size, 3))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["svd", "dct"])
 def test_token_graying_in_a_bf16_model_keeps_kappa_to_the_eps(method):
     images = _images()

@@ -124,6 +124,7 @@ def _flip_bit(x, index, bit):
     return jax.lax.bitcast_convert_type(words.at[index].set(words[index] ^ (1 << bit)), x.dtype)
 
 
+@pytest.mark.slow
 def test_checksums_depend_on_the_value_only():
     values = _values(3)
     reference = checkpoint.checksums(_state(3))

@@ -112,6 +112,7 @@ def test_help_exits_0_and_prints_the_usage():
     ],
     ids=["no-coordinator", "id-without-count", "id-too-large", "id-negative", "zero-processes"],
 )
+@pytest.mark.slow
 def test_inconsistent_process_flags_are_one_line_with_status_2(tmp_path, args, words):
     assert_one_line_error(cli(f"--config={TINY}", f"--workdir={tmp_path}", *args), 2, *words)
 
@@ -129,12 +130,14 @@ def test_check_processes_accepts_single_and_explicit_multi_process(monkeypatch):
     distributed.check_processes(None, 2, 1)  # SLURM names the coordinator
 
 
+@pytest.mark.slow
 def test_mesh_fsdp_override_that_does_not_divide_the_devices_is_one_line(tmp_path):
     result = cli(f"--config={TINY}", "--config.mesh.fsdp=3", f"--workdir={tmp_path}")
     assert_one_line_error(result, 1, "config.mesh.fsdp=3 does not divide the 8 devices")
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_bad_config_value_on_the_command_line_is_one_line(tmp_path):
     result = cli(f"--config={TINY}", "--config.optimizer.lr=inf", f"--workdir={tmp_path}")
     assert_one_line_error(result, 1, "config.optimizer.lr=inf must be a finite number > 0")
@@ -300,6 +303,7 @@ def test_gpu_node_passes_on_preemption_as_75(tmp_path, fake_trainer):
     assert "exited with status" not in result.stderr  # not reported as a failure
 
 
+@pytest.mark.slow
 def test_gpu_node_finished_run_is_0_and_failure_wins_over_preemption(tmp_path, fake_trainer):
     assert _gpu_node(tmp_path, fake_trainer).returncode == 0
     failed = _gpu_node(tmp_path, fake_trainer, FAKE_EXIT_0="3", FAKE_SLEEP_1="60")

@@ -133,6 +133,7 @@ def test_jacobian_equals_kronecker_when_softmax_is_constant():
     assert min(res["log_kappa_K"], res["log_kappa_B"]) > 20.0
 
 
+@pytest.mark.slow
 def test_skipless_attention_init_is_better_conditioned_than_default():
     """Cutting the Skip's direction at a LayerNorm-scaled input, several seeds (METHOD.md §2)."""
     d, n, h = 32, 16, 2
@@ -190,6 +191,7 @@ def _block(skip_sab: bool, skip_ffn: bool, scheme: str = "default", n: int = 4, 
     return params, np.asarray(x[0], np.float64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("skip_sab,skip_ffn", [(False, False), (True, True), (False, True)])
 def test_encoder_block_matches_the_model(skip_sab, skip_ffn):
     from skipless_jax.models import vit
@@ -201,6 +203,7 @@ def test_encoder_block_matches_the_model(skip_sab, skip_ffn):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("skip_sab,skip_ffn", [(False, False), (True, True), (False, True)])
 def test_block_jacobian_matches_finite_differences(skip_sab, skip_ffn):
     params, x = _block(skip_sab, skip_ffn)

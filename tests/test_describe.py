@@ -97,6 +97,7 @@ def scene_images(split: str) -> tuple[np.ndarray, list[dict]]:
     return np.stack([pipeline.normalize(r["image"], info.mean, info.std) for r in records]), records
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_describe_matches_the_built_model(family):
     config, _, params = backbone(family)
@@ -116,6 +117,7 @@ def test_describe_matches_the_built_model(family):
         d.depth = 7
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_layer_decay_multipliers_follow_the_family_rule(family):
     config = scene_config(family)
@@ -171,6 +173,7 @@ def test_feature_pca_on_every_family(family):
     np.testing.assert_allclose(rgb, want_rgb, atol=2e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_linear_segmentation_on_every_family(family):
     ctx, params = context(family)

@@ -99,6 +99,7 @@ def test_each_shard_draws_from_the_key_folded_with_its_index():
         device_mix.mixup_cutmix(key, jnp.asarray(images), jnp.asarray(labels), aug, shards=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mixup, cutmix, prob", [(0.8, 0.0, 1.0), (0.0, 1.0, 1.0), (0.8, 1.0, 1.0), (0.8, 1.0, 0.0)])
 def test_draws_follow_the_switches(mixup, cutmix, prob):
     lams, cuts = [], []
@@ -163,6 +164,7 @@ def _global_batch(process_count: int, num_workers: int = 0, on_device: bool = Fa
     return {k: np.concatenate([b[k] for b in local]) for k in local[0]}
 
 
+@pytest.mark.slow
 def test_the_step_input_after_erasing_and_mixing_is_the_same_for_any_processes_and_workers():
     """uint8 + erasing boxes from the pipeline, then the train step's prologue (normalize, erase,
     mix from (seed, step) keys): 1 process reading in-process and 2 processes with 2 worker

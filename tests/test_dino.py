@@ -147,6 +147,7 @@ def test_schedules_equal_dino_closed_forms():
     np.testing.assert_allclose(float(sched.lr(500)), lr[-1], rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_clip_per_tensor_and_frozen_last_layer():
     grads = {"head": {"last_layer_v": jnp.full((4, 4), 2.0)}, "w": jnp.full((3,), 0.5)}
     clipped, _ = dino.clip_per_tensor(3.0).update(grads, optax.EmptyState())
@@ -198,6 +199,7 @@ def test_dino_decays_position_table_and_class_token_but_not_biases():
     assert not mask["backbone"]["embedding"]["bias"] and not mask["head"]["last_layer_g"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opt", ["adamw", "soap"])
 def test_registry_optimizer_inside_dino_schedules(opt):
     """Whatever `config.optimizer.name` builds: frozen last layer, then decay lr_t·wd_t·p on kernels only."""
@@ -267,6 +269,7 @@ def test_multicrop_shapes_and_determinism():
     np.testing.assert_array_equal(half["local"], batches[2]["local"][8:])
 
 
+@pytest.mark.slow
 def test_views_are_crop_major_and_local_crops_use_the_resized_position_table():
     g = np.arange(3 * 2).reshape(3, 2, 1, 1, 1).astype(np.float32)
     globals_, _ = multicrop.split_views(g, np.zeros((3, 0, 1, 1, 1)))
@@ -279,6 +282,7 @@ def test_views_are_crop_major_and_local_crops_use_the_resized_position_table():
     assert out.shape == (10, 64) and feats.shape == (10, 16)
 
 
+@pytest.mark.slow
 def test_loss_and_centre_on_four_devices_equal_single_device():
     config = tiny_dino_config()
     sched = dino.schedules_from_config(config, 1437)

@@ -41,6 +41,7 @@ def test_only_runs_the_named_evaluators_and_writes_each_file(finished):
     assert (finished / "evaluation.json").read_text() == "{}"  # --only leaves the combined file alone
 
 
+@pytest.mark.slow
 def test_only_with_a_name_the_config_lacks_is_one_line(finished):
     with pytest.raises(ValueError, match=r"^--only=knn,nope: 'nope' is not an evaluator of the config; "
                                          r"available: \['knn', 'test'\]$"):

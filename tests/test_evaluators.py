@@ -42,6 +42,7 @@ def test_knn_votes_match_reference(k, t, chunk):
     np.testing.assert_array_equal(votes.argmax(-1), expected.argmax(-1))
 
 
+@pytest.mark.slow
 def test_knn_accuracy_separates_informative_from_random_features():
     rng = np.random.default_rng(0)
     train_x, train_y = clustered(rng, 400, 16, 4, 0.5)
@@ -61,6 +62,7 @@ def test_knn_bad_input_is_one_line(k, t, match):
         knn.knn_votes(np.ones((300, 4)), np.zeros(300, int), np.ones((2, 4)), 2, k, t)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("devices, n", [(1, 240), (8, 243)])  # 8: rows split over the mesh, 5 padding rows
 def test_linear_probe_reaches_the_scipy_optimum(devices, n):
     rng = np.random.default_rng(3)
@@ -88,6 +90,7 @@ def test_linear_probe_reaches_the_scipy_optimum(devices, n):
     np.testing.assert_array_equal(linear_probe.predict_logits(probe, test_x).argmax(-1), ref_logits.argmax(-1))
 
 
+@pytest.mark.slow
 def test_linear_probe_accuracy_and_bad_input():
     rng = np.random.default_rng(5)
     train_x, train_y = clustered(rng, 300, 8, 3, 0.3)
@@ -130,6 +133,7 @@ def test_knn_votes_from_a_bank_on_the_devices_match_reference():
     np.testing.assert_allclose(votes, ref_knn_votes(train_x, train_y, test_x, 5, 20, 0.07), rtol=2e-4)
 
 
+@pytest.mark.slow
 def test_linear_probe_fitted_from_rows_on_the_devices_equals_the_host_fit():
     rng = np.random.default_rng(3)
     train_x, train_y = clustered(rng, 243, 10, 4, 2.0)
@@ -144,6 +148,7 @@ def test_linear_probe_fitted_from_rows_on_the_devices_equals_the_host_fit():
                                   linear_probe.predict_logits(host, test_x).argmax(-1))
 
 
+@pytest.mark.slow
 def test_knn_and_probe_evaluators_on_digits_equal_the_host_computation():
     """The evaluators (bank / fit rows kept on the devices) against knn_accuracy and
     linear_probe_accuracy on host-extracted features, through a Context on the quickstart data."""

@@ -70,6 +70,7 @@ def test_exported_model_reproduces_the_final_test_accuracy_without_skipless_jax(
         assert out[size]["correct"] == round(final * 360), (out, final)
 
 
+@pytest.mark.slow
 def test_a_number_of_examples_takes_the_first_ones(trained):
     workdir, _ = trained
     images, labels = export.eval_examples(workdir, 5)

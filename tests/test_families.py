@@ -73,6 +73,7 @@ def _run(family: str, images=None, params=None, **fields):
     return logits, out, params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, variant, classes, size, count", TIMM_COUNTS)
 def test_parameter_counts_equal_timms(family, variant, classes, size, count):
     cfg = {"name": family, "variant": variant}
@@ -83,6 +84,7 @@ def test_parameter_counts_equal_timms(family, variant, classes, size, count):
     assert sum(math.prod(x.shape) for x in jax.tree.leaves(shapes)) == count
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_shapes_and_blocks_for_the_kappa_analysis(family):
     logits, out, _ = _run(family)
@@ -114,6 +116,7 @@ def _block_input(block):
     return np.asarray(block["sab_skip"] - block["sab"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_each_skip_switch_removes_its_residual(family):
     on = _run(family)[1]["blocks"]
@@ -132,6 +135,7 @@ def test_each_skip_switch_removes_its_residual(family):
     np.testing.assert_allclose(_block_input(off_ffn[1]), off_ffn[0]["ffn"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_cait_class_attention_switches_and_layerscale_rule():
     _, out, params = _run("cait")
     np.testing.assert_allclose(params["block_0"]["gamma_1"], 1e-5)
@@ -152,6 +156,7 @@ def test_cait_class_attention_switches_and_layerscale_rule():
     assert float(np.abs(off["blocks"][0]["sab"]).mean()) > 1e-2 > float(np.abs(out["blocks"][0]["sab"]).mean())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_token_graying_acts_on_the_stem_stride_patch_matrix(family):
     images = _images(seed=3)
@@ -175,6 +180,7 @@ def _svals(m) -> np.ndarray:
 SKIPLESS = dict(init="skipless", init_alpha=2.0, init_beta=0.6, init_c=3.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_skipless_init_per_family(family):
     _, _, params = _run(family, skip_sab=False, **SKIPLESS)
@@ -207,6 +213,7 @@ def test_skipless_init_per_family(family):
         np.testing.assert_allclose(flat["block_0/gamma_1"], 1.0)
 
 
+@pytest.mark.slow
 def test_cait_identity_talking_heads_is_plain_attention():
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 8))
     plain = family_parts.Attention(2, init_scheme="skipless", init_c=1.0)
@@ -264,6 +271,7 @@ def _np_shifted_window_attention(x, grid, ws, shift, heads, params):
     return np.roll(out.reshape(h, w, c), (shift, shift), axis=(0, 1)).reshape(n, c)
 
 
+@pytest.mark.slow
 def test_swin_shifted_window_attention_matches_numpy():
     cfg = dict(width=8, depths=(2,), num_heads=(2,), window_size=2, patch_size=1)
     images = _images(n=1, size=4, seed=5)

@@ -107,6 +107,7 @@ def test_per_head_orthogonal_vo_is_rejected(d, num_heads):
     assert s.max() / s.min() > 10.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("d,num_heads", SHAPES)
 def test_mimetic_qk_is_rank_dh_truncation(d, num_heads):
     key = jax.random.key(7 * d + num_heads)
@@ -132,6 +133,7 @@ def test_single_head_qk_product_is_exact():
     np.testing.assert_allclose(_np64(w_q) @ _np64(w_k).T, target, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_mimetic_vo_product():
     key = jax.random.key(5)
     d = 48

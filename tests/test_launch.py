@@ -221,6 +221,7 @@ def test_gpu_node_runs_what_it_prints(tmp_path: Path, fake_python: Path):
         assert f"[p{i}] {log.strip()}" in result.stdout  # streamed with its prefix
 
 
+@pytest.mark.slow
 def test_gpu_node_stops_the_survivors_when_a_process_dies(tmp_path: Path, fake_python: Path):
     # Process 2 exits on SIGTERM; process 0 ignores it and must be killed after the grace period.
     env = clean_env(FAKE_EXIT_1="3", FAKE_SLEEP_0="60", FAKE_DEAF_0="1", FAKE_SLEEP_2="60")

@@ -78,6 +78,7 @@ def test_unwritable_workdir_is_one_line(tmp_path):
                           "(a read-only file system)"], result.stdout
 
 
+@pytest.mark.slow
 def test_missing_init_from_is_one_line_and_leaves_no_workdir(tmp_path):
     workdir, missing = tmp_path / "run", tmp_path / "no_such_pretraining"
     result = _cli(f"--config=configs/mae_digits_finetune.py:init_from={missing}", f"--workdir={workdir}")
@@ -92,6 +93,7 @@ def test_missing_init_from_is_one_line_and_leaves_no_workdir(tmp_path):
 
 @pytest.mark.parametrize("module", ["skipless_jax.evaluate", "skipless_jax.analyze",
                                     "skipless_jax.models.timm_convert"])
+@pytest.mark.slow
 def test_help_exits_0(module):
     result = _cli("--help", module=module)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -109,6 +111,7 @@ def test_evaluate_help_answers_before_jax_and_tensorflow_load():
 
 @pytest.mark.parametrize("arg, words", [("depth=x", ["depth='x'", "int"]), ("foo=1", ["'foo=1' is unknown"]),
                                         ("opt=sgd", ["opt='sgd' is not allowed", "adamw | soap"])])
+@pytest.mark.slow
 def test_bad_config_arg_is_status_2_in_analyze_and_main(tmp_path, arg, words):
     _one_error_line(_cli(f"--config=configs/quickstart.py:{arg}", module="skipless_jax.analyze"), 2, *words)
     _one_error_line(_cli(f"--config=configs/quickstart.py:{arg}", f"--workdir={tmp_path}/run"), 2, *words)

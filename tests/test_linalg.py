@@ -20,6 +20,7 @@ def batch():
     return np.asarray(jax.random.normal(jax.random.key(0), (2, 3, 7, 5)), np.float64)
 
 
+@pytest.mark.slow
 def test_svd_matches_numpy_per_matrix(batch):
     u, s, vt = jax.jit(linalg.svd)(jnp.asarray(batch, jnp.float32))
     assert u.shape == (2, 3, 7, 5) and s.shape == (2, 3, 5) and vt.shape == (2, 3, 5, 5)

@@ -67,6 +67,7 @@ def _data(seed, b=3, hw=16, c=3, p=4):
     "length, ratio, kept",
     [(16, 0.75, 4), (49, 0.75, 12), (196, 0.75, 49), (50, 0.75, 12), (10, 0.5, 5), (7, 0.3, 4), (16, 0.0, 16)],
 )
+@pytest.mark.slow
 def test_kept_count(length, ratio, kept):
     tokens = jnp.zeros((2, length, 4))
     noise = jax.random.uniform(jax.random.PRNGKey(length), (2, length))
@@ -197,6 +198,7 @@ def _flat_shapes(tree):
     return {"/".join(str(k.key) for k in p): x.shape for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
+@pytest.mark.slow
 def test_encoder_parameters_are_the_vits_and_compute_the_same():
     images = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 16, 3))
     model = mae.MAE(**SMALL, **DECODER, mask_ratio=0.0)

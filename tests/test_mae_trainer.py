@@ -115,6 +115,7 @@ def test_one_device_run_equals_the_eight_device_run(pretrained, tmp_path):
         np.testing.assert_allclose(one[k], eight[k], rtol=1e-5, atol=1e-7, err_msg=k)
 
 
+@pytest.mark.slow
 def test_masks_of_a_step_depend_on_seed_and_step_only():
     config = tiny_mae_config()
     model = mae.build_model(config)

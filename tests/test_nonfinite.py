@@ -18,6 +18,7 @@ def _exploding(opt="adamw", **kw):
     return config
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path):
     with pytest.raises(
         nonfinite.NonFiniteError,
@@ -32,6 +33,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp
     assert all(np.isfinite(np.asarray(x)).all() for x in __import__("jax").tree.leaves(state["params"]))
 
 
+@pytest.mark.slow
 def test_skip_nonfinite_steps_counts_and_keeps_params_finite(tmp_path):
     metrics = supervised.train_and_evaluate(_exploding(skip_nonfinite_steps=True), str(tmp_path))
     assert metrics["step"] == 6

@@ -109,6 +109,7 @@ def dino_config():
     return c
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which, scaled", [("teacher", False), ("student", True)])
 def test_dino_checkpoint_gives_the_official_forward(which, scaled):
     checkpoint = dino_checkpoint(scaled_last_layer=scaled)
@@ -124,6 +125,7 @@ def test_dino_checkpoint_gives_the_official_forward(which, scaled):
     np.testing.assert_allclose(np.asarray(heads), want_heads, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_dino_workdir_evaluates_and_exports_its_features(tmp_path):
     checkpoint = dino_checkpoint()
     state, config = official_convert.convert_dino(checkpoint, dino_config(), "teacher", num_heads=HEADS)
@@ -179,6 +181,7 @@ def mae_checkpoint(fine_tuned=False, seed=5):
     return {"model": sd, "epoch": 799}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fine_tuned", [False, True])
 def test_mae_checkpoint_gives_the_official_forward(fine_tuned, tmp_path):
     checkpoint = mae_checkpoint(fine_tuned)
@@ -213,6 +216,7 @@ def test_one_line_errors():
         official_convert.convert_dino(broken, dino_config(), "teacher", HEADS)
 
 
+@pytest.mark.slow
 def test_cli_converts_a_flat_state_dict_and_refuses_an_unknown_source(tmp_path):
     import subprocess
     import sys
@@ -285,6 +289,7 @@ def mae_reading(sd, images_nchw, noise, ratio):
     return (loss * mask).sum() / mask.sum(), pred, mask
 
 
+@pytest.mark.slow
 def test_mae_pretraining_checkpoint_gives_the_official_reconstruction_under_this_projects_tables(tmp_path):
     from skipless_jax.trainers import mae
 

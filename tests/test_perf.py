@@ -45,6 +45,7 @@ def tiny_run(tmp_path_factory):
     return workdir, config, final, captured, [h for h in history if "perf/img_per_sec" in h]
 
 
+@pytest.mark.slow
 def test_perf_fields_agree_with_each_other_and_the_cost_analysis(tiny_run):
     _, config, final, captured, records = tiny_run
     assert [r["step"] for r in records] == [4, 8, 12] and final["step"] == 12
@@ -104,6 +105,7 @@ def test_fit_check_refuses_an_oversized_step_in_one_line():
         assert knob in message
 
 
+@pytest.mark.slow
 def test_trainer_stops_before_the_loop_when_the_step_does_not_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(perf, "memory_limit", lambda device: 1024)  # a simulated 1 KiB device
     # the fit check comes before the input pipeline is created: it must never be
@@ -113,6 +115,7 @@ def test_trainer_stops_before_the_loop_when_the_step_does_not_fit(tmp_path, monk
     assert not os.path.exists(tmp_path / "history.jsonl")  # no step ran
 
 
+@pytest.mark.slow
 def test_core_hours_continue_across_a_resume(tiny_run, tmp_path):
     workdir, config, _, _, records = tiny_run
     resumed = str(tmp_path / "resumed")

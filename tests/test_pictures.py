@@ -39,6 +39,7 @@ def test_pca_sign_rule_and_constant_features():
     assert zero == 0.0 and np.all(flat == 0.0)
 
 
+@pytest.mark.slow
 def test_evaluators_write_their_pictures(tmp_path):
     ctx, params, model = context("tok")
     config = scene_config("tok")

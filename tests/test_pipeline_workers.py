@@ -39,6 +39,7 @@ def _assert_batches_equal(a, b):
             np.testing.assert_array_equal(x[k], y[k], err_msg=k)
 
 
+@pytest.mark.slow
 def test_train_batches_are_the_same_with_0_and_2_worker_processes():
     plain = _train(3)
     assert plain[0]["image"].shape == (8, 16, 16, 3) and plain[0]["label"].shape == (8, 5)
@@ -46,6 +47,7 @@ def test_train_batches_are_the_same_with_0_and_2_worker_processes():
     _assert_batches_equal(plain, _train(3, num_workers=2))
 
 
+@pytest.mark.slow
 def test_resumed_on_other_process_and_worker_counts_the_stream_continues():
     whole = _train(4)  # one process, in-process reads, from step 0
     for step in (2, 3):  # resumed at step 2 on two processes, each with two workers
@@ -56,6 +58,7 @@ def test_resumed_on_other_process_and_worker_counts_the_stream_continues():
                                   [parts[p][step - 2]])
 
 
+@pytest.mark.slow
 def test_multicrop_batches_are_the_same_with_0_and_2_worker_processes():
     config = load_config("dino_digits")
     config.input.batch_size = 8
@@ -70,6 +73,7 @@ def test_multicrop_batches_are_the_same_with_0_and_2_worker_processes():
     _assert_batches_equal(plain, batches(2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [8, 5])  # 5: 25 padded examples, the workers' last chunk is short
 def test_eval_with_workers_counts_every_example_once(batch):
     source = _source(n=21)
@@ -90,6 +94,7 @@ def test_eval_with_workers_counts_every_example_once(batch):
     np.testing.assert_array_equal(np.concatenate([b["image"] for b in workers])[:21], expected)
 
 
+@pytest.mark.slow
 def test_the_config_pipeline_with_workers_equals_in_process_reads():
     config = load_config("quickstart")
     config.input.batch_size = 16

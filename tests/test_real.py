@@ -66,6 +66,7 @@ def _run(ctx, mesh, params, **entry):
         return {m: v for _, m, v in evaluators.run_all([ev], ctx, params)}
 
 
+@pytest.mark.slow
 def test_real_and_v2_on_tfds_mock_data(imagenet_model, monkeypatch):
     import tensorflow_datasets as tfds
 

@@ -98,6 +98,7 @@ def test_drop_last_starts_each_epoch_on_a_batch_boundary():
     np.testing.assert_array_equal(ids[96:], _order(1, n)[:48])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes, workers", [(2, 0), (2, 2), (3, 1)])
 def test_the_repeated_stream_is_the_same_on_any_process_and_worker_count(processes, workers):
     batch = 24

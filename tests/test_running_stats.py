@@ -91,6 +91,7 @@ def trained(tmp_path_factory):
     return config, workdir, supervised.train_and_evaluate(config, workdir)
 
 
+@pytest.mark.slow
 def test_trained_convmixer_is_evaluated_with_its_running_statistics(trained):
     config, workdir, metrics = trained
     _, state = checkpoint.load_raw(workdir)
@@ -110,6 +111,7 @@ def test_trained_convmixer_is_evaluated_with_its_running_statistics(trained):
     assert evaluate.evaluate(workdir)["test_accuracy"] == pytest.approx(accuracy, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_init_from_loads_the_running_statistics(trained, tmp_path):
     """A run initialized from the trained one evaluates at step 0 exactly as that run ended: its
     parameters and its running statistics were both loaded."""

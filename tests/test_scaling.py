@@ -63,6 +63,7 @@ def _ema_config():
     return c
 
 
+@pytest.mark.slow
 def test_the_ema_is_kept_and_moved_in_shards():
     """The EMA's bytes per device on 8 data-parallel devices are ≤ 0.2× the 1-device EMA (ZeRO),
     and the EMA after two steps differs from the parameters (it was moved, not copied)."""
@@ -137,6 +138,7 @@ def assert_trees_close(actual, expected, rtol=1e-5, atol=1e-6, skip=NOISE):
         np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol, atol=atol, err_msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(CONFIGS))
 def test_data_parallel_step_divides_flops_and_equals_one_device(kind):
     one, eight = compiled(kind, "one"), compiled(kind, "data")
@@ -182,6 +184,7 @@ def test_fsdp_state_bytes_per_device(kind):
     assert ratio <= 0.2, f"{kind}: FSDP keeps {ratio:.3f}× the state per device"
 
 
+@pytest.mark.slow
 def test_soap_on_a_mixed_mesh():
     """data 2 × fsdp 4: parameters split 4 ways, SOAP's state 8 ways (ZeRO), its math partitioned."""
     one, other = compiled("soap", "one"), compiled("soap", "mixed")
@@ -191,6 +194,7 @@ def test_soap_on_a_mixed_mesh():
     assert_trees_close(other.after_two_steps(), one.after_two_steps(), skip=SOAP_NOISE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, mesh", [("soap", "data"), ("soap", "mixed"), ("soap_scan", "fsdp")])
 def test_soap_factorizations_are_divided_over_the_devices(kind, mesh):
     """Each device's program factorizes its share of SOAP's factors: counted as LAPACK calls in
@@ -289,6 +293,7 @@ def test_rules_naming_an_unknown_axis_fail_in_the_config_check():
         sharding.validate_rules([("kernel", (None, "model"))])
 
 
+@pytest.mark.slow
 def test_the_encoder_keeps_the_batch_split_even_from_a_replicated_input():
     """vit.encoder_blocks constrains the batch axis between blocks: a batch that arrives replicated
     (as after a careless reshape) is split again, so the blocks' work still divides by 8."""
@@ -337,6 +342,7 @@ def _fusion_operand_counts(hlo: str) -> list[int]:
     return counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["supervised", "dino"])
 def test_the_nonfinite_predicate_is_computed_once(kind):
     """The guard's and-of-every-leaf is one value the state's selects read, not a computation XLA

@@ -62,6 +62,7 @@ def test_scanned_encoder_equals_the_unrolled_one_in_logits_gradients_and_interme
         np.testing.assert_allclose(out_s["blocks"][2]["ffn_skip"], ref, atol=1e-5 * float(jnp.abs(ref).max()))
 
 
+@pytest.mark.slow
 def test_each_scanned_layer_draws_its_own_init_and_drop_path_rate():
     model = vit.ViT(**{**TINY, "drop_path": 0.5}, scan=True)
     params = model.init(jax.random.PRNGKey(0), _images())["params"]
@@ -73,6 +74,7 @@ def test_each_scanned_layer_draws_its_own_init_and_drop_path_rate():
     assert not np.allclose(train(jax.random.PRNGKey(1)), train(jax.random.PRNGKey(2)))
 
 
+@pytest.mark.slow
 def test_optimizer_masks_and_layer_decay_treat_the_stacked_axis_as_layers():
     params = vit.stack_blocks(vit.ViT(**TINY).init(jax.random.PRNGKey(0), _images())["params"])
     mask = decay_mask(params)

@@ -194,6 +194,7 @@ def run_pair(steps=25, lr=None, shampoo_beta=None, normalize=False, correct_bias
 # Tests.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("merge", [False, True])
 @pytest.mark.parametrize("pre1d", [False, True])
 def test_matches_numpy_reference(merge, pre1d):
@@ -208,6 +209,7 @@ def test_matches_numpy_reference(merge, pre1d):
     assert moved > 0.1  # the trajectory is long enough to mean something
 
 
+@pytest.mark.slow
 def test_matches_reference_other_options():
     """normalize_grads, no bias correction, a separate shampoo_beta, constant lr, freq 4."""
     params0, ref_traj, traj = run_pair(lr=0.02, shampoo_beta=0.8, normalize=True,
@@ -217,6 +219,7 @@ def test_matches_reference_other_options():
             np.testing.assert_allclose(j[k], r[k], rtol=1e-6, atol=1e-9, err_msg=k)
 
 
+@pytest.mark.slow
 def test_reference_is_sensitive_to_pitfalls():
     """The comparison can fail: a reference without the v re-sort or m rotation drifts > 1e-6."""
     _, ref_traj, traj = run_pair(steps=10)
@@ -238,6 +241,7 @@ def test_reference_is_sensitive_to_pitfalls():
     assert err > 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("eps", [0.0, 1e-8])
 def test_identity_eigenbasis_is_adam(eps):
     """With every Q_i = I (and no refresh), SOAP's calls 1.. equal Adam on the same grads.
@@ -294,6 +298,7 @@ def steps_to_reach(tx, loss, w0, target, frac=1e-2, max_steps=450):
     return int(hit[0]) + 1 if hit.size else max_steps + 1
 
 
+@pytest.mark.slow
 def test_faster_than_adam_on_ill_conditioned_quadratic():
     loss, w0, target = ill_conditioned_quadratic()
     lrs = [0.3, 0.1, 0.03]  # best of a small grid for each
@@ -305,6 +310,7 @@ def test_faster_than_adam_on_ill_conditioned_quadratic():
     assert ours < 0.5 * adam, (ours, adam)  # measured: 124 vs 375
 
 
+@pytest.mark.slow
 def test_fsdp_sharded_matches_single_device():
     assert jax.device_count() == 8
     # The trainer's mesh and rule: every leaf (parameters and optimizer state) FSDP-sharded on

@@ -287,6 +287,7 @@ def _forward(cfg, params, images):
     return np.asarray(model.apply({"params": params}, jnp.asarray(images), train=False)[0], np.float64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, reference", [("vit", timm_vit_forward), ("cait", timm_cait_forward)])
 def test_converted_weights_reproduce_timms_forward(family, reference):
     make, cfg = FAMILY_CASES[family]
@@ -520,6 +521,7 @@ def test_to_timm_errors_and_init_fields():
         timm_convert.to_timm("convmixer", timm_convert.convert("convmixer", make(), cfg, image_size=IMG)["params"], cfg)
 
 
+@pytest.mark.slow
 def test_reverse_cli_writes_safetensors(tmp_path):
     import subprocess
     import sys
