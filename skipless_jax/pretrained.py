@@ -193,8 +193,7 @@ def resize_posemb_table(table: Any, shape: tuple[int, ...]) -> jax.Array:
 
     extra = posemb_extra(tuple(table.shape), tuple(shape))
     grid = math.isqrt(shape[1] - extra)
-    table = jnp.asarray(table)
-    return jnp.concatenate([table[:, :extra], resize_posemb(table[:, extra:], grid, grid)], axis=1)
+    return resize_posemb(jnp.asarray(table), grid, grid, extra=extra)
 
 
 def _leaf_at(tree: Any, path: tuple[Any, ...]) -> Any:

@@ -11,7 +11,7 @@ run: `run` (its folder relative to DIR), its config args — the `name=value` it
 folder path, comma-separated in each part as `python -m skipless_jax.sweep` names them, e.g.
 `opt=adamw,seed=0` — and every key of its final metrics (`--metrics` keeps some).
 `--mean_over=seed` groups the runs by their other args: per metric `<metric>_mean`,
-`<metric>_std` (the sample std, ddof=1; docs/method.md §"Reports") and `n`, the group's runs.
+`<metric>_std` (the sample std, ddof=1; docs/method.md §19) and `n`, the group's runs.
 `--plot` draws each run's `--plot_metric` from its `history.jsonl` against the step (matplotlib,
 Agg; with --mean_over, one colour per group).
 """

@@ -255,6 +255,7 @@ def train_and_evaluate(
     run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
               cost, config.input.batch_size)
     data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
+
     def results_at(step: int, state: dict[str, Any]) -> Any:
         """The evaluations due at `step`: (prefix, metric, value) triples."""
         results = evaluators.run_all(evals, ctx, common.entries(state, key), step, total_steps)
