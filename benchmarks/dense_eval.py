@@ -14,6 +14,14 @@ and the FLOPs XLA counts for them (`.lower().compile().cost_analysis()`). The VO
 are ESTIMATES: those FLOPs at VOC resolutions (compiled, not run) × the protocol's counts, over
 an assumed sustained accelerator throughput, plus the host `ncut` measured here at VOC's token
 count. Writes benchmarks/results/dense_eval.json (git-ignored) and prints a table.
+
+The whole segmentation test pass (`--test-pass`, docs/method.md §8), per image, on a tiny
+backbone (`--test-width` 64, depth 4, patch 16, random init): `ms` on an ADE20K-sized input
+(512×683, 150 classes: 10 views, 168 windows of 640²) and `lin` on a VOC-sized one (375×500,
+21 classes), through `LinearSegmentation.confusion` (host views and windows, device forward,
+resizes, accumulation, softmax, argmax, host confusion), against the windows' forward alone (the
+same `_window_grid` calls, timed by themselves); the ratio (whole ÷ forward) is the test
+pass's overhead over the network. The host reference path (`scores`) is timed for `lin` only.
 """
 
 from __future__ import annotations
@@ -116,13 +124,143 @@ def ncut_seconds(keys: np.ndarray, grid: tuple[int, int], patch: int, reps: int)
     return float(np.median(times))
 
 
+class Records:
+    """`n` random records of one size (uint8 RGB image, labels in [0, classes) with 255 borders)."""
+
+    def __init__(self, n: int, hw: tuple[int, int], classes: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.records = []
+        for _ in range(n):
+            label = rng.integers(0, classes, hw).astype(np.uint8)
+            label[::25] = 255
+            self.records.append({"image": rng.integers(0, 256, (*hw, 3)).astype(np.uint8), "segmentation": label})
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> dict:
+        return dict(self.records[i])  # confusion() clears the records it scored
+
+
+def test_pass(width: int, reps: int) -> dict[str, dict[str, float]]:
+    """Seconds per image of the whole test pass and of its windows' forward alone, `ms` on
+    ADE20K-sized and `lin` on VOC-sized inputs (see the module docstring)."""
+    model_cfg = ml_collections.ConfigDict(dict(width=width, depth=4, mlp_dim=4 * width, num_heads=2, patch_size=16,
+                                               pool="tok", posemb="learn", dtype="float32"))
+    config = ml_collections.ConfigDict(dict(model=model_cfg, seed=0))
+    model = models.build(model_cfg, 0, image_size=224)
+    mesh = sharding.make_mesh({"data": -1, "fsdp": 1})
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 224, 224, 3)))["params"]
+    params = jax.device_put(params, sharding.replicated(mesh))
+    out = {}
+    for name, dataset, hw, classes in (("ms", "ade20k", (512, 683), 150), ("lin", "voc12_seg", (375, 500), 21)):
+        ctx = evaluators.Context(config, mesh, classes, outputs=lambda p, x: model.apply({"params": p}, x)[1])
+        probe = seg.LinearSegmentation("seg", "seg", None, "x", ctx, "x", num_classes=classes,
+                                       protocol=dense.PROTOCOLS[name], dataset=dataset, chunk=16)
+        state = probe.init(params, (probe.protocol.crop, probe.protocol.crop, 3))
+        head = {"params": state["params"], "stats": state["stats"]}
+        records = Records(reps, hw, classes)
+        probe.source = lambda split, records=records: records
+        calls, grid = [], probe._window_grid
+
+        def recording(*a, grid=grid, calls=calls):
+            calls.append(a)
+            return grid(*a)
+
+        probe._window_grid = recording
+        probe.confusion(params, head)  # compiles every program once; records the windows' batches
+        probe._window_grid = grid
+        t = time.perf_counter()
+        probe.confusion(params, head)
+        whole = (time.perf_counter() - t) / reps
+        # The windows' forward alone: the same calls on the same batches, nothing else on the device.
+        t = time.perf_counter()
+        jax.block_until_ready([grid(*a) for a in calls])
+        forward = (time.perf_counter() - t) / reps
+        windows = sum(int(a[2]["mask"].sum()) for a in calls) / reps
+        row = {"whole_s_per_image": whole, "forward_s_per_image": forward,
+               "ratio": whole / forward, "windows_per_image": windows,
+               "input": f"{hw[0]}x{hw[1]}, {classes} classes"}
+        if name == "lin":
+            t = time.perf_counter()
+            probe.confusion(params, head, device=False)
+            row["host_reference_s_per_image"] = (time.perf_counter() - t) / reps
+        out[name] = row
+    return out
+
+
+# Val sets of the dense evaluations (docs/method.md §8) with a typical stored size (H, W).
+DENSE_VAL = {"VOC12": (1_449, (375, 500), ("lin", "ms")), "ADE20K": (2_000, (512, 683), ("lin", "ms")),
+             "COCO-Stuff": (5_000, (480, 640), ("lin",))}
+VIT_S16 = dict(width=384, depth=12, patch=16)  # the DINO configs' backbone
+ACCELERATOR_TFLOPS = 300e12  # assumed sustained (~30% of an H200's bf16 dense peak), as above
+ACCELERATORS = 8
+
+
+def window_flops(side: int, width: int = VIT_S16["width"], depth: int = VIT_S16["depth"],
+                 patch: int = VIT_S16["patch"]) -> float:
+    """Forward FLOPs of a ViT on one side×side window: 2·n·(12·d²) per block for the
+    projections and MLP (4d hidden) plus 4·n²·d for QKᵀ and AV (n = 1 + tokens)."""
+    n = 1 + (side // patch) ** 2
+    return depth * (2 * n * 12 * width**2 + 4 * n * n * width)
+
+
+def hours_estimate(ratios: dict[str, float]) -> dict[str, dict[str, float]]:
+    """ESTIMATE of each test pass on one 8-accelerator host: windows per image (all views) ×
+    images × the ViT-S/16 window forward at the assumed throughput × the measured (whole ÷
+    forward) ratio of the protocol, over 8 accelerators; plus the probe's 40k train steps of 16
+    crops (forward + the head's backward ≈ the forward)."""
+    out = {}
+    for name, (images, hw, protocols) in DENSE_VAL.items():
+        for proto in protocols:
+            pr = dense.PROTOCOLS[proto]
+            wins = sum(len(dense.windows(v, pr.crop, pr.stride)) * (2 if pr.test_flip else 1)
+                       for v in dense.view_sizes(hw, pr))
+            forward_s = wins * images * window_flops(pr.crop) / ACCELERATOR_TFLOPS
+            test_h = forward_s * ratios[proto] / ACCELERATORS / 3600
+            train_h = SEG_STEPS * BATCH * window_flops(pr.crop) / ACCELERATOR_TFLOPS / ACCELERATORS / 3600
+            out[f"{name} {proto}"] = {"images": images, "windows_per_image": wins, "test_pass_h": test_h,
+                                      "probe_train_h": train_h}
+    return out
+
+
+def print_test_pass(rows: dict[str, dict[str, float]], width: int) -> None:
+    print(f"\nWhole test pass per image (tiny ViT width {width}, depth 4, patch 16, {jax.device_count()} "
+          f"{jax.devices()[0].platform} devices):")
+    print(f"{'protocol':10s} {'input':>22s} {'windows':>8s} {'whole s':>9s} {'forward s':>10s} {'ratio':>6s}")
+    for name, r in rows.items():
+        print(f"{name:10s} {r['input']:>22s} {r['windows_per_image']:8.0f} {r['whole_s_per_image']:9.2f} "
+              f"{r['forward_s_per_image']:10.2f} {r['ratio']:6.2f}")
+    if "host_reference_s_per_image" in rows.get("lin", {}):
+        print(f"lin host reference path (numpy resizes): {rows['lin']['host_reference_s_per_image']:.2f} s/image")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", default="S/16")
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "dense_eval.json"))
+    ap.add_argument("--test-pass", action="store_true", help="only the whole segmentation test pass")
+    ap.add_argument("--test-width", type=int, default=64)
+    ap.add_argument("--test-images", type=int, default=2)
     args = ap.parse_args()
+    if args.test_pass:
+        rows = test_pass(args.test_width, args.test_images)
+        print_test_pass(rows, args.test_width)
+        estimate = hours_estimate({k: r["ratio"] for k, r in rows.items()})
+        print(f"\nESTIMATE, one host of {ACCELERATORS} accelerators at {ACCELERATOR_TFLOPS / 1e12:.0f} TFLOP/s each "
+              "(ViT-S/16, this CPU's ratios):")
+        for k, e in estimate.items():
+            print(f"  {k:16s} {e['images']:6d} images x {e['windows_per_image']:4d} windows: test pass "
+                  f"{e['test_pass_h']:.3f} h, probe training {e['probe_train_h']:.3f} h")
+        path = args.out.replace(".json", "_test_pass.json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"machine": f"{jax.devices()[0].platform} x{jax.device_count()}, {os.cpu_count()} cores visible",
+                       "test_pass": rows, "estimate_8_accelerators": estimate}, f, indent=2)
+        print(f"wrote {path}")
+        return
     rng = np.random.default_rng(0)
     model, ctx = setup(args.variant, args.size)
     p = models.describe(ctx.config.model).token_stride
@@ -136,7 +274,7 @@ def main() -> None:
     probe = seg.LinearSegmentation("seg", "seg", None, "x", ctx, "x", num_classes=21,
                                    protocol=dense.PROTOCOLS["lin"], dataset="voc12_seg", steps=SEG_STEPS)
     state = probe.init(params, b["image"].shape[1:])
-    window = lambda head, x: probe._window_logits(head, params, x, tuple(x["image"].shape[1:3]))
+    window = lambda head, x: probe._window_logits(head, params, x)
 
     rows: dict[str, dict[str, float]] = {}
     t = timed(lambda: cut._keys(params, b), args.reps)
@@ -149,7 +287,7 @@ def main() -> None:
     rows["probe train step"] = {"s_per_image": t / BATCH, "gflop_per_image": gflop}
     head = {"params": state["params"], "stats": state["stats"]}
     t = timed(lambda: window(head, b), args.reps)
-    gflop = flops(probe._window_logits, head, params, b, hw) / BATCH / 1e9
+    gflop = flops(probe._window_logits, head, params, b) / BATCH / 1e9
     rows["probe window inference"] = {"s_per_image": t / BATCH, "gflop_per_image": gflop}
     voc_like = VocLike()
     for name in ("lin", "ms"):  # the host's share: crops (resize, crop, flip, photometric) per train example
@@ -165,7 +303,7 @@ def main() -> None:
     voc_head = {"params": voc_state["params"], "stats": voc_state["stats"]}
     f_cut = flops(cut._keys, params, voc_cut)
     f_step = flops(probe._step, voc_state, params, voc_crop)
-    f_window = flops(probe._window_logits, voc_head, params, voc_crop, (SEG_CROP, SEG_CROP)) / BATCH
+    f_window = flops(probe._window_logits, voc_head, params, voc_crop) / BATCH
     # Windows per VOC val image (~375×500) for each protocol: all test views' sliding windows.
     windows = {name: sum(len(dense.windows(hw_v, pr.crop, pr.stride)) * (2 if pr.test_flip else 1)
                          for hw_v in dense.view_sizes((375, 500), pr))
