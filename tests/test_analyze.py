@@ -135,7 +135,7 @@ def test_cli_error_is_one_line(tmp_path):
     )
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1] == (
-        "error: model.init='bogus' is unknown; allowed: default, skipless, mimetic")
+        "error: model.init='bogus' is unknown; allowed: default, skipless, mimetic, timm, mae")
 
 
 @pytest.mark.slow
