@@ -521,3 +521,84 @@ def test_device_test_pass_splits_images_over_processes_and_sums_the_confusions(m
         ev.confusion(params, head)
     assert read == {0: [0, 2, 4, 6], 1: [1, 3, 5, 7]}
     np.testing.assert_array_equal(local[0] + local[1], whole)
+
+
+# ---------------------------------------------------------------------------------------------
+# Two real processes (gloo) = one process: the segmentation test pass and TokenCut
+# ---------------------------------------------------------------------------------------------
+
+_WORKER = r'''
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from skipless_jax import distributed
+distributed.initialize()
+import jax, jax.numpy as jnp, ml_collections, numpy as np
+from skipless_jax import evaluators, models, sharding
+from skipless_jax.evaluators import segmentation as seg, tokencut as tc
+from util import tiny_config
+
+config = tiny_config()
+config.dataset.name, config.input.image_size = "digit_scenes", None
+config.model.update(dict(patch_size=4, pool="tok"))
+model = models.build(config.model, 0, image_size=32)
+mesh = sharding.make_mesh({"data": -1, "fsdp": 1})
+distributed.log_topology(mesh)
+params = jax.jit(model.init, out_shardings=sharding.replicated(mesh))(
+    jax.random.PRNGKey(1), jnp.zeros((1, 32, 32, 3)))["params"]
+ctx = evaluators.Context(config, mesh, 10, outputs=lambda p, x: model.apply({"params": p}, x)[1])
+rng = np.random.default_rng(0)
+records = [{"image": rng.integers(0, 256, (*hw, 3), dtype=np.uint8),
+            "segmentation": np.where(rng.random(hw) < 0.1, 255, rng.integers(0, 21, hw)).astype(np.uint8),
+            "boxes": np.array([[0, 0, 12, 9.0]] * (1 + k % 3))}
+           for k, hw in enumerate([(24, 16), (37, 29), (45, 61), (32, 32), (20, 44)])]
+
+class Source:
+    def __len__(self):
+        return len(records)
+    def __getitem__(self, i):
+        return dict(records[i])
+
+entry = ml_collections.ConfigDict(dict(type="linear_segmentation", dataset="voc12_seg", train_split="train",
+                                       crop_size=32, steps=2, warmup=1))
+ev = seg.LinearSegmentation.from_config("seg", entry, ctx, prefix="seg", every_steps=None, split="val")
+ev.source = lambda split: Source()
+head = ev.train(params)
+confusion = ev.confusion(params, head)
+cut = tc.TokenCut("tc", "tc", None, "x", ctx, dataset="voc07_boxes", chunk=3)
+cut.records = Source
+boxes, gts = cut.boxes(params)
+if jax.process_index() == 0:
+    json.dump({"confusion": confusion.tolist(), "boxes": boxes.tolist(), "gts": [g.tolist() for g in gts],
+               "processes": jax.process_count(), "devices": jax.device_count()},
+              open(sys.argv[1], "w"))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_equal_one_process_for_segmentation_and_tokencut(tmp_path, tmp_path_factory):
+    import json
+    import os
+    import sys
+
+    import subprocess_runs as sr
+
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    cache = os.path.join(sr.session_dir(tmp_path_factory), "jax_cache")
+    address = f"127.0.0.1:{sr.free_port()}"
+    procs, logs = [], []
+    for index in range(2):
+        environ = sr.env(2, cache_dir=cache, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2",
+                         JAX_PROCESS_ID=str(index))
+        logs.append(str(tmp_path / f"process_{index}.log"))
+        procs.append(sr.start([sys.executable, str(script), str(tmp_path / "two.json"), tests], environ, logs[-1]))
+    sr.run([sys.executable, str(script), str(tmp_path / "one.json"), tests], sr.env(4, cache_dir=cache),
+           str(tmp_path / "one.log"), 900)
+    for proc, log in zip(procs, logs):
+        assert sr.finish(proc, log, 900) == 0, sr.tail(log)
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert (one.pop("processes"), two.pop("processes"), one.pop("devices"), two.pop("devices")) == (1, 2, 4, 4)
+    assert np.asarray(one["confusion"]).sum() > 0
+    assert one == two
