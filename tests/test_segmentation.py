@@ -210,3 +210,19 @@ def test_device_resize_is_the_host_resize_and_jax_bilinear(out_hw, in_hw):
         np.testing.assert_array_equal(dev[: out_hw[0], : out_hw[1]], host[:, ::-1] if flip else host)
     ref = np.asarray(jax.image.resize(jnp.asarray(x), (*out_hw, 5), "bilinear", antialias=False))
     np.testing.assert_allclose(host, ref, rtol=1e-5, atol=1e-5)  # the same map, float32 rounding apart
+
+
+def test_loss_norm_and_schedule_are_config_fields_checked_before_anything_compiles():
+    import ml_collections
+
+    from skipless_jax import evaluators
+
+    from util import tiny_config
+
+    config = tiny_config()
+    config.evals = ml_collections.ConfigDict(dict(e=dict(type="linear_segmentation", loss_norm="labelled",
+                                                         schedule="warmup_linear")))
+    evaluators.check_config(config)
+    config.evals.e.schedule = "cosine"
+    with pytest.raises(ValueError, match=r"^config\.evals\.e\.schedule='cosine' is unknown; allowed: "):
+        evaluators.check_config(config)

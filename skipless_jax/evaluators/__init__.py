@@ -46,7 +46,7 @@ TYPE_FIELDS = {
     "dino_linear": ("train_split", "n_last_blocks", "avgpool", "epochs", "batch_size", "lr"),
     "linear_segmentation": (
         "dataset", "data_dir", "protocol", "train_split", "steps", "batch_size", "lr", "weight_decay", "warmup",
-        "num_classes", "crop_size", "blocks", "flip", "photometric",
+        "num_classes", "crop_size", "blocks", "flip", "photometric", "loss_norm", "schedule",
     ),
 }
 
