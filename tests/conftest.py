@@ -24,7 +24,17 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: takes more than ~20 s (deselect: -m 'not slow')")
+    config.addinivalue_line(
+        "markers", "slow: over ~3 s in a measured run; the edit loop's fast subset is -m 'not slow' (README, Tests)"
+    )
     config.addinivalue_line(
         "markers", "multiprocess: starts several trainer processes on 127.0.0.1 (deselect: -m 'not multiprocess')"
     )
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:  # every multi-process test starts processes that compile their own steps
+        if item.get_closest_marker("multiprocess") is not None:
+            item.add_marker(pytest.mark.slow)

@@ -56,6 +56,7 @@ def common(name: str, split: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block, tau", [(-1, 0.2), (0, 0.1)])
 def test_tokencut_corloc_matches_a_direct_loop(block, tau):
     split = "test[:24]"
@@ -86,6 +87,7 @@ def test_tokencut_corloc_matches_a_direct_loop(block, tau):
     assert value == ref and 0.0 <= value <= 1.0
 
 
+@pytest.mark.slow
 def test_tokencut_gap_model_has_no_prefix_and_iou_threshold():
     ctx, params, _ = context("gap")
     ev = tc.TokenCut.from_config(
@@ -116,6 +118,7 @@ def trained():
     return ev, params, ev.train(params)
 
 
+@pytest.mark.slow
 def test_probe_beats_its_initialization_and_metrics_are_in_range(trained):
     ev, params, head = trained
     before = ev.evaluate(params, ev.train(params, steps=0))
@@ -136,6 +139,7 @@ def test_probe_head_is_affine_at_test_time(trained):
     assert not np.allclose(np.asarray(head["stats"]["mean"]), 0)  # the running statistics were trained
 
 
+@pytest.mark.slow
 def test_sharded_probe_step_equals_the_one_device_step():
     results = []
     for devices in (None, 1):
@@ -150,6 +154,7 @@ def test_sharded_probe_step_equals_the_one_device_step():
     jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6), *results)
 
 
+@pytest.mark.slow
 def test_miou_equals_a_numpy_recomputation_from_the_model(trained):
     """One 32×32 window per scene (crop 32): the test scores are the head's logits on the model's
     own patch tokens, upsampled; mIoU recounted pixel by pixel."""
@@ -178,6 +183,7 @@ def test_miou_equals_a_numpy_recomputation_from_the_model(trained):
     assert metrics["pixel_accuracy"] == pytest.approx(np.mean(pred[keep] == label[keep]), abs=1e-12)
 
 
+@pytest.mark.slow
 def test_build_and_run_all_report_both_evaluators():
     ctx, params, _ = context("tok")
     config = scene_config("tok")
@@ -269,6 +275,7 @@ def test_from_config_errors_need_the_model_and_dataset():
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_multi_layer_features_are_each_blocks_output_through_the_final_norm():
     import flax.linen as nn
 
@@ -314,6 +321,7 @@ def _reference_scores(ev, model, host, head, image: np.ndarray) -> np.ndarray:
     return np.mean(probs, 0)
 
 
+@pytest.mark.slow
 def test_multi_scale_flip_scores_equal_a_plain_loop_over_views_and_windows():
     ctx, params, model = context("tok")
     ev = probe(ctx, protocol="ms", blocks=2, steps=6)
@@ -343,6 +351,7 @@ def _rgb_context():
     return ctx, jax.device_put(params, sharding.replicated(mesh)), model, jax.device_get(params)
 
 
+@pytest.mark.slow
 def test_tokencut_on_images_of_several_sizes_equals_a_per_image_loop(tmp_path):
     from dense_folders import voc_boxes_folder
 
@@ -365,6 +374,7 @@ def test_tokencut_on_images_of_several_sizes_equals_a_per_image_loop(tmp_path):
     assert dict(ev.run(params))["corloc"] == tc.corloc(preds, got)
 
 
+@pytest.mark.slow
 def test_probe_on_a_segmentation_folder_of_another_dataset(tmp_path):
     from dense_folders import voc_seg_folder
 

@@ -75,6 +75,7 @@ def _resume_in_one_process(workdir, caplog):
     return checkpoint.load_raw(workdir, 7)[1]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process_and_checkpoint_restores_in_one(tmp_path, tmp_path_factory, caplog):
     # Two processes × 2 devices, 5 steps, data 2 × fsdp 2.
     multi = str(tmp_path / "two_processes")
@@ -109,6 +110,7 @@ def test_two_processes_equal_one_process_and_checkpoint_restores_in_one(tmp_path
     _close(_resume_in_one_process(multi, caplog)["params"], _resume_in_one_process(single, caplog)["params"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", [1, 0], ids=["kill-worker", "kill-coordinator"])
 def test_killed_peer_stops_the_other_process_without_hanging(tmp_path, tmp_path_factory, victim):
     workdir = str(tmp_path / "run")
@@ -136,6 +138,7 @@ def test_killed_peer_stops_the_other_process_without_hanging(tmp_path, tmp_path_
     print(f"survivor exited with {code} {elapsed:.1f} s after the kill")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer", ["supervised", "dino"])
 def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path, tmp_path_factory, trainer):
     """The one preemption rule (trainers/common.py) for every trainer: jax.distributed's

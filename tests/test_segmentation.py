@@ -155,6 +155,7 @@ def test_warmup_linear_schedule_is_the_former_rule():
     np.testing.assert_allclose([float(f(s)) for s in range(13)], ref, rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_norm", ["all", "labelled"])
 def test_probe_loss_normalization_is_mmsegs(loss_norm):
     import jax
