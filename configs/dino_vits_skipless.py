@@ -38,7 +38,8 @@ project's probe, §11).
 
 Schedule (DINO, boosted): batch 1024, lr 0.0005 per 256 images (linear scaling), 10 warm-up
 epochs then cosine to a min lr of 1e-6, weight decay 0.04 rising to 0.4 (cosine; all parameters
-except biases and 1-D tensors, docs/method.md §13), 300 epochs (≈ 372k steps), per-tensor
+except biases and 1-D tensors, docs/method.md §13), 300 epochs (≈ 372k steps; whole batches per epoch, as DINO's
+loader), per-tensor
 gradient clip 3.0, last layer frozen for the first epoch, teacher momentum 0.996 → 1 (cosine),
 teacher temperature 0.04 → 0.07 linearly over the first 30 of them, then constant; student
 temperature 0.1, centre momentum 0.9. Multi-crop: 2 global crops on 224×224 images (scale

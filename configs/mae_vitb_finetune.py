@@ -15,7 +15,8 @@ Settings: this config follows MAE's released code (base learning rate 5e-4, laye
 text gives 1e-3 / 0.75 (`settings=paper`). Global batch 1024 (lr = base × 1024 / 256), AdamW
 (0.9, 0.999), weight decay 0.05 on kernels, 5 warm-up epochs, cosine to 1e-6, 100 epochs, drop path
 0.1, RandAugment m9 (mstd 0.5), mixup 0.8 / cutmix 1.0, label smoothing 0.1, random erasing 0.25,
-global average pooling → fc_norm → head (std 2e-5). Hardware: sized for one 8-GPU node or a TPU
+global average pooling → fc_norm → head (std 2e-5); whole batches per epoch (MAE's loader drops
+the last). Hardware: sized for one 8-GPU node or a TPU
 v4-32 slice (bfloat16 compute); wall-clock not measured.
 """
 
@@ -43,7 +44,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         dict(name="imagenet2012", train_split="train", eval_split="validation", data_dir=placeholder(str))
     )
     c.input = ml_collections.ConfigDict(
-        dict(batch_size=1024, eval_batch_size=1024, image_size=224, crop_pct=0.875, num_workers=32,
+        dict(batch_size=1024, eval_batch_size=1024, image_size=224, crop_pct=0.875, num_workers=32, drop_last=True,
              aug=config_blocks.deit_aug())
     )
     c.model = config_blocks.vit_model(

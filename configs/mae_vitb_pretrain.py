@@ -17,7 +17,8 @@ docs/results.md. During pre-training a kNN monitor (k 20 on the class token, ban
 Recipe: global batch 4096, base learning rate 1.5e-4 (lr 2.4e-3 = 1.5e-4 × 4096 / 256), AdamW
 (0.9, 0.95), weight decay 0.05 on kernels and the class and mask tokens (MAE main_pretrain), 40
 warm-up epochs then half-cycle cosine per step to 0, 800 epochs (`epochs=1600` for the longer
-schedule), random-resized crop (0.2-1) + flip only, mask ratio 0.75, norm_pix_loss, decoder 512
+schedule), whole batches per epoch (MAE's loader drops the last), random-resized crop (0.2-1)
++ flip only, mask ratio 0.75, norm_pix_loss, decoder 512
 wide × 8 blocks × 16 heads, fixed 2-D sin-cos position tables. Hardware: sized for a TPU v4-64
 slice or 8 × 8-GPU nodes (bfloat16 compute); wall-clock not measured.
 
@@ -43,7 +44,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         dict(name="imagenet2012", train_split="train", eval_split="validation", data_dir=placeholder(str))
     )
     c.input = ml_collections.ConfigDict(
-        dict(batch_size=4096, eval_batch_size=1024, image_size=224, crop_pct=0.875, num_workers=32,
+        dict(batch_size=4096, eval_batch_size=1024, image_size=224, crop_pct=0.875, num_workers=32, drop_last=True,
              aug=config_blocks.MAE_AUG)
     )
     c.model = config_blocks.vit_model(

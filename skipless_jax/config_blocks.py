@@ -305,7 +305,10 @@ def cifar_vit_tiny(a: dict[str, Any]) -> ml_collections.ConfigDict:
 def imagenet_vit(a: dict[str, Any]) -> ml_collections.ConfigDict:
     """The ImageNet-1k ViT recipe of configs/vitb_skipless.py for the config args `a` (the baseline
     and Token Graying ViT configs set other args)."""
-    c = recipe(a, "supervised", "imagenet2012", "train", "validation", **IMAGENET_INPUT, aug=deit_aug())
+    # The papers' recipe: no repeated augmentation, no model EMA, the plain stream; the fields are
+    # present so DeiT's settings are one override away (docs/recipes.md).
+    c = recipe(a, "supervised", "imagenet2012", "train", "validation", **IMAGENET_INPUT, aug=deit_aug(),
+               repeated_augmentation=1, drop_last=False)
     c.model = vit_model(
         a,
         VITB_SUPERVISED_INIT,
@@ -314,6 +317,7 @@ def imagenet_vit(a: dict[str, Any]) -> ml_collections.ConfigDict:
         dtype="bfloat16",
     )
     supervised_training(c, a, lr=1e-3, weight_decay=0.3, warmup_epochs=5, grad_clip=1.0)
+    c.model_ema = model_ema(decay=0.0)
     runtime(c, eval_every=5000, checkpoint_every=2000)
     imagenet_evals(c, classifier=True)
     return c
@@ -380,6 +384,7 @@ def dino_vits(a: dict[str, Any]) -> ml_collections.ConfigDict:
     c = recipe(
         a, "dino", "imagenet2012", "train", "validation", **IMAGENET_INPUT,  # image_size: the global crops
         aug=None,
+        drop_last=True,  # DINO's loader: whole batches per epoch, as its ⌊N/B⌋ steps per epoch
         multicrop=multicrop(global_scale=(0.4, 1.0), local_size=96, local_scale=(0.05, 0.4), num_local=8,
                             flip_prob=0.5, jitter=(0.4, 0.4, 0.2, 0.1), blur_sigma=(0.1, 2.0)),
     )
