@@ -126,3 +126,17 @@ def test_soap_accepts_scale_by_layer():
         np.testing.assert_allclose(np.asarray(flat_sc[k]), flat_s[k] * np.asarray(flat_in[k]), rtol=1e-6, err_msg=k)
     # and it runs under jit
     jax.jit(scaled.update)(grads[2], s_sc, params)
+
+
+def test_swin_relative_position_tables_are_not_decayed():
+    """Swin's set_weight_decay skips names containing relative_position_bias_table; kernels decay."""
+    import jax.tree_util as jtu
+
+    from skipless_jax import sharding
+    params = {
+        "stage_0": {"block_0": {"attn": {"relative_position_bias": jnp.zeros((9, 2)),
+                                         "qkv": {"kernel": jnp.zeros((8, 24)), "bias": jnp.zeros((24,))}}}},
+    }
+    decays = {sharding.path_str(k): bool(v) for k, v in jtu.tree_flatten_with_path(decay_mask(params))[0]}
+    assert decays == {"stage_0/block_0/attn/relative_position_bias": False,
+                      "stage_0/block_0/attn/qkv/kernel": True, "stage_0/block_0/attn/qkv/bias": False}

@@ -64,7 +64,9 @@ def build_schedule(config: Any, total_steps: int) -> optax.Schedule:
     )
 
 
-NO_DECAY = ("pos_embedding", "cls")  # DeiT: no weight decay on position table and class token
+# No weight decay on: the position table and class token (DeiT / timm `no_weight_decay`), Swin's
+# relative-position bias tables (Swin `no_weight_decay_keywords`: relative_position_bias_table).
+NO_DECAY = ("pos_embedding", "cls", "relative_position_bias")
 # MAE's pre-training decays its (1, 1, d) class and mask tokens (stored (1, 1, d) and (d,) here).
 MAE_DECAYED_TOKENS = ("cls", "mask_token")
 DECAY_RULES = ("deit", "mae_pretrain", "all")
