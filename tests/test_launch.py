@@ -583,10 +583,13 @@ def test_two_process_cpu_run_of_the_quickstart(tmp_path: Path):
     for i, log in enumerate(logs):
         pattern = rf"Process {i}/2, local devices \[\d+\], global devices 2, mesh {{'data': 2, 'fsdp': 1}}"
         assert re.search(pattern, log), log[-2000:]
-    # Process 0 logs the global metrics (ceil(1437 / 256) = 6 steps); process 1 only warnings.
-    steps = re.findall(r"\[(\d+)\] train/.*train/loss=([0-9.]+)", logs[0])
-    assert [step for step, _ in steps] == ["2", "4", "6"]
-    assert all(0.5 < float(loss) < 3.0 for _, loss in steps), steps  # near ln(10) on 10 classes
+    # Process 0 records the global metrics (ceil(1437 / 256) = 6 steps) and logs the progress;
+    # process 1 only warnings.
+    records = [json.loads(line) for line in (workdir / "history.jsonl").read_text().splitlines()]
+    steps = [(r["step"], r["train_loss"]) for r in records if "train_loss" in r]
+    assert [step for step, _ in steps] == [2, 4, 6]
+    assert all(0.5 < loss < 3.0 for _, loss in steps), steps  # near ln(10) on 10 classes
+    assert re.search(r"Progress: .*\(6/6\)", logs[0]) and "Progress:" not in logs[1]
     assert "Traceback" not in logs[1] and "Error" not in logs[1], logs[1][-2000:]
     assert json.loads((workdir / "final_metrics.json").read_text())["step"] == 6
     shards = {p.name for p in (workdir / "checkpoints" / "6" / "state").iterdir()}
