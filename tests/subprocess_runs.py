@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -32,6 +33,18 @@ def session_dir(tmp_path_factory) -> str:
     """A folder shared by every pytest-xdist worker of this session (this session's own without xdist)."""
     base = tmp_path_factory.getbasetemp()
     return str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+
+
+def run_once(tmp_path_factory, name: str, overrides: Sequence[str], environ: dict[str, str], timeout: float) -> str:
+    """The workdir of the CLI run `name` with `overrides`, trained once per session (xdist workers
+    and test files that name the same run share it); its log is `<workdir>.log`."""
+    workdir = os.path.join(session_dir(tmp_path_factory), name)
+    with file_lock(workdir + ".lock"):
+        if not os.path.exists(workdir + ".done"):
+            shutil.rmtree(workdir, ignore_errors=True)
+            run(command(workdir, overrides), environ, workdir + ".log", timeout)
+            open(workdir + ".done", "w").close()
+    return workdir
 
 
 @contextlib.contextmanager

@@ -174,12 +174,7 @@ def environ(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, environ):
     """(workdir, final metrics, final state, its log) of the uninterrupted run (shared with test_preemption.py)."""
-    workdir = os.path.join(sr.session_dir(tmp_path_factory), "preemption_uninterrupted")
-    with sr.file_lock(workdir + ".lock"):
-        if not os.path.exists(workdir + ".done"):
-            shutil.rmtree(workdir, ignore_errors=True)
-            sr.run(sr.command(workdir, OVERRIDES), environ, workdir + ".log", TIMEOUT)
-            open(workdir + ".done", "w").close()
+    workdir = sr.run_once(tmp_path_factory, "preemption_uninterrupted", OVERRIDES, environ, TIMEOUT)
     with open(os.path.join(workdir, "final_metrics.json")) as f:
         final = json.load(f)
     return workdir, final, checkpoint.load_raw(workdir, STEPS)[1], sr.tail(workdir + ".log", 10**6)

@@ -29,12 +29,7 @@ def environ(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, environ):
     """(workdir, final state) of the uninterrupted run, computed once per session (xdist workers share it)."""
-    workdir = os.path.join(sr.session_dir(tmp_path_factory), "preemption_uninterrupted")
-    with sr.file_lock(workdir + ".lock"):
-        if not os.path.exists(workdir + ".done"):
-            shutil.rmtree(workdir, ignore_errors=True)
-            sr.run(sr.command(workdir, OVERRIDES), environ, workdir + ".log", TIMEOUT)
-            open(workdir + ".done", "w").close()
+    workdir = sr.run_once(tmp_path_factory, "preemption_uninterrupted", OVERRIDES, environ, TIMEOUT)
     assert sr.steps_on_disk(workdir) == [8, 12]
     return workdir, checkpoint.load_raw(workdir, STEPS)[1]
 
