@@ -342,3 +342,31 @@ def test_canonical_grids_equal_per_image_keys_and_boxes_with_few_programs():
     keys = np.asarray(ev._bucket_keys(params, jnp.asarray(canvas), jnp.asarray(grid), cands, key))[0, 1:]
     gh, gw = tc.dense_patch_grid(a.shape[:2], 16)
     np.testing.assert_allclose(keys.reshape(*key, -1)[:gh, :gw].reshape(gh * gw, -1), alone, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_key_mask_equals_attention_over_the_kept_tokens_alone():
+    """MultiHeadAttention(key_mask): the kept tokens' outputs and attention maps equal the module
+    run on the kept tokens alone, masked keys get weight 0, the keys themselves are unchanged; the
+    mask differs per batch row, and without it the outputs differ (the test can fail)."""
+    import jax
+    import jax.numpy as jnp
+
+    from skipless_jax.models.attention import MultiHeadAttention
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 7, 8)).astype(np.float32)
+    keep = np.ones((2, 7), bool)
+    keep[0, [2, 5]] = False
+    keep[1, 6] = False
+    module = MultiHeadAttention(num_heads=2, capture_attention=True)
+    params = module.init(jax.random.PRNGKey(0), jnp.asarray(x))
+    masked, masked_details = module.apply(params, jnp.asarray(x), key_mask=jnp.asarray(keep))
+    for b in range(2):
+        alone, details = module.apply(params, jnp.asarray(x[b : b + 1, keep[b]]))
+        np.testing.assert_allclose(np.asarray(masked)[b, keep[b]], np.asarray(alone)[0], rtol=1e-5, atol=1e-6)
+        maps = np.asarray(masked_details["attention"])[b]
+        assert np.all(maps[:, :, ~keep[b]] == 0)  # no query reads a masked key
+        np.testing.assert_allclose(maps[:, keep[b]][:, :, keep[b]], np.asarray(details["attention"])[0], atol=1e-6)
+    np.testing.assert_array_equal(masked_details["keys"], module.apply(params, jnp.asarray(x))[1]["keys"])
+    unmasked, _ = module.apply(params, jnp.asarray(x))
+    assert not np.allclose(np.asarray(unmasked)[0, keep[0]], np.asarray(masked)[0, keep[0]], atol=1e-3)

@@ -27,7 +27,6 @@ and runs the cut on the host.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
@@ -254,19 +253,6 @@ def candidate_grids(canonical: tuple[int, int], bucket: int) -> tuple[tuple[int,
     return tuple((h, w) for h in range(max(gh - bucket + 1, 1), gh + 1) for w in range(max(gw - bucket + 1, 1), gw + 1))
 
 
-@contextlib.contextmanager
-def _attention_key_mask(mask: jax.Array) -> Iterator[None]:
-    """While tracing: every `jax.nn.dot_product_attention` call gets `mask` (B, 1, 1, n) (keys
-    outside the mask take no part). Used only around `models.attention.MultiHeadAttention`'s
-    call inside `bucket_keys`, which runs in the evaluating thread."""
-    plain = jax.nn.dot_product_attention
-    jax.nn.dot_product_attention = functools.partial(plain, mask=mask)
-    try:
-        yield
-    finally:
-        jax.nn.dot_product_attention = plain
-
-
 def bucket_keys(outputs: Any, block: int, params: Any, images: jax.Array, grid: jax.Array,
                 candidates: tuple[tuple[int, int], ...], canonical: tuple[int, int]) -> jax.Array:
     """Keys (B, extra + Gh·Gw, d) of block `block` for images (B, Gh·p, Gw·p, C) zero-padded to the
@@ -303,8 +289,7 @@ def bucket_keys(outputs: Any, block: int, params: Any, images: jax.Array, grid: 
         if isinstance(context.module, MultiHeadAttention) and context.method_name == "__call__":
             extra = args[0].shape[1] - gh_c * gw_c
             keep = jnp.concatenate([jnp.ones((valid.shape[0], extra), bool), valid], axis=1)
-            with _attention_key_mask(keep[:, None, None, :]):
-                return next_fun(*args, **kwargs)
+            return next_fun(*args, key_mask=keep, **kwargs)
         return next_fun(*args, **kwargs)
 
     with nn.intercept_methods(intercept):

@@ -46,7 +46,10 @@ def kernel_params(module: nn.Module, d: int) -> dict[str, jax.Array]:
 
 
 class MultiHeadAttention(nn.Module):
-    """(B, n, d) -> ((B, n, d), {'keys': (B, n, d) with bias, heads concatenated[, 'attention': (B, h, n, n)]})."""
+    """(B, n, d) -> ((B, n, d), {'keys': (B, n, d) with bias, heads concatenated[, 'attention': (B, h, n, n)]}).
+
+    `key_mask` (B, n) bool, optional: keys where it is False take no part in any query's softmax
+    (TokenCut's padded token grids, docs/method.md §7); None: every key."""
 
     num_heads: int
     init_scheme: str = "default"
@@ -60,7 +63,7 @@ class MultiHeadAttention(nn.Module):
     implementation: str | None = None
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def __call__(self, x: jax.Array, key_mask: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
         b, n, d = x.shape
         h = self.num_heads
         kernels = kernel_params(self, d)
@@ -75,9 +78,12 @@ class MultiHeadAttention(nn.Module):
 
         keys = project(x, "key")
         q, k, v = (t.reshape(b, n, h, d // h) for t in (project(x, "query"), keys, project(x, "value")))
-        heads = jax.nn.dot_product_attention(q, k, v, implementation=self.implementation)  # scale 1/√d_h
+        mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, n): every head and query
+        heads = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=self.implementation)  # scale 1/√d_h
         details = {"keys": keys}
         if self.capture_attention:
             logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(d // h, q.dtype))
+            if mask is not None:
+                logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
             details["attention"] = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
         return project(heads.reshape(b, n, d), "out"), details
