@@ -3,13 +3,13 @@
 import os
 import tempfile
 
+from subprocess_runs import XLA_TEST_FLAGS  # stdlib only: imports nothing of JAX
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# The tests' XLA flags (subprocess_runs.XLA_TEST_FLAGS, shared with the processes the tests start).
 os.environ["XLA_FLAGS"] = (
-    # Tiny test models: XLA's backend optimizations cost more compile time than they save.
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-    # Avoids a scheduler deadlock of XLA:CPU on programs with many small factorizations.
-    " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count=8 {XLA_TEST_FLAGS}"
 ).strip()
 
 # One compilation cache for the session's workers and the processes the tests start: the same

@@ -21,6 +21,12 @@ from collections.abc import Callable, Iterator, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "configs", "tiny.py")
 
+# The XLA flags of every test process, in-process (conftest.py) and started (env() below):
+# tiny test models, where XLA's backend optimizations cost more compile time than they save, and
+# no concurrency-optimized scheduler (it deadlocks XLA:CPU on programs with many small
+# factorizations). The device count is added per process.
+XLA_TEST_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_enable_concurrency_optimized_scheduler=false"
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
@@ -59,7 +65,8 @@ def file_lock(path: str) -> Iterator[None]:
 
 
 def env(num_devices: int, cache_dir: str | None = None, **extra: str) -> dict[str, str]:
-    """A CPU-only environment with `num_devices` fake devices and one BLAS thread.
+    """A CPU-only environment with `num_devices` fake devices, one BLAS thread and the tests'
+    XLA flags (XLA_TEST_FLAGS, as in the pytest process).
 
     `cache_dir`: JAX's persistent compilation cache, shared by the runs of a test session (a
     cached executable is the same program, so results are unchanged; only compile time goes).
@@ -73,7 +80,7 @@ def env(num_devices: int, cache_dir: str | None = None, **extra: str) -> dict[st
         )
     out.update(
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices} {XLA_TEST_FLAGS}",
         OPENBLAS_NUM_THREADS="1",
         TF_CPP_MIN_LOG_LEVEL="3",
         PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),

@@ -186,3 +186,11 @@ def test_unshared_workdirs_are_a_one_line_error_in_every_process(tmp_path, tmp_p
         assert "Train step per device" not in sr.tail(log, 10**6)  # stopped before the step compiled
     assert not os.path.exists(os.path.join(workdirs[0], ".process_0_token"))  # removed by process 0
     assert not os.path.exists(os.path.join(workdirs[1], "checkpoints"))
+
+
+def test_started_processes_compile_under_the_pytest_process_xla_flags():
+    """subprocess_runs.env keeps conftest.py's compile flags (one definition, XLA_TEST_FLAGS)."""
+    flags = sr.env(2, JAX_PLATFORMS="cpu")["XLA_FLAGS"].split()
+    assert "--xla_force_host_platform_device_count=2" in flags
+    assert "--xla_backend_optimization_level=0" in flags
+    assert set(sr.XLA_TEST_FLAGS.split()) <= set(flags) & set(os.environ["XLA_FLAGS"].split())

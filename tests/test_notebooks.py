@@ -1,11 +1,13 @@
 """The notebooks in examples/ run top to bottom on the embedded digits (CPU, tiny configs) with
 nbclient and an ipykernel (requirements-test.txt pins both); each checks its own numbers in
-`assert` cells and shows its pictures."""
+`assert` cells and shows its pictures. The test runs them with SKIPLESS_EXAMPLES_QUICK=1 (a few
+training steps each, every cell as written) on one CPU device, as a user's kernel has."""
 
 import os
 
 import pytest
 
+from tests.subprocess_runs import XLA_TEST_FLAGS
 from tests.util import ROOT
 
 NOTEBOOKS = ("signal_propagation", "dino_features", "mae_reconstructions")
@@ -19,6 +21,9 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     pytest.importorskip("ipykernel")
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # the kernel inherits this environment
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    # One device (not the pytest process's 8 fake ones), with the tests' compile-time flags.
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=1 {XLA_TEST_FLAGS}")
+    monkeypatch.setenv("SKIPLESS_EXAMPLES_QUICK", "1")  # a few training steps (the notebooks' QUICK)
     monkeypatch.setenv("SKIPLESS_EXAMPLES_DIR", str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     nb = nbformat.read(os.path.join(ROOT, "examples", f"{name}.ipynb"), as_version=4)
