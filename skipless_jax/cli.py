@@ -6,19 +6,24 @@
 
 The console at the default verbosity keeps this project's own lines (settings, progress with
 ETA, evaluations, checkpoint saves) and the warnings and errors of other libraries, except
-orbax's bookkeeping (its warnings: at --verbosity=1); clu's scalar dumps and work-unit notes and
-TensorFlow's C++ notices appear only with `--verbosity=1` (absl's `-v 1`), which shows
-everything. Imports absl only, so that `--help` answers before JAX or TensorFlow load.
+orbax's bookkeeping (its warnings: at --verbosity=1); the logging writer's scalar dumps
+(trainers/writers.py) and TensorFlow's C++ notices at import (when something loads it: a tfds
+dataset, clu's writer of a remote workdir) appear only with `--verbosity=1` (absl's `-v 1`),
+which shows everything. Imports absl only, so that `--help` answers before JAX or TensorFlow load.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
 import logging as std_logging
 import os
 import re
 import sys
-from typing import NoReturn
+import threading
+from typing import Any, NoReturn
 
 from absl import flags, logging
 
@@ -139,24 +144,21 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 # Library records kept on the console at the default verbosity: this Python level or above.
 _LIBRARY_MIN_LEVEL = {"orbax": std_logging.ERROR}  # other libraries: WARNING
-_SCALARS = "clu/metric_writers/logging_writer.py"  # every scalar again (TensorBoard and history.jsonl have them)
-_NOTES = "clu/platform/"  # clu's progress: 'Setting work unit notes: 2.5 steps/s, 77.9% (700/899), ETA: 1m'
+# The logging writer's '[step] name=value, ...' lines: every scalar again (TensorBoard and
+# history.jsonl have them). Its '[Hyperparameters] {...}' (the settings, once) and the progress
+# line ('Progress: 2.5 steps/s, 77.9% (700/899), ETA: 1m', same module) stay.
+_SCALARS = "/skipless_jax/trainers/writers.py"
 
 
 class ConsoleFilter:
-    """This project's records, the settings and progress lines, other libraries' warnings and
-    errors (orbax's errors only)."""
+    """This project's records (but the scalar dumps), the settings and progress lines, other
+    libraries' warnings and errors (orbax's errors only)."""
 
     def filter(self, record: std_logging.LogRecord) -> bool:
         path = record.pathname.replace(os.sep, "/")
+        if path.endswith(_SCALARS) and str(record.msg).startswith("[%d]"):
+            return False
         if "/skipless_jax/" in path:
-            return True
-        if _SCALARS in path:
-            return str(record.msg).startswith("[Hyperparameters]")  # the settings, once
-        if _NOTES in path:
-            if not str(record.msg).startswith("Setting work unit notes"):
-                return False
-            record.msg = "Progress: %s"
             return True
         level = next((v for k, v in _LIBRARY_MIN_LEVEL.items() if f"/{k}/" in path), std_logging.WARNING)
         if record.levelno < level:
@@ -180,16 +182,42 @@ def _stderr_fd_muted():
         os.close(devnull)
 
 
+class _MutedTensorFlowImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """The first import of TensorFlow, by whatever imports it (tfds, clu's remote writer), with
+    file descriptor 2 muted in the main thread: its C++ notices at import (oneDNN, absl's
+    pre-initialization warning, CPU features) ignore TF_CPP_MIN_LOG_LEVEL. In another thread
+    it imports as usual (notices shown), so that no other thread's output is lost."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "tensorflow" or threading.current_thread() is not threading.main_thread():
+            return None
+        return importlib.machinery.ModuleSpec(name, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)  # once: the nested import below finds the real package
+        with _stderr_fd_muted():
+            module = importlib.import_module(spec.name)  # the import lock of the name is this thread's
+        self._spec = module.__spec__
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        module.__spec__ = self._spec  # importlib set it to this loader's spec: the real one again
+
+
 def quiet_console(tensorflow: bool = True) -> None:
     """The default console (module docstring); call it after the flags are parsed. With
-    `tensorflow` (a command that loads it: clu's writers do), TensorFlow is imported here with
-    file descriptor 2 muted: its C++ notices at import (oneDNN, absl's pre-initialization
-    warning) ignore TF_CPP_MIN_LOG_LEVEL. Nothing changes at `--verbosity` 1 or more."""
+    `tensorflow` (a command that may load it: a tfds dataset, clu's writer of a remote workdir),
+    TensorFlow's first import, when it comes, runs with file descriptor 2 muted: its C++ notices
+    at import (oneDNN, absl's pre-initialization warning) ignore TF_CPP_MIN_LOG_LEVEL. Nothing
+    imports TensorFlow here (a local run's writers do not need it). Nothing changes at
+    `--verbosity` 1 or more."""
     if logging.get_verbosity() > logging.INFO:
         return
     handler = logging.get_absl_handler()
     if not any(isinstance(f, ConsoleFilter) for f in handler.filters):
         handler.addFilter(ConsoleFilter())
-    if tensorflow and "tensorflow" not in sys.modules:
-        with _stderr_fd_muted():
-            import tensorflow
+    if tensorflow and "tensorflow" not in sys.modules and not any(
+        isinstance(f, _MutedTensorFlowImport) for f in sys.meta_path
+    ):
+        sys.meta_path.insert(0, _MutedTensorFlowImport())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging as std_logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -151,16 +152,38 @@ def test_console_filter_keeps_the_project_settings_progress_and_warnings_that_ma
     site = "/venv/lib/python3.11/site-packages"
     keep = cli.ConsoleFilter().filter
     assert keep(_record("/work/skipless_jax/trainers/run.py", 20, "Step 12: test_accuracy=0.1"))
-    assert keep(_record(f"{site}/clu/metric_writers/logging_writer.py", 20, "[Hyperparameters]%s %s"))
-    assert not keep(_record(f"{site}/clu/metric_writers/logging_writer.py", 20, "[%d] %s"))
-    notes = _record(f"{site}/clu/platform/local.py", 20, "Setting work unit notes: %s")
-    assert keep(notes) and notes.msg == "Progress: %s"
+    writers = "/work/skipless_jax/trainers/writers.py"  # the logging writer and the progress line
+    assert keep(_record(writers, 20, "[Hyperparameters] %s"))
+    assert not keep(_record(writers, 20, "[%d] %s"))  # every scalar again
+    assert keep(_record(writers, 20, "Progress: %s"))
+    assert not keep(_record(f"{site}/clu/platform/local.py", 20, "Setting work unit notes: %s"))
     assert not keep(_record(f"{site}/orbax/checkpoint/_src/x.py", 30, "Closing _NonBlockingMetadataStore"))
     assert not keep(_record(f"{site}/orbax/checkpoint/_src/x.py", 20, "Finished saving"))
     error = _record(f"{site}/orbax/checkpoint/_src/x.py", 40, "save failed", exc=True)
     assert keep(error) and error.exc_info is None  # one line; the exception is reported by the project
     assert keep(_record(f"{site}/jax/_src/xla_bridge.py", 30, "An NVIDIA GPU may be present"))
     assert not keep(_record(f"{site}/jax/_src/dispatch.py", 20, "Finished tracing"))
+
+
+@pytest.mark.slow
+def test_quiet_console_mutes_tensorflows_notices_when_something_imports_it():
+    """No command imports TensorFlow up front; a tfds dataset (or clu's remote writer) may, and
+    then its C++ notices at import stay off the quiet console (not off --verbosity=1's)."""
+    code = ("import sys\nfrom absl import flags, logging\nflags.FLAGS(sys.argv[:1] + sys.argv[1:])\n"
+            "from skipless_jax import cli\ncli.quiet_console()\nprint('imported', 'tensorflow' in sys.modules)\n"
+            "import tensorflow.compat.v2 as tf\nimport tensorflow\n"
+            "print(float(tf.constant(2.0) * 3), tensorflow.__spec__.origin.endswith('tensorflow/__init__.py'))\n")
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=240,
+                              cwd=sr.ROOT, env=sr.env(1))
+
+    quiet, verbose = run(), run("--verbosity=1")
+    for result in (quiet, verbose):
+        assert result.stdout.split() == ["imported", "False", "6.0", "True"], result.stdout + result.stderr[-2000:]
+    if "oneDNN" not in verbose.stderr and "InitializeLog" not in verbose.stderr:
+        pytest.skip("this TensorFlow prints no notices at import")
+    assert "oneDNN" not in quiet.stderr and "InitializeLog" not in quiet.stderr, quiet.stderr[-2000:]
 
 
 # ---- Runs of the tiny config (CLI in subprocesses, 1 CPU device).
@@ -183,9 +206,11 @@ def reference(tmp_path_factory, environ):
 @pytest.mark.slow
 def test_the_console_of_a_run_is_its_own_lines(reference):
     log = reference[3]
-    for chatter in ("oneDNN", "InitializeLog", "type_handler_registry", "logging_writer.py:48]",
-                    "_NonBlockingMetadataStore", "Setting work unit notes"):
+    for chatter in ("oneDNN", "InitializeLog", "type_handler_registry", "_NonBlockingMetadataStore",
+                    "Setting work unit notes"):
         assert chatter not in log, chatter
+    assert not re.search(r"\] \[\d+\] ", log), "the logging writer's scalar dumps ('[12] test/accuracy=...')"
+    assert log.count("[Hyperparameters] {") == 1
     for line in ("[Hyperparameters]", "Progress: ", f"({STEPS}/{STEPS}), ETA", f"Step {STEPS}: test_accuracy=",
                  f"Saving the checkpoint of step {EVERY} in", f"Final (supervised, step {STEPS}): "):
         assert line in log, line

@@ -24,13 +24,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
-from clu import metric_writers, periodic_actions
 from etils import epath
 
 from skipless_jax import checkpoint
 from skipless_jax.nested import flatten
 from skipless_jax.pretrained import check_saved_config
-from skipless_jax.trainers import perf, wandb_writer
+from skipless_jax.trainers import perf, wandb_writer, writers
 from skipless_jax.trainers.nonfinite import NonFiniteError, all_finite, inexact_names, nonfinite_error
 
 # A run stopped by SIGTERM or a preemption notice saved its state and is not finished:
@@ -226,18 +225,14 @@ class Run:
         self.guarded = inexact_names(guarded)
         self.is_chief = jax.process_index() == 0
         self.skip_nonfinite = bool(config.get("skip_nonfinite_steps", False))
-        self.writer = (
-            metric_writers.create_default_writer(workdir, asynchronous=True)
-            if self.is_chief
-            else metric_writers.MultiWriter([])
-        )
-        hosted = self.is_chief and wandb_writer.enabled(config)
-        self._wandb = wandb_writer.WandbWriter(config, workdir) if hosted else None
-        if self._wandb is not None:
-            self.writer = metric_writers.MultiWriter([self.writer, self._wandb])
+        # Process 0 writes the absl log, TensorBoard (writers.py: no TensorFlow for a local
+        # workdir) and wandb when configured; the other processes write nothing.
+        self.writer = writers.create_default_writer(workdir) if self.is_chief else writers.MultiWriter([])
+        if self.is_chief and wandb_writer.enabled(config):
+            self.writer.writers.append(wandb_writer.WandbWriter(config, workdir))
         if first_step == 0:
             self.writer.write_hparams({k: str(v) for k, v in flatten(config.to_dict(), ".").items()})
-        self.progress = periodic_actions.ReportProgress(
+        self.progress = writers.ReportProgress(
             num_train_steps=total_steps, writer=self.writer, every_steps=config.log_every_steps
         )
         self.signals = SignalFlag() if jax.process_count() == 1 else None
@@ -334,9 +329,7 @@ class Run:
                 self.signals.close()
             with checkpoint.disk_full_as_one_error(self.mngr, self.last_saved):
                 self.mngr.close()
-            self.writer.flush()
-            if self._wandb is not None:
-                self._wandb.close()
+            self.writer.close()  # the event file, and the wandb run when there is one
 
     def final_evaluation(self, results: Iterable[tuple[str, str, float]]) -> None:
         """A run resumed at its last step, whose final metrics were lost (a stop after its final

@@ -1,11 +1,12 @@
-"""Hosted tracking as an option: a clu MetricWriter that logs to Weights & Biases, next to
-TensorBoard, when `config.wandb.project` is set (off by default; `pip install -e .[wandb]`).
+"""Hosted tracking as an option: a MetricWriter (trainers/writers.py) that logs to Weights &
+Biases, next to TensorBoard, when `config.wandb.project` is set (off by default;
+`pip install -e .[wandb]`).
 
     --config.wandb.project=skipless [--config.wandb.entity=TEAM] [--config.wandb.mode=offline]
 
 The wandb run's id is derived from the workdir, so a resumed run continues the same wandb run;
 `mode` is wandb's (online, offline: files under <workdir>/wandb to `wandb sync` later, disabled).
-Scalars and hyperparameters are logged; images and other summaries stay in TensorBoard only.
+Scalars and hyperparameters are logged (all that a run writes).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
-from clu.metric_writers import interface
+
+from skipless_jax.trainers.writers import MetricWriter
 
 
 def enabled(config: ml_collections.ConfigDict) -> bool:
@@ -46,7 +48,7 @@ def run_id(workdir: str) -> str:
     return hashlib.sha1(os.path.abspath(workdir).encode()).hexdigest()[:16]
 
 
-class WandbWriter(interface.MetricWriter):
+class WandbWriter(MetricWriter):
     """Scalars to `wandb.log(step=...)`, hyperparameters to the wandb run's config."""
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str):
@@ -65,27 +67,6 @@ class WandbWriter(interface.MetricWriter):
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         self.run.config.update(dict(hparams), allow_val_change=True)
-
-    def write_summaries(self, step, values, metadata=None) -> None:
-        pass
-
-    def write_images(self, step, images) -> None:
-        pass
-
-    def write_videos(self, step, videos) -> None:
-        pass
-
-    def write_audios(self, step, audios, *, sample_rate) -> None:
-        pass
-
-    def write_texts(self, step, texts) -> None:
-        pass
-
-    def write_histograms(self, step, arrays, num_buckets=None) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
 
     def close(self) -> None:
         self.run.finish()
