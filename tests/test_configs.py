@@ -24,6 +24,7 @@ from util import ROOT, TINY_MODELS, tiny_model
 
 CONFIGS = sorted(os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(ROOT, "configs", "*.py")))
 MOCK_EXAMPLES = 16
+EMBEDDED = ("digits", "digit_scenes")  # read from the package, not tfds (mock_data does not shrink them)
 
 
 def _module(name: str):
@@ -215,7 +216,9 @@ def _write_tiny_imagenet(root: str, per_class: int = 1, val: int = MOCK_EXAMPLES
 
 
 def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The config with a tiny model, one step and small batches; everything else as configured."""
+    """The config with a tiny model, one step, small train batches (and eval batches on mock data)
+    and evaluators that train (linear probe, linear segmentation) for a few steps; everything else
+    as configured."""
     from skipless_jax import models
 
     if models.family(c.model).FAMILY in TINY_MODELS:  # a family whose sizes are not the ViT's fields
@@ -229,7 +232,9 @@ def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
             c.input.image_size, c.model.patch_size = 32, 8
     if c.get("mae"):  # MAE's 512-wide, 8-block decoder dominates otherwise
         c.mae.update(dict(decoder_width=16, decoder_depth=1, decoder_num_heads=2, picture_images=2))
-    c.input.batch_size = c.input.eval_batch_size = 8
+    c.input.batch_size = 8
+    if c.dataset.name not in EMBEDDED:  # the embedded sets' test splits are real (360-720 images): own batches
+        c.input.eval_batch_size = 8
     c.input.num_workers = 0
     if c.input.get("repeated_augmentation"):  # its epoch needs >= 256 examples; the mock split has fewer
         c.input.repeated_augmentation = 1
@@ -238,6 +243,11 @@ def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps = 1, 0, 0
     if c.get("analysis"):
         c.analysis.every_steps = 0
+    for entry in c.get("evals", {}).values():  # the evaluators' own training: a few steps, not hundreds
+        if entry.get("type") == "linear_probe":
+            entry.steps = 5
+        elif entry.get("type") == "linear_segmentation":
+            entry.update(dict(steps=2, warmup=1))
     if c.get("dino"):  # the 65,536-wide head and 8 × 96-px local crops dominate otherwise
         c.dino.update(dict(out_dim=64, hidden_dim=32, bottleneck_dim=16))
         c.input.multicrop.update(dict(local_size=16, num_local=2))
