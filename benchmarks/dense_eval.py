@@ -15,13 +15,17 @@ are ESTIMATES: those FLOPs at VOC resolutions (compiled, not run) × the protoco
 an assumed sustained accelerator throughput, plus the host `ncut` measured here at VOC's token
 count. Writes benchmarks/results/dense_eval.json (git-ignored) and prints a table.
 
-The whole segmentation test pass (`--test-pass`, docs/method.md §8), per image, on a tiny
-backbone (`--test-width` 64, depth 4, patch 16, random init): `ms` on an ADE20K-sized input
-(512×683, 150 classes: 10 views, 168 windows of 640²) and `lin` on a VOC-sized one (375×500,
-21 classes), through `LinearSegmentation.confusion` (host views and windows, device forward,
-resizes, accumulation, softmax, argmax, host confusion), against the windows' forward alone (the
-same `_window_grid` calls, timed by themselves); the ratio (whole ÷ forward) is the test
-pass's overhead over the network. The host reference path (`scores`) is timed for `lin` only.
+The whole segmentation test pass (`--test-pass`, docs/method.md §8), per image, on a random-init
+backbone with ViT-S/16's width and heads (the DINO configs') at depth 4, the blocks `ms` reads
+(`--test-width` 384, `--test-depth` 4, `--test-heads` 6; the full depth-12 forward costs ~3x
+more, so its ratio is lower still; `--test-width 64 --test-heads 2` shows the per-pixel floor
+on a toy network): `ms` on an ADE20K-sized input (512×683, 150 classes: 10 views, 168 windows
+of 640²) and `lin` on a VOC-sized one (375×500, 21 classes), through
+`LinearSegmentation.confusion` (host views and windows one image ahead, device forward, resizes,
+accumulation, softmax, argmax, host confusion), against the windows' forward alone (the same
+`_window_grid` calls, timed by themselves); the ratio (whole ÷ forward) is the test pass's
+overhead over the network. The host's share (`host_views`) is also timed alone, and the host
+reference path (`scores`) for `lin` only.
 """
 
 from __future__ import annotations
@@ -142,11 +146,11 @@ class Records:
         return dict(self.records[i])  # confusion() clears the records it scored
 
 
-def test_pass(width: int, reps: int) -> dict[str, dict[str, float]]:
+def test_pass(width: int, depth: int, heads: int, reps: int) -> dict[str, dict[str, float]]:
     """Seconds per image of the whole test pass and of its windows' forward alone, `ms` on
     ADE20K-sized and `lin` on VOC-sized inputs (see the module docstring)."""
-    model_cfg = ml_collections.ConfigDict(dict(width=width, depth=4, mlp_dim=4 * width, num_heads=2, patch_size=16,
-                                               pool="tok", posemb="learn", dtype="float32"))
+    model_cfg = ml_collections.ConfigDict(dict(width=width, depth=depth, mlp_dim=4 * width, num_heads=heads,
+                                               patch_size=16, pool="tok", posemb="learn", dtype="float32"))
     config = ml_collections.ConfigDict(dict(model=model_cfg, seed=0))
     model = models.build(model_cfg, 0, image_size=224)
     mesh = sharding.make_mesh({"data": -1, "fsdp": 1})
@@ -178,8 +182,14 @@ def test_pass(width: int, reps: int) -> dict[str, dict[str, float]]:
         jax.block_until_ready([grid(*a) for a in calls])
         forward = (time.perf_counter() - t) / reps
         windows = sum(int(a[2]["mask"].sum()) for a in calls) / reps
+        # The host's share alone (view resizes, normalization, window crops; `host_views`, one thread):
+        # on an accelerator it is what the host must keep up with (made one image ahead, in parallel).
+        t = time.perf_counter()
+        for i in range(reps):
+            probe.host_views(records.records[i]["image"])
+        host = (time.perf_counter() - t) / reps
         row = {"whole_s_per_image": whole, "forward_s_per_image": forward,
-               "ratio": whole / forward, "windows_per_image": windows,
+               "ratio": whole / forward, "windows_per_image": windows, "host_share_s_per_image": host,
                "input": f"{hw[0]}x{hw[1]}, {classes} classes"}
         if name == "lin":
             t = time.perf_counter()
@@ -224,13 +234,13 @@ def hours_estimate(ratios: dict[str, float]) -> dict[str, dict[str, float]]:
     return out
 
 
-def print_test_pass(rows: dict[str, dict[str, float]], width: int) -> None:
-    print(f"\nWhole test pass per image (tiny ViT width {width}, depth 4, patch 16, {jax.device_count()} "
-          f"{jax.devices()[0].platform} devices):")
-    print(f"{'protocol':10s} {'input':>22s} {'windows':>8s} {'whole s':>9s} {'forward s':>10s} {'ratio':>6s}")
+def print_test_pass(rows: dict[str, dict[str, float]], backbone: str) -> None:
+    print(f"\nWhole test pass per image ({backbone}, {jax.device_count()} {jax.devices()[0].platform} devices):")
+    print(f"{'protocol':10s} {'input':>22s} {'windows':>8s} {'whole s':>9s} {'forward s':>10s} {'ratio':>6s} "
+          f"{'host share s':>13s}")
     for name, r in rows.items():
         print(f"{name:10s} {r['input']:>22s} {r['windows_per_image']:8.0f} {r['whole_s_per_image']:9.2f} "
-              f"{r['forward_s_per_image']:10.2f} {r['ratio']:6.2f}")
+              f"{r['forward_s_per_image']:10.2f} {r['ratio']:6.2f} {r['host_share_s_per_image']:13.2f}")
     if "host_reference_s_per_image" in rows.get("lin", {}):
         print(f"lin host reference path (numpy resizes): {rows['lin']['host_reference_s_per_image']:.2f} s/image")
 
@@ -242,12 +252,18 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "dense_eval.json"))
     ap.add_argument("--test-pass", action="store_true", help="only the whole segmentation test pass")
-    ap.add_argument("--test-width", type=int, default=64)
-    ap.add_argument("--test-images", type=int, default=2)
+    # Default: ViT-S/16's width and heads (the DINO configs' backbone) at depth 4, the blocks `ms`
+    # reads; the full depth-12 network's forward costs ~3x more, so its ratio is lower still.
+    ap.add_argument("--test-width", type=int, default=384)
+    ap.add_argument("--test-depth", type=int, default=4)
+    ap.add_argument("--test-heads", type=int, default=6)
+    ap.add_argument("--test-images", type=int, default=1)
     args = ap.parse_args()
     if args.test_pass:
-        rows = test_pass(args.test_width, args.test_images)
-        print_test_pass(rows, args.test_width)
+        rows = test_pass(args.test_width, args.test_depth, args.test_heads, args.test_images)
+        backbone = (f"ViT width {args.test_width}, depth {args.test_depth}, {args.test_heads} heads, "
+                    "patch 16, random init")
+        print_test_pass(rows, backbone)
         estimate = hours_estimate({k: r["ratio"] for k, r in rows.items()})
         print(f"\nESTIMATE, one host of {ACCELERATORS} accelerators at {ACCELERATOR_TFLOPS / 1e12:.0f} TFLOP/s each "
               "(ViT-S/16, this CPU's ratios):")
@@ -258,7 +274,7 @@ def main() -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump({"machine": f"{jax.devices()[0].platform} x{jax.device_count()}, {os.cpu_count()} cores visible",
-                       "test_pass": rows, "estimate_8_accelerators": estimate}, f, indent=2)
+                       "backbone": backbone, "test_pass": rows, "estimate_8_accelerators": estimate}, f, indent=2)
         print(f"wrote {path}")
         return
     rng = np.random.default_rng(0)

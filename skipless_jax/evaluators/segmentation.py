@@ -342,7 +342,7 @@ class LinearSegmentation:
     seed: int = 0
     chunk: int = 64  # test windows per device call
     buffer_bytes: int = 1 << 30  # view buffers held before the pending windows are sent
-    workers: int = 0  # host threads making the train crops (0: min(16, cores))
+    workers: int = 0  # host threads making the train crops and the test views (0: min(16, cores))
     device_test: bool = True  # the test pass's resizes, accumulation and softmax on the devices (False: host)
 
     def __post_init__(self):
@@ -545,6 +545,41 @@ class LinearSegmentation:
                 yield results.pop(next_out)
                 next_out += 1
 
+    def host_views(self, image: np.ndarray, pool: Any = None) -> list[tuple[bool, tuple[int, int], np.ndarray, list]]:
+        """The host's share of one uint8 image's device test pass (docs/method.md §8): for each test
+        view (flipped, its (h, w), its windows' overlap count on the bucketed buffer (hb, wb, 1),
+        its window groups [(window hw, windows, normalized crops centre-padded to patch multiples)],
+        at most `chunk` windows a group, one window shape a group). `pool` maps the views."""
+        from skipless_jax.data import dense, pipeline
+
+        p, step = self.patch_size, max(self.protocol.crop // 4, 1)
+
+        def one(view: tuple[float, bool, np.ndarray]) -> tuple[bool, tuple[int, int], np.ndarray, list]:
+            _, flipped, resized = view
+            hw = resized.shape[:2]
+            wins = dense.windows(hw, self.protocol.crop, self.protocol.stride)
+            count = np.ones((bucket_up(hw[0], step), bucket_up(hw[1], step), 1), np.float32)
+            count[: hw[0], : hw[1]] = 0
+            for y0, y1, x0, x1 in wins:
+                count[y0:y1, x0:x1] += 1
+            x = pipeline.normalize(resized, self.info.mean, self.info.std)
+            by_shape: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+            for win in wins:
+                by_shape.setdefault((win[1] - win[0], win[3] - win[2]), []).append(win)
+            groups = []
+            for whw, group in by_shape.items():
+                padded_hw = dense.patch_multiple(whw, p)
+                top, left = (padded_hw[0] - whw[0]) // 2, (padded_hw[1] - whw[1]) // 2
+                for c in range(0, len(group), self.chunk):
+                    part = group[c : c + self.chunk]
+                    crops = np.zeros((len(part), *padded_hw, x.shape[-1]), np.float32)
+                    for r, (y0, y1, x0, x1) in enumerate(part):  # DINOv2's CenterPadding
+                        crops[r, top : top + whw[0], left : left + whw[1]] = x[y0:y1, x0:x1]
+                    groups.append((whw, part, crops))
+            return flipped, hw, count, groups
+
+        return list((map if pool is None else pool.map)(one, dense.test_views(image, self.protocol)))
+
     def device_predictions(self, params: Any, head: dict[str, Any], images: list[np.ndarray],
                            mesh: Any = None) -> Iterator[np.ndarray]:
         """(H, W) int predictions of each uint8 image, in order, the test pass on the devices of
@@ -553,47 +588,41 @@ class LinearSegmentation:
         accumulated into its view's buffer, the view resized to the image's size (flipped back), the
         softmax and the sum over views, and the argmax taken on the devices; only the argmax comes back.
 
+        The host's share of image i + 1 (`host_views`: view resizes, normalization, window crops;
+        its views over a thread pool of `workers`) is made while the devices score image i.
         Shapes are bucketed so that few programs compile: a view's buffer is (h, w) rounded up to
         a multiple of `bucket` (a quarter of the window side), the image's scores (H, W) likewise;
         windows go `chunk` at a time per window shape (rows padded to a power of two)."""
-        from skipless_jax.data import dense, pipeline
+        import concurrent.futures
+
         from skipless_jax.evaluators.common import global_rows
 
         mesh = self.ctx.mesh if mesh is None else mesh
-        p, k, step = self.patch_size, self.num_classes, max(self.protocol.crop // 4, 1)
+        k, step = self.num_classes, max(self.protocol.crop // 4, 1)
         one_view = len(self.protocol.test_scales) == 1 and not self.protocol.test_flip
-        for image in images:
-            H, W = image.shape[:2]
-            score = None
-            for _, flipped, resized in dense.test_views(image, self.protocol):
-                hw = resized.shape[:2]
-                wins = dense.windows(hw, self.protocol.crop, self.protocol.stride)
-                count = np.ones((bucket_up(hw[0], step), bucket_up(hw[1], step), 1), np.float32)
-                count[: hw[0], : hw[1]] = 0
-                for y0, y1, x0, x1 in wins:
-                    count[y0:y1, x0:x1] += 1
-                total = jnp.zeros((*count.shape[:2], k), jnp.float32)
-                x = pipeline.normalize(resized, self.info.mean, self.info.std)
-                by_shape: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
-                for win in wins:
-                    by_shape.setdefault((win[1] - win[0], win[3] - win[2]), []).append(win)
-                for whw, group in by_shape.items():
-                    padded_hw = dense.patch_multiple(whw, p)
-                    top, left = (padded_hw[0] - whw[0]) // 2, (padded_hw[1] - whw[1]) // 2
-                    for c in range(0, len(group), self.chunk):
-                        part = group[c : c + self.chunk]
-                        crops = np.zeros((len(part), *padded_hw, x.shape[-1]), np.float32)
-                        for r, (y0, y1, x0, x1) in enumerate(part):  # DINOv2's CenterPadding
-                            crops[r, top : top + whw[0], left : left + whw[1]] = x[y0:y1, x0:x1]
+        workers = self.workers or min(16, os.cpu_count() or 1)
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool, \
+                concurrent.futures.ThreadPoolExecutor(1) as ahead:
+            upcoming = ahead.submit(self.host_views, images[0], pool) if len(images) else None
+            for i, image in enumerate(images):
+                views = upcoming.result()
+                if i + 1 < len(images):
+                    upcoming = ahead.submit(self.host_views, images[i + 1], pool)
+                H, W = image.shape[:2]
+                score = None
+                for flipped, hw, count, groups in views:
+                    total = jnp.zeros((*count.shape[:2], k), jnp.float32)
+                    for whw, part, crops in groups:
                         grid = self._window_grid(head, params, global_rows(mesh, {"image": crops}, bucket=True))
                         starts = np.zeros((grid.shape[0], 2), np.int32)
                         starts[: len(part)] = [(w[0], w[2]) for w in part]
                         total = self._accumulate(total, grid, starts, 0, len(part), whw)
-                ty = taps_padded(H, hw[0], bucket_up(H, step))
-                tx = taps_padded(W, hw[1], bucket_up(W, step), flip=flipped)
-                view = self._view_scores(total, count, ty, tx, not one_view)
-                score = view if score is None else score + view
-            yield np.asarray(jax.device_get(jnp.argmax(score, axis=-1)))[:H, :W]
+                    ty = taps_padded(H, hw[0], bucket_up(H, step))
+                    tx = taps_padded(W, hw[1], bucket_up(W, step), flip=flipped)
+                    view = self._view_scores(total, count, ty, tx, not one_view)
+                    score = view if score is None else score + view
+                del views
+                yield np.asarray(jax.device_get(jnp.argmax(score, axis=-1)))[:H, :W]
 
     def confusion(self, params: Any, head: dict[str, Any], device: bool | None = None) -> np.ndarray:
         """The (K, K) confusion over every record of `split`, exactly once. `device` (default
