@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import ml_collections
 
-# JAX, TensorFlow (clu) and the trainers load inside the functions: `--help` and flag errors
+# JAX, the trainers (and TensorFlow, where a tfds dataset needs it) load inside the functions: `--help` and flag errors
 # answer before them.
 if TYPE_CHECKING:
     import jax
