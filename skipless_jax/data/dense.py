@@ -293,13 +293,17 @@ def test_views(
 ) -> list[tuple[float, bool, np.ndarray]]:
     """(scale, flipped, resized uint8 image) of every test view: each scale of `test_scales`
     (short side short·scale, long side capped), each also flipped when `test_flip`."""
-    out = []
-    for scale in protocol.test_scales:
-        s = protocol.short * scale
-        resized = resize_image(image, rescale_hw(image.shape[:2], protocol.long_factor * s, s))
-        out.append((scale, False, resized))
-        if protocol.test_flip:
-            out.append((scale, True, np.ascontiguousarray(resized[:, ::-1])))
+    return [view for scale in protocol.test_scales for view in scale_views(image, protocol, scale)]
+
+
+def scale_views(image: np.ndarray, protocol: Protocol, scale: float) -> list[tuple[float, bool, np.ndarray]]:
+    """The test views of one scale (`test_views`' entries for it, in order): one resize, and its
+    mirror image when `test_flip`."""
+    s = protocol.short * scale
+    resized = resize_image(image, rescale_hw(image.shape[:2], protocol.long_factor * s, s))
+    out = [(scale, False, resized)]
+    if protocol.test_flip:
+        out.append((scale, True, np.ascontiguousarray(resized[:, ::-1])))
     return out
 
 

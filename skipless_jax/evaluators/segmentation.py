@@ -549,7 +549,8 @@ class LinearSegmentation:
         """The host's share of one uint8 image's device test pass (docs/method.md §8): for each test
         view (flipped, its (h, w), its windows' overlap count on the bucketed buffer (hb, wb, 1),
         its window groups [(window hw, windows, normalized crops centre-padded to patch multiples)],
-        at most `chunk` windows a group, one window shape a group). `pool` maps the views."""
+        at most `chunk` windows a group, one window shape a group). `pool` maps the test scales
+        (each one resize, and its flip)."""
         from skipless_jax.data import dense, pipeline
 
         p, step = self.patch_size, max(self.protocol.crop // 4, 1)
@@ -578,7 +579,11 @@ class LinearSegmentation:
                     groups.append((whw, part, crops))
             return flipped, hw, count, groups
 
-        return list((map if pool is None else pool.map)(one, dense.test_views(image, self.protocol)))
+        def scale(s: float) -> list[tuple[bool, tuple[int, int], np.ndarray, list]]:  # one resize, its views
+            return [one(view) for view in dense.scale_views(image, self.protocol, s)]
+
+        per_scale = (map if pool is None else pool.map)(scale, self.protocol.test_scales)
+        return [view for views in per_scale for view in views]  # test_views' order
 
     def device_predictions(self, params: Any, head: dict[str, Any], images: list[np.ndarray],
                            mesh: Any = None) -> Iterator[np.ndarray]:
@@ -589,7 +594,7 @@ class LinearSegmentation:
         softmax and the sum over views, and the argmax taken on the devices; only the argmax comes back.
 
         The host's share of image i + 1 (`host_views`: view resizes, normalization, window crops;
-        its views over a thread pool of `workers`) is made while the devices score image i.
+        its scales over a thread pool of `workers`) is made while the devices score image i.
         Shapes are bucketed so that few programs compile: a view's buffer is (h, w) rounded up to
         a multiple of `bucket` (a quarter of the window side), the image's scores (H, W) likewise;
         windows go `chunk` at a time per window shape (rows padded to a power of two)."""
