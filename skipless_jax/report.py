@@ -12,8 +12,14 @@ folder path, comma-separated in each part as `python -m skipless_jax.sweep` name
 `opt=adamw,seed=0` — and every key of its final metrics (`--metrics` keeps some).
 `--mean_over=seed` groups the runs by their other args: per metric `<metric>_mean`,
 `<metric>_std` (the sample std, ddof=1; docs/method.md §19) and `n`, the group's runs.
+Rows are in natural order of their folders (`depth=8` before `depth=12`).
 `--plot` draws each run's `--plot_metric` from its `history.jsonl` against the step (matplotlib,
-Agg; with --mean_over, one colour per group).
+Agg; with --mean_over, one colour per group). With `--plot_x=ARG` it draws instead the final
+`--plot_metric` (from `final_metrics.json`) against that numeric arg: each run a dot, and per
+group of the other args (--mean_over's excluded) a line through the means with ± std bars, e.g.
+
+    python -m skipless_jax.report /tmp/depth --mean_over=seed --plot=depth.png \
+        --plot_metric=test_accuracy --plot_x=depth
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -47,7 +54,12 @@ def find_runs(root: str) -> list[str]:
     """The folders under `root` (itself included) that hold final metrics, sorted."""
     if not os.path.isdir(root):
         raise ValueError(f"{root!r} is not a directory")
-    return sorted(d for d, _, files in os.walk(root) if FINAL_METRICS in files)
+    return sorted((d for d, _, files in os.walk(root) if FINAL_METRICS in files), key=natural_key)
+
+
+def natural_key(text: str) -> list[tuple[int, float, str]]:
+    """Sort key that orders the numbers inside `text` by value: 'depth=8' < 'depth=12'."""
+    return [(0, float(p), "") if i % 2 else (1, 0.0, p) for i, p in enumerate(re.split(r"(\d+(?:\.\d+)?)", text))]
 
 
 def rows(roots: Sequence[str], metrics: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
@@ -174,6 +186,58 @@ def plot(
     plt.close(fig)
 
 
+def plot_final(
+    table: list[dict[str, Any]], path: str, metric: str, x: str, group_by: Sequence[str]
+) -> dict[str, tuple[list[float], list[float], list[float]]]:
+    """Each run's final `metric` against its numeric arg `x` into the PNG `path`: a dot per run, a
+    line through each group's means (groups: the args `group_by` other than `x`) with ± std bars
+    (ddof=1, as --mean_over; 0 for one run). Returns {group label: (xs, means, stds)} as drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bad = [r["run"] for r in table if not _is_float(r.get(x))]
+    if bad:
+        raise ValueError(f"--plot_x={x}: run {bad[0]!r} has no numeric arg {x}; its args: {sorted(run_args(bad[0]))}")
+    keys = [a for a in group_by if a != x]
+    groups: dict[tuple, dict[float, list[float]]] = {}
+    for r in table:
+        if _number(r.get(metric)):
+            groups.setdefault(tuple(r.get(a, "") for a in keys), {}).setdefault(float(r[x]), []).append(r[metric])
+    if not groups:
+        raise ValueError(f"--plot: no run's {FINAL_METRICS} has {metric!r}")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    drawn = {}
+    for i, (group, by_x) in enumerate(sorted(groups.items())):
+        color, xs = f"C{i % 10}", sorted(by_x)
+        means = [math.fsum(by_x[v]) / len(by_x[v]) for v in xs]
+        stds = [math.sqrt(math.fsum((y - m) ** 2 for y in by_x[v]) / (len(by_x[v]) - 1)) if len(by_x[v]) > 1 else 0.0
+                for v, m in zip(xs, means)]
+        label = ",".join(f"{a}={v}" for a, v in zip(keys, group)) or metric
+        ax.errorbar(xs, means, yerr=stds, color=color, marker="o", capsize=3, lw=1.5, label=label)
+        drawn[label] = (xs, means, stds)
+        for v in xs:
+            ax.scatter([v] * len(by_x[v]), by_x[v], color=color, s=10, alpha=0.5)
+    ax.set_xlabel(x)
+    ax.set_ylabel(f"final {metric}")
+    ax.set_xticks(sorted({v for by_x in groups.values() for v in by_x}))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return drawn
+
+
+def _is_float(v: Any) -> bool:
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m skipless_jax.report", description=__doc__.split("\n")[0])
     parser.add_argument("dirs", nargs="+", metavar="DIR")
@@ -182,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--metrics", default=None, help="comma-separated final metrics to keep (default: all)")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the runs' curves from history.jsonl")
     parser.add_argument("--plot_metric", default="train_loss", help="the history.jsonl key --plot draws")
+    parser.add_argument("--plot_x", default=None, metavar="ARG",
+                        help="--plot the final --plot_metric against this numeric arg (mean ± std per group)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.format not in FORMATS:
         parser.error(f"--format={args.format!r} is unknown; allowed: {', '.join(FORMATS)}")
@@ -192,7 +258,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"no run (a folder with {FINAL_METRICS}) under {', '.join(args.dirs)}")
         arg_names = columns([run_args(r["run"]) for r in table])
         group_by = [a for a in arg_names if a != args.mean_over] if args.mean_over else []
-        if args.plot:
+        if args.plot_x and not args.plot:
+            raise ValueError(f"--plot_x={args.plot_x} needs --plot=FILE.png")
+        if args.plot_x and args.plot_x not in arg_names:
+            raise ValueError(f"--plot_x={args.plot_x} is not an arg of the runs; allowed: {', '.join(arg_names)}")
+        if args.plot and args.plot_x:
+            plot_final(table, args.plot, args.plot_metric, args.plot_x, group_by or arg_names)
+        elif args.plot:
             plot(table, folders, args.plot, args.plot_metric, group_by)
         if args.mean_over:
             table = mean_over(table, args.mean_over, arg_names)

@@ -83,3 +83,45 @@ def test_plot_draws_every_history(tmp_path, capsys):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert report.main([str(tmp_path / "runs"), f"--plot={png}", "--plot_metric=nope"]) == 2
     assert "no run's history.jsonl has 'nope'" in capsys.readouterr().err
+
+
+def test_rows_are_in_natural_order(tmp_path, capsys):
+    for depth in (24, 8, 12):
+        os.makedirs(tmp_path / f"depth={depth}")
+        (tmp_path / f"depth={depth}" / "final_metrics.json").write_text(json.dumps({"test_accuracy": depth / 100}))
+    assert report.main([str(tmp_path), "--format=csv"]) == 0
+    assert [r["depth"] for r in csv.DictReader(io.StringIO(capsys.readouterr().out))] == ["8", "12", "24"]
+    assert sorted(["a=10.5", "a=9", "a=10", "b"], key=report.natural_key) == ["a=9", "a=10", "a=10.5", "b"]
+
+
+def test_final_metric_against_an_arg_is_the_group_means_and_stds(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    finals = {}
+    for opt in ("adamw", "soap"):
+        for depth in (8, 12, 24):
+            for seed in range(3 if depth != 24 else 1):
+                run = f"opt={opt},depth={depth},seed={seed}"
+                os.makedirs(tmp_path / "runs" / run)
+                finals[run] = float(rng.uniform())
+                (tmp_path / "runs" / run / "final_metrics.json").write_text(json.dumps({"test_accuracy": finals[run]}))
+    table, _ = report.rows([str(tmp_path / "runs")])
+    drawn = report.plot_final(table, str(tmp_path / "a.png"), "test_accuracy", "depth", ["opt", "depth"])
+    assert sorted(drawn) == ["opt=adamw", "opt=soap"]
+    for label, (xs, means, stds) in drawn.items():
+        assert xs == [8.0, 12.0, 24.0]
+        for depth, mean, std in zip(xs, means, stds):
+            ys = np.array([v for k, v in finals.items() if k.startswith(f"{label},depth={int(depth)},")])
+            np.testing.assert_allclose(mean, ys.mean(), rtol=1e-14)
+            np.testing.assert_allclose(std, ys.std(ddof=1) if len(ys) > 1 else 0.0, rtol=1e-13, atol=1e-15)
+    png = str(tmp_path / "depth.png")
+    args = [str(tmp_path / "runs"), "--mean_over=seed", f"--plot={png}", "--plot_metric=test_accuracy"]
+    assert report.main([*args, "--plot_x=depth"]) == 0
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert report.main([*args, "--plot_x=width"]) == 2
+    assert capsys.readouterr().err == "error: --plot_x=width is not an arg of the runs; allowed: opt, depth, seed\n"
+    assert report.main([str(tmp_path / "runs"), "--plot_x=depth"]) == 2
+    assert capsys.readouterr().err == "error: --plot_x=depth needs --plot=FILE.png\n"
+    assert report.main([*args, "--plot_x=opt"]) == 2
+    assert "--plot_x=opt: run 'opt=adamw,depth=8,seed=0' has no numeric arg opt" in capsys.readouterr().err
