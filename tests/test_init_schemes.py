@@ -54,8 +54,10 @@ def _fresh(family: str, scheme: str) -> tuple[dict, ml_collections.ConfigDict, o
         model = models.build(c.model, 10)
     size = c.input.image_size or 8
     rngs = {"params": jax.random.PRNGKey(0), "masking": jax.random.PRNGKey(1)}
-    variables = model.init(rngs, jnp.zeros((1, size, size, 3)), train=False)
-    variables = init_schemes.reinitialize(model, variables, jax.random.PRNGKey(3))
+    # One compiled program: eager, every parameter's initializer and redraw compiles on its own.
+    variables = jax.jit(
+        lambda r, x: init_schemes.reinitialize(model, model.init(r, x, train=False), jax.random.PRNGKey(3))
+    )(rngs, jnp.zeros((1, size, size, 3)))
     flat = flax.traverse_util.flatten_dict(variables["params"], sep="/")
     return {k: np.asarray(v, np.float64) for k, v in flat.items()}, c, model
 

@@ -177,13 +177,13 @@ def test_decoder_output_shape():
 def test_mae_forward_and_finite_gradient(token_graying):
     model = mae.MAE(**SMALL, **DECODER, token_graying=token_graying, norm_pix_loss=True)
     images = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 16, 3))
-    variables = model.init({"params": jax.random.PRNGKey(1), "masking": jax.random.PRNGKey(2)}, images)
+    variables = jax.jit(model.init)({"params": jax.random.PRNGKey(1), "masking": jax.random.PRNGKey(2)}, images)
 
     def loss_fn(params):
         loss, pred, mask = model.apply({"params": params}, images, train=True, rngs={"masking": jax.random.PRNGKey(3)})
         return loss, (pred, mask)
 
-    (loss, (pred, mask)), grads = jax.value_and_grad(loss_fn, has_aux=True)(variables["params"])
+    (loss, (pred, mask)), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(variables["params"])
     assert pred.shape == (2, 16, 48) and mask.shape == (2, 16)
     np.testing.assert_array_equal(np.asarray(mask).sum(axis=1), [12, 12])
     assert np.isfinite(float(loss))
