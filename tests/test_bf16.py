@@ -11,6 +11,8 @@ from test_token_graying import log_kappa, photo_patches
 from skipless_jax import models
 from skipless_jax.models import vit
 
+from util import init_params
+
 SMALL = dict(num_classes=10, patch_size=4, width=64, depth=2, mlp_dim=128, num_heads=4, head_zero_init=False)
 
 
@@ -25,7 +27,7 @@ def _images(n=2, size=32):
 def test_token_graying_in_a_bf16_model_keeps_kappa_to_the_eps(method):
     images = _images()
     model = vit.ViT(**SMALL, dtype=jnp.bfloat16, token_graying=method, tg_eps=0.9)
-    params = model.init(jax.random.PRNGKey(0), images)["params"]
+    params = init_params(model, jax.random.PRNGKey(0), images)
     _, out = model.apply({"params": params}, images)
     assert out["patches"].dtype == jnp.float32  # TG's output: float32 whatever the model computes in
     x = np.asarray(photo_patches(4)[:2], np.float32)
@@ -44,7 +46,7 @@ def test_bf16_model_keeps_float32_parameters_and_logits_and_is_close_to_float32(
     images = _images(4)
     config = dict(SMALL)
     bf16, f32 = vit.ViT(**config, dtype=jnp.bfloat16), vit.ViT(**config)
-    params = f32.init(jax.random.PRNGKey(0), images)["params"]
+    params = init_params(f32, jax.random.PRNGKey(0), images)
     assert {p.dtype for p in jax.tree.leaves(jax.eval_shape(bf16.init, jax.random.PRNGKey(0), images))} == {
         jnp.dtype("float32")}
     logits16, out16 = bf16.apply({"params": params}, images)
@@ -68,7 +70,7 @@ def test_bf16_model_keeps_float32_parameters_and_logits_and_is_close_to_float32(
 def test_attention_implementation_field_reaches_dot_product_attention():
     images = _images(2)
     base = models.build(dict(name="vit", **{k: v for k, v in SMALL.items() if k != "num_classes"}), 10)
-    params = base.init(jax.random.PRNGKey(0), images)["params"]
+    params = init_params(base, jax.random.PRNGKey(0), images)
     xla = vit.ViT(**SMALL, attention_impl="xla")
     np.testing.assert_allclose(xla.apply({"params": params}, images)[0], base.apply({"params": params}, images)[0],
                                rtol=1e-6, atol=1e-6)

@@ -15,7 +15,7 @@ import pytest
 from skipless_jax import conditioning, models
 from skipless_jax.models import cait, common, convmixer, family_parts, pvt_v2, stem, swin
 
-from util import tiny_model
+from util import init_params, tiny_model
 
 FAMILIES = {m.FAMILY: m for m in (convmixer, swin, cait, pvt_v2)}
 SIZE = 8
@@ -67,7 +67,7 @@ def _run(family: str, images=None, params=None, **fields):
     if params is None:
         key = (family, tuple(sorted((k, str(v)) for k, v in fields.items())))
         if key not in _CACHE:
-            _CACHE[key] = model.init({"params": jax.random.PRNGKey(1)}, images, train=False)["params"]
+            _CACHE[key] = init_params(model, {"params": jax.random.PRNGKey(1)}, images, train=False)
         params = _CACHE[key]
     logits, out = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))(params, images)
     return logits, out, params
@@ -276,7 +276,7 @@ def test_swin_shifted_window_attention_matches_numpy():
     cfg = dict(width=8, depths=(2,), num_heads=(2,), window_size=2, patch_size=1)
     images = _images(n=1, size=4, seed=5)
     model = models.build({"name": "swin", **cfg}, 3)
-    params = model.init({"params": jax.random.PRNGKey(4)}, images, train=False)["params"]
+    params = init_params(model, {"params": jax.random.PRNGKey(4)}, images, train=False)
     params = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(9), x.shape), params)
     _, out = model.apply({"params": params}, images, train=False)
     assert swin.window_size_and_shift((4, 4), 2, 1) == (2, 1)

@@ -18,7 +18,7 @@ from skipless_jax.optim import decay_mask
 from skipless_jax.optim.layer_decay import layer_scales
 from skipless_jax.trainers import supervised
 
-from util import ROOT, tiny_config
+from util import ROOT, init_params, tiny_config
 
 _path = os.path.join(ROOT, "benchmarks", "large_model.py")
 _spec = importlib.util.spec_from_file_location("benchmarks_large_model", _path)
@@ -37,7 +37,7 @@ def _images(n=4):
 def test_scanned_encoder_equals_the_unrolled_one_in_logits_gradients_and_intermediates():
     x = _images()
     unrolled = vit.ViT(**TINY)
-    params = unrolled.init(jax.random.PRNGKey(0), x)["params"]
+    params = init_params(unrolled, jax.random.PRNGKey(0), x)
     stacked = vit.stack_blocks(params)
     assert set(stacked) == {"embedding", "cls", "pos_embedding", "encoder_layers", "encoder_norm", "head"}
     assert stacked["encoder_layers"]["block"]["MlpBlock_0"]["Dense_0"]["kernel"].shape == (3, 32, 64)
@@ -65,7 +65,7 @@ def test_scanned_encoder_equals_the_unrolled_one_in_logits_gradients_and_interme
 @pytest.mark.slow
 def test_each_scanned_layer_draws_its_own_init_and_drop_path_rate():
     model = vit.ViT(**{**TINY, "drop_path": 0.5}, scan=True)
-    params = model.init(jax.random.PRNGKey(0), _images())["params"]
+    params = init_params(model, jax.random.PRNGKey(0), _images())
     value = params["encoder_layers"]["block"]["MultiHeadAttention_0"]["value"]
     assert not np.allclose(value[0], value[1])  # not one layer copied L times
     # Layer 0's rate is 0: with the other layers' branches dropped for every example, the output
@@ -76,7 +76,7 @@ def test_each_scanned_layer_draws_its_own_init_and_drop_path_rate():
 
 @pytest.mark.slow
 def test_optimizer_masks_and_layer_decay_treat_the_stacked_axis_as_layers():
-    params = vit.stack_blocks(vit.ViT(**TINY).init(jax.random.PRNGKey(0), _images())["params"])
+    params = vit.stack_blocks(init_params(vit.ViT(**TINY), jax.random.PRNGKey(0), _images()))
     mask = decay_mask(params)
     block = mask["encoder_layers"]["block"]
     assert block["MlpBlock_0"]["Dense_0"]["kernel"] and not block["MlpBlock_0"]["Dense_0"]["bias"]

@@ -78,3 +78,11 @@ def read_scalars(workdir: str) -> dict[str, dict[int, float]]:
                 if value.HasField("tensor") and not value.tensor.string_val and not value.tensor.tensor_shape.dim:
                     scalars.setdefault(value.tag, {})[int(event.step)] = float(tensor_util.make_ndarray(value.tensor))
     return scalars
+
+
+def init_params(model: Any, rngs: Any, *args: Any, **kwargs: Any) -> Any:
+    """`model.init(rngs, *args, **kwargs)["params"]` as one compiled program: run eagerly, every
+    parameter's initializer and every op compiles on its own (most of a small test's time)."""
+    import jax
+
+    return jax.jit(lambda r, *a: model.init(r, *a, **kwargs))(rngs, *args)["params"]
