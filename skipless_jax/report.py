@@ -81,6 +81,13 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def mean_std(xs: Sequence[float]) -> tuple[float, float]:
+    """(mean, sample std with ddof=1; nan for one value) of `xs` (docs/method.md §19)."""
+    mean = math.fsum(xs) / len(xs)
+    std = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else math.nan
+    return mean, std
+
+
 def mean_over(table: list[dict[str, Any]], key: str, arg_names: Sequence[str]) -> list[dict[str, Any]]:
     """Groups by the args other than `key`: `<m>_mean`, `<m>_std` (ddof=1; nan for one run) and `n`."""
     missing = [r["run"] for r in table if key not in r]
@@ -99,11 +106,7 @@ def mean_over(table: list[dict[str, Any]], key: str, arg_names: Sequence[str]) -
             xs = [r[m] for r in members if _number(r.get(m))]
             if not xs:
                 continue
-            mean = math.fsum(xs) / len(xs)
-            row[f"{m}_mean"] = mean
-            row[f"{m}_std"] = (
-                math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else math.nan
-            )
+            row[f"{m}_mean"], row[f"{m}_std"] = mean_std(xs)
         row["n"] = len(members)
         out.append(row)
     return out
@@ -211,9 +214,8 @@ def plot_final(
     drawn = {}
     for i, (group, by_x) in enumerate(sorted(groups.items())):
         color, xs = f"C{i % 10}", sorted(by_x)
-        means = [math.fsum(by_x[v]) / len(by_x[v]) for v in xs]
-        stds = [math.sqrt(math.fsum((y - m) ** 2 for y in by_x[v]) / (len(by_x[v]) - 1)) if len(by_x[v]) > 1 else 0.0
-                for v, m in zip(xs, means)]
+        means, stds = zip(*(mean_std(by_x[v]) for v in xs))
+        means, stds = list(means), [0.0 if math.isnan(sd) else sd for sd in stds]
         label = ",".join(f"{a}={v}" for a, v in zip(keys, group)) or metric
         ax.errorbar(xs, means, yerr=stds, color=color, marker="o", capsize=3, lw=1.5, label=label)
         drawn[label] = (xs, means, stds)
