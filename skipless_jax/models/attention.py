@@ -20,9 +20,27 @@ from skipless_jax.models import init as init_lib
 ATTENTION_KERNELS = ("query", "key", "value", "out")
 
 
-def kernel_params(module: nn.Module, d: int) -> dict[str, jax.Array]:
+class InitFields(nn.Module, kw_only=True):
+    """The init of docs/method.md §3 and the compute dtype, keyword-only (after a subclass's own
+    fields): what `kernel_params` reads of an attention module, and what every block and model
+    hands to its attention (`blocks.SwitchFields` adds the switches). Subclasses add their sizes."""
+
+    init_scheme: str = "default"
+    init_alpha: float = 1.0
+    init_beta: float = 1.0
+    init_c: float = 1.0
+    dtype: Any = jnp.float32
+
+    @property
+    def init_fields(self) -> dict[str, Any]:
+        """The init arguments (docs/method.md §3) as the attention modules and MLPs take them."""
+        return dict(init_scheme=self.init_scheme, init_alpha=self.init_alpha, init_beta=self.init_beta,
+                    init_c=self.init_c)
+
+
+def kernel_params(module: InitFields, d: int) -> dict[str, jax.Array]:
     """The four (d, d) float32 params `query`, `key`, `value`, `out` of an attention `module` (its
-    fields num_heads, init_scheme, init_alpha, init_beta, init_c; called in its compact method):
+    `InitFields` and num_heads; called in its compact method):
     Xavier uniform each under the default init; one joint draw of the four (models/init.py,
     docs/method.md §3) under the skipless and mimetic inits. Both attention modules (this one and
     `family_parts.Attention`) build their kernels here."""
@@ -45,18 +63,13 @@ def kernel_params(module: nn.Module, d: int) -> dict[str, jax.Array]:
     }
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(InitFields):
     """(B, n, d) -> ((B, n, d), {'keys': (B, n, d) with bias, heads concatenated[, 'attention': (B, h, n, n)]}).
 
     `key_mask` (B, n) bool, optional: keys where it is False take no part in any query's softmax
     (TokenCut's padded token grids, docs/method.md §7); None: every key."""
 
     num_heads: int
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
-    dtype: Any = jnp.float32
     capture_attention: bool = False
     # jax.nn.dot_product_attention's implementation: None (XLA's choice), 'xla' or 'cudnn' (flash
     # attention on NVIDIA GPUs, bf16/fp16 only); softmax in float32 either way.

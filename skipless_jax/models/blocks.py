@@ -14,9 +14,8 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
-from skipless_jax.models.attention import MultiHeadAttention
+from skipless_jax.models.attention import InitFields, MultiHeadAttention
 from skipless_jax.models.common import DropPath, MlpBlock
 
 
@@ -32,22 +31,31 @@ def residual(
     return x + dropped if skip else branch
 
 
-class EncoderBlock(nn.Module):
+class SwitchFields(InitFields, kw_only=True):
+    """The fields of every block and model, keyword-only (after a subclass's own fields): the two
+    skip switches (② and ④; a model hands them to each of its blocks), the drop-path rate, and
+    `InitFields` (the init of docs/method.md §3, the compute dtype). Subclasses add their sizes."""
+
+    skip_sab: bool = True
+    skip_ffn: bool = True
+    drop_path: float = 0.0
+
+
+class ModelFields(SwitchFields, kw_only=True):
+    """`SwitchFields` + the stem's Token Graying (docs/method.md §4): the fields of every model."""
+
+    token_graying: str | None = None
+    tg_eps: float = 0.95
+
+
+class EncoderBlock(SwitchFields):
     """Pre-LN transformer block; its two residuals are the lines marked ② and ④."""
 
     mlp_dim: int
     num_heads: int
-    skip_sab: bool = True
-    skip_ffn: bool = True
-    drop_path: float = 0.0
     dropout: float = 0.0
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
     gelu_approximate: bool = True
     capture_attention: bool = False
-    dtype: Any = jnp.float32
     attention_impl: str | None = None
 
     @nn.compact
@@ -55,8 +63,7 @@ class EncoderBlock(nn.Module):
         out: dict[str, Any] = {}
         y = nn.LayerNorm(dtype=self.dtype)(x)
         y, details = MultiHeadAttention(
-            self.num_heads, self.init_scheme, self.init_alpha, self.init_beta, self.init_c, self.dtype,
-            self.capture_attention, self.attention_impl,
+            self.num_heads, self.capture_attention, self.attention_impl, dtype=self.dtype, **self.init_fields
         )(y)
         out.update(details)
         y = nn.Dropout(self.dropout)(y, deterministic=not train)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from skipless_jax.models import ModelDescription
 from skipless_jax.models import family_parts as parts
-from skipless_jax.models.blocks import residual
+from skipless_jax.models.blocks import SwitchFields, residual
 from skipless_jax.models.common import MlpBlock, resize_posemb, top_name
 from skipless_jax.models.stem import PatchStem
 
@@ -55,29 +55,21 @@ def layerscale_value(skip: bool, init_value: float) -> float:
     return init_value if skip else 1.0
 
 
-class LayerScaleBlock(nn.Module):
+class LayerScaleBlock(SwitchFields):
     """A CaiT block. `class_attention`: queries from the class token only (inputs (c, x))."""
 
     num_heads: int
     mlp_dim: int
     class_attention: bool = False
-    skip_sab: bool = True
-    skip_ffn: bool = True
     layerscale_init: float = 1e-5
-    drop_path: float = 0.0
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
     gelu_approximate: bool = False
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array, tokens: jax.Array | None, train: bool) -> tuple[jax.Array, dict[str, Any]]:
         out: dict[str, Any] = {}
         d = x.shape[-1]
-        attention = parts.Attention(self.num_heads, self.init_scheme, self.init_alpha, self.init_beta, self.init_c,
-                                    talking_heads=not self.class_attention, dtype=self.dtype, name="attention")
+        attention = parts.Attention(self.num_heads, talking_heads=not self.class_attention, dtype=self.dtype,
+                                    name="attention", **self.init_fields)
         gamma_1 = self.param("gamma_1", nn.initializers.constant(layerscale_value(self.skip_sab, self.layerscale_init)),
                              (d,), jnp.float32)
         gamma_2 = self.param("gamma_2", nn.initializers.constant(layerscale_value(self.skip_ffn, self.layerscale_init)),
@@ -125,8 +117,9 @@ class CaiT(parts.FamilyModel):
         rates = [self.drop_path] * self.depth  # timm's CaiT: the same rate in every block
         blocks = []
         for layer in range(self.depth):
-            x, block = LayerScaleBlock(self.num_heads, self.mlp_dim, False, self.skip_sab, self.skip_ffn,
-                                       self.layerscale_init, rates[layer], name=f"block_{layer}", **init)(
+            x, block = LayerScaleBlock(self.num_heads, self.mlp_dim, False, self.layerscale_init,
+                                       skip_sab=self.skip_sab, skip_ffn=self.skip_ffn, drop_path=rates[layer],
+                                       name=f"block_{layer}", **init)(
                 x, None, train)
             blocks.append(block)
         out["blocks"] = blocks
@@ -134,8 +127,9 @@ class CaiT(parts.FamilyModel):
         c = jnp.broadcast_to(cls.astype(x.dtype), (x.shape[0], 1, d))
         class_blocks = []
         for k in range(self.depth_token_only):
-            c, block = LayerScaleBlock(self.num_heads, self.mlp_dim, True, self.skip_class_sab, self.skip_class_ffn,
-                                       self.layerscale_init, 0.0, name=f"class_block_{k}", **init)(c, x, train)
+            c, block = LayerScaleBlock(self.num_heads, self.mlp_dim, True, self.layerscale_init,
+                                       skip_sab=self.skip_class_sab, skip_ffn=self.skip_class_ffn,
+                                       name=f"class_block_{k}", **init)(c, x, train)
             class_blocks.append(block)
         out["class_blocks"] = class_blocks
         x = parts.layer_norm(LN_EPS, self.dtype, "encoder_norm")(jnp.concatenate([c, x], axis=1))

@@ -46,7 +46,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-class ConvMixer(parts.FamilyModel):
+class ConvMixer(parts.FamilyModel, kw_only=True):
     """ConvMixer on (B, H, W, C) images -> (logits (B, num_classes), out); num_classes=0: pooled features."""
 
     width: int = 256

@@ -33,7 +33,8 @@ import jax.numpy as jnp
 from skipless_jax import token_graying
 from skipless_jax.checks import DTYPES, GELUS, require
 from skipless_jax.models import init as init_lib
-from skipless_jax.models.attention import ATTENTION_KERNELS, kernel_params
+from skipless_jax.models.attention import ATTENTION_KERNELS, InitFields, kernel_params
+from skipless_jax.models.blocks import ModelFields
 from skipless_jax.models.common import top_name
 
 # Fields every family has, with their defaults (the switches, the init of docs/method.md §3,
@@ -144,29 +145,14 @@ def check_patch_divides(patch_size: int, image_size: int) -> None:
              f"{image_size}; allowed: divisors of {image_size}")
 
 
-class FamilyModel(nn.Module):
-    """The fields every family's model has (`common_kwargs` fills them), on (B, H, W, C) images ->
-    (logits, out); num_classes=0: pooled features. Subclasses add their sizes."""
+class FamilyModel(ModelFields):
+    """The fields every family's model has (`common_kwargs` fills them; the switches, init, Token
+    Graying and dtype are `blocks.ModelFields`), on (B, H, W, C) images -> (logits, out);
+    num_classes=0: pooled features. Subclasses add their sizes."""
 
     num_classes: int
-    skip_sab: bool = True
-    skip_ffn: bool = True
-    drop_path: float = 0.0
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
-    token_graying: str | None = None
-    tg_eps: float = 0.95
     gelu_approximate: bool = False
     head_zero_init: bool = True
-    dtype: Any = jnp.float32
-
-    @property
-    def init_fields(self) -> dict[str, Any]:
-        """The skipless-init arguments of the blocks (docs/method.md §3)."""
-        return dict(init_scheme=self.init_scheme, init_alpha=self.init_alpha, init_beta=self.init_beta,
-                    init_c=self.init_c)
 
     def classify(self, pooled: jax.Array, out: dict[str, Any]) -> tuple[jax.Array, dict[str, Any]]:
         """out['pre_logits'] = pooled; with classes, the zero-initialized `head` → out['logits']."""
@@ -231,7 +217,7 @@ def skipless_kernel_init(scheme: str, default: Any = None) -> Any:
 # ------------------------------------------------------------------ attention
 
 
-class Attention(nn.Module):
+class Attention(InitFields):
     """Multi-head attention (B…, n_q, d) × (B…, n_kv, d) -> (B…, n_q, d), heads as column groups.
 
     logits_h = Q_h K_hᵀ/√d_h + bias; with `talking_heads`, logits ← Σ_h logits_h·proj_l[h, g]
@@ -242,12 +228,7 @@ class Attention(nn.Module):
     """
 
     num_heads: int
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
     talking_heads: bool = False
-    dtype: Any = jnp.float32
 
     def _mixing(self, name: str, h: int) -> tuple[jax.Array, jax.Array]:
         if self.init_scheme in init_lib.PLAIN_SCHEMES:

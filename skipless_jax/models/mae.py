@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from skipless_jax.models import vit
-from skipless_jax.models.blocks import EncoderBlock
+from skipless_jax.models.blocks import EncoderBlock, ModelFields
 from skipless_jax.models.common import patchify, posemb_sincos_2d, resize_posemb
 from skipless_jax.models.stem import PatchStem
 
@@ -154,7 +154,7 @@ class MAEDecoder(nn.Module):
         return x[:, 1:].astype(jnp.float32)  # CLS dropped
 
 
-class MAE(nn.Module):
+class MAE(ModelFields):
     """MAE pre-training: `(images (B, H, W, C), train, noise=None) -> (loss, prediction (B, L, p²C), mask (B, L))`.
 
     The encoder fields are the ViT's (`vit.ViT`); `noise` (B, L) defaults to uniform noise from the
@@ -167,17 +167,7 @@ class MAE(nn.Module):
     depth: int = 12
     mlp_dim: int = 3072
     num_heads: int = 12
-    skip_sab: bool = True
-    skip_ffn: bool = True
-    drop_path: float = 0.0
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
-    token_graying: str | None = None
-    tg_eps: float = 0.95
     gelu_approximate: bool = True
-    dtype: Any = jnp.float32
     attention_impl: str | None = None  # the encoder's (vit.encoder_blocks reads these three)
     remat: str | None = None
     scan: bool = False

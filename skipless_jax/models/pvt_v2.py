@@ -36,7 +36,8 @@ import jax.numpy as jnp
 from skipless_jax.models import ModelDescription
 from skipless_jax.models import family_parts as parts
 from skipless_jax.models import init as init_lib
-from skipless_jax.models.blocks import residual
+from skipless_jax.models.attention import InitFields
+from skipless_jax.models.blocks import SwitchFields, residual
 from skipless_jax.models.common import patchify
 from skipless_jax.models.stem import token_gray_images
 
@@ -76,17 +77,12 @@ class OverlapPatchEmbed(nn.Module):
         return parts.layer_norm(EMBED_EPS, self.dtype, "norm")(x)
 
 
-class SRAttention(nn.Module):
+class SRAttention(InitFields):
     """(B, H·W, d) tokens of an (H, W) grid -> (B, H·W, d); keys/values from the sr-reduced grid."""
 
     grid: tuple[int, int]
     num_heads: int
     sr_ratio: int
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -98,8 +94,7 @@ class SRAttention(nn.Module):
                          kernel_init=parts.skipless_kernel_init(self.init_scheme, nn.initializers.lecun_normal()))(
                 x.reshape(b, *self.grid, d))
             kv = parts.layer_norm(EMBED_EPS, self.dtype, "sr_norm")(kv.reshape(b, -1, d))
-        return parts.Attention(self.num_heads, self.init_scheme, self.init_alpha, self.init_beta, self.init_c,
-                               dtype=self.dtype, name="attention")(x, kv=kv)
+        return parts.Attention(self.num_heads, dtype=self.dtype, name="attention", **self.init_fields)(x, kv=kv)
 
 
 class DWMlp(nn.Module):
@@ -127,28 +122,20 @@ class DWMlp(nn.Module):
         return nn.Dense(d, kernel_init=kernel_init, bias_init=bias_init, dtype=self.dtype, name="fc2")(x)
 
 
-class PVTBlock(nn.Module):
+class PVTBlock(SwitchFields):
     """Pre-LN PVTv2 block; the skips are lines ② and ④."""
 
     grid: tuple[int, int]
     num_heads: int
     sr_ratio: int
     mlp_dim: int
-    skip_sab: bool = True
-    skip_ffn: bool = True
-    drop_path: float = 0.0
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
     gelu_approximate: bool = False
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> tuple[jax.Array, dict[str, Any]]:
         out: dict[str, Any] = {}
-        y = SRAttention(self.grid, self.num_heads, self.sr_ratio, self.init_scheme, self.init_alpha, self.init_beta,
-                        self.init_c, self.dtype, name="sra")(parts.layer_norm(BLOCK_EPS, self.dtype, "norm1")(x))
+        y = SRAttention(self.grid, self.num_heads, self.sr_ratio, dtype=self.dtype, name="sra", **self.init_fields)(
+            parts.layer_norm(BLOCK_EPS, self.dtype, "norm1")(x))
         x = residual(x, y, self.skip_sab, self.drop_path, train, out, "sab")  # ②
         z = DWMlp(self.grid, self.mlp_dim, self.init_scheme, self.gelu_approximate, self.dtype, name="mlp")(
             parts.layer_norm(BLOCK_EPS, self.dtype, "norm2")(x))
@@ -188,7 +175,8 @@ class PVTv2(parts.FamilyModel):
                 out["embedding"] = x
             for j in range(depth):
                 x, block = PVTBlock((gh, gw), self.num_heads[stage], self.sr_ratios[stage], self.mlp_ratios[stage] * d,
-                                    self.skip_sab, self.skip_ffn, rates[index], gelu_approximate=self.gelu_approximate,
+                                    skip_sab=self.skip_sab, skip_ffn=self.skip_ffn, drop_path=rates[index],
+                                    gelu_approximate=self.gelu_approximate,
                                     dtype=self.dtype, name=f"stage_{stage}_block_{j}", **init)(x, train)
                 blocks.append(block)
                 index += 1

@@ -33,7 +33,8 @@ import numpy as np
 
 from skipless_jax.models import ModelDescription
 from skipless_jax.models import family_parts as parts
-from skipless_jax.models.blocks import residual
+from skipless_jax.models.attention import InitFields
+from skipless_jax.models.blocks import SwitchFields, residual
 from skipless_jax.models.common import MlpBlock
 from skipless_jax.models.stem import PatchStem
 
@@ -77,17 +78,12 @@ def window_size_and_shift(grid: tuple[int, int], ws: int, block: int) -> tuple[i
     return ws, (ws // 2 if block % 2 else 0)
 
 
-class WindowAttention(nn.Module):
+class WindowAttention(InitFields):
     """(B, H, W, C) -> (B, H, W, C): (shifted) window attention with relative position bias."""
 
     num_heads: int
     window_size: int
     shift: int
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -101,13 +97,12 @@ class WindowAttention(nn.Module):
             bias = bias[None] + jnp.asarray(shift_mask(h, w, ws, shift))  # (nW, h, N, N)
         windows = x.reshape(b, h // ws, ws, w // ws, ws, c).transpose(0, 1, 3, 2, 4, 5)
         windows = windows.reshape(b, (h // ws) * (w // ws), ws * ws, c)
-        y = parts.Attention(self.num_heads, self.init_scheme, self.init_alpha, self.init_beta, self.init_c,
-                            dtype=self.dtype, name="attention")(windows, bias=bias)
+        y = parts.Attention(self.num_heads, dtype=self.dtype, name="attention", **self.init_fields)(windows, bias=bias)
         y = y.reshape(b, h // ws, w // ws, ws, ws, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
         return jnp.roll(y, (shift, shift), axis=(1, 2)) if shift else y
 
 
-class SwinBlock(nn.Module):
+class SwinBlock(SwitchFields):
     """Pre-LN Swin block on (B, H·W, C) tokens of an (H, W) grid; the skips are lines ② and ④."""
 
     grid: tuple[int, int]
@@ -115,23 +110,15 @@ class SwinBlock(nn.Module):
     window_size: int
     shift: int
     mlp_dim: int
-    skip_sab: bool = True
-    skip_ffn: bool = True
-    drop_path: float = 0.0
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
     gelu_approximate: bool = False
-    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> tuple[jax.Array, dict[str, Any]]:
         out: dict[str, Any] = {}
         b, n, c = x.shape
         y = parts.layer_norm(LN_EPS, self.dtype, "norm1")(x).reshape(b, *self.grid, c)
-        y = WindowAttention(self.num_heads, self.window_size, self.shift, self.init_scheme, self.init_alpha,
-                            self.init_beta, self.init_c, self.dtype, name="window_attention")(y)
+        y = WindowAttention(self.num_heads, self.window_size, self.shift, dtype=self.dtype, name="window_attention",
+                            **self.init_fields)(y)
         x = residual(x, y.reshape(b, n, c), self.skip_sab, self.drop_path, train, out, "sab")  # ②
         z = parts.layer_norm(LN_EPS, self.dtype, "norm2")(x)
         z = MlpBlock(self.mlp_dim, self.init_scheme, 0.0, self.gelu_approximate, self.dtype, name="mlp")(z, train)
@@ -180,8 +167,9 @@ class Swin(parts.FamilyModel):
             for j in range(depth):
                 ws, shift = window_size_and_shift(grid, self.window_size, j)
                 x, block = SwinBlock(
-                    grid, heads, ws, shift, self.mlp_ratio * x.shape[-1], self.skip_sab, self.skip_ffn,
-                    rates[index], gelu_approximate=self.gelu_approximate, dtype=self.dtype,
+                    grid, heads, ws, shift, self.mlp_ratio * x.shape[-1], skip_sab=self.skip_sab,
+                    skip_ffn=self.skip_ffn, drop_path=rates[index], gelu_approximate=self.gelu_approximate,
+                    dtype=self.dtype,
                     name=f"stage_{stage}_block_{j}", **init,
                 )(x, train)
                 blocks.append(block)

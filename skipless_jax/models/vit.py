@@ -26,7 +26,7 @@ from skipless_jax.checks import DTYPES, GELUS, require
 from skipless_jax.models import ModelDescription
 from skipless_jax.models import init as init_lib
 from skipless_jax.models.attention import ATTENTION_KERNELS, MultiHeadAttention  # noqa: F401 (re-exported)
-from skipless_jax.models.blocks import EncoderBlock
+from skipless_jax.models.blocks import EncoderBlock, ModelFields
 from skipless_jax.models.common import (  # noqa: F401
     SCANNED_BLOCKS,
     DropPath,
@@ -65,7 +65,7 @@ def decode_variant(variant: str) -> dict[str, int]:
     return dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=num_heads, patch_size=int(match.group(2)))
 
 
-class ViT(nn.Module):
+class ViT(ModelFields):
     """ViT on (B, H, W, C) images -> (logits (B, num_classes) float32, intermediates dict).
 
     num_classes=0 builds a backbone without a classifier: it returns the pooled features
@@ -78,18 +78,9 @@ class ViT(nn.Module):
     depth: int = 12
     mlp_dim: int = 3072
     num_heads: int = 12
-    skip_sab: bool = True
-    skip_ffn: bool = True
     pool: str = "tok"
     posemb: str = "learn"
     dropout: float = 0.0
-    drop_path: float = 0.0
-    init_scheme: str = "default"
-    init_alpha: float = 1.0
-    init_beta: float = 1.0
-    init_c: float = 1.0
-    token_graying: str | None = None
-    tg_eps: float = 0.95
     head_zero_init: bool = True
     # Normal head kernel of this std (MAE fine-tuning: 2e-5; torch's trunc_normal_ cuts at ±2 absolute,
     # i.e. never at this std); None or 0: `head_zero_init` decides.
@@ -98,7 +89,6 @@ class ViT(nn.Module):
     gelu_approximate: bool = True  # tanh GELU (flax's default); DINO and timm use the exact one
     posemb_antialias: bool = True  # resize of the position table for other resolutions
     capture_attention: bool = False
-    dtype: Any = jnp.float32
     attention_impl: str | None = None  # None | 'xla' | 'cudnn' (jax.nn.dot_product_attention)
     remat: str | None = None  # a key of REMAT_POLICIES: recompute each block's activations
     scan: bool = False  # the blocks stacked under SCANNED_BLOCKS and run by one scanned layer
