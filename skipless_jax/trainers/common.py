@@ -12,8 +12,10 @@ A trainer (supervised.py, dino.py, ...) is a flat loop on these pieces:
     rng, abstract, shardings = abstract_state(init_state, config, mesh)
     mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change)
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract, shardings, ...)
-    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract))
-    for step in ...:  state, metrics = train_step(state, next(device_batches))
+    train_step, cost = perf.compile_for(jax.jit(step), state, batch_spec, ...)
+    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract), cost, ...)
+    data = device_batches(config, mesh, inputs.train_iterator, first_step)
+    for step in ...:  state, metrics = train_step(state, next(data))
                       run.train_step_done(step, metrics, state); run.end_of_step(step, state, results)
     run.finish()
 """
@@ -21,7 +23,7 @@ A trainer (supervised.py, dino.py, ...) is a flat loop on these pieces:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -29,6 +31,7 @@ import ml_collections
 from absl import logging
 
 from skipless_jax import distributed, sharding
+from skipless_jax.data import device_input
 
 
 def setup(
@@ -41,6 +44,23 @@ def setup(
     if not is_chief:
         logging.set_verbosity(logging.WARNING)
     return mesh, is_chief
+
+
+def train_steps(config: ml_collections.ConfigDict, steps_per_epoch: float) -> int:
+    """The run's total steps (`steps_of(config, 'total', ...)`); `config.schedule.warmup_steps` is
+    resolved in place from warm-up epochs, so the optimizer's schedule reads steps only."""
+    config.schedule.warmup_steps = steps_of(config, "warmup", steps_per_epoch)
+    return steps_of(config, "total", steps_per_epoch)
+
+
+def device_batches(
+    config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, train_iterator: Callable[..., Any], first_step: int
+) -> Iterator[dict[str, jax.Array]]:
+    """The global train batches from step `first_step + 1` on, on the devices: this process's share
+    from `train_iterator(config, first_step, process, processes, on_device=True)` (inputs' or
+    multicrop's), laid out over the mesh's data axes and prefetched (`config.input.device_prefetch`)."""
+    local = train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
+    return device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
 
 
 def steps_of(config: ml_collections.ConfigDict, name: str, steps_per_epoch: float) -> int:

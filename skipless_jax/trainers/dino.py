@@ -25,7 +25,7 @@ from absl import logging
 
 from skipless_jax import checkpoint, evaluators, models, pretrained, sharding, validate
 from skipless_jax.checks import is_finite, require
-from skipless_jax.data import device_images, device_input, inputs, multicrop, sources
+from skipless_jax.data import device_images, inputs, multicrop, sources
 from skipless_jax.models import dino_head, init_schemes
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
@@ -554,11 +554,10 @@ def train_and_evaluate(
     a = abstract_state
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, multicrop.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
-    local = multicrop.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
     run = Run(config, workdir, mngr, total_steps, first_step,
               guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]),
               cost, config.input.batch_size)  # images, each once however many crops
-    data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
+    data = common.device_batches(config, mesh, multicrop.train_iterator, first_step)
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):
             if first_step == 0 and config.get("eval_at_start", True):

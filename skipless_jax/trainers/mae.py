@@ -27,7 +27,7 @@ from absl import logging
 
 from skipless_jax import evaluators, models, pictures, pretrained, rng_streams, sharding, validate
 from skipless_jax.checks import is_positive_int, require
-from skipless_jax.data import device_images, device_input, inputs, sources
+from skipless_jax.data import device_images, inputs, sources
 from skipless_jax.models import init_schemes, vit
 from skipless_jax.models import mae as mae_lib
 from skipless_jax.models.common import patchify, unpatchify
@@ -241,8 +241,7 @@ def train_and_evaluate(
     info = sources.dataset_info(config.dataset.name)
     image_size = inputs.image_size(config)
     steps_per_epoch = inputs.steps_per_epoch(config)
-    total_steps = common.steps_of(config, "total", steps_per_epoch)
-    config.schedule.warmup_steps = common.steps_of(config, "warmup", steps_per_epoch)
+    total_steps = common.train_steps(config, steps_per_epoch)
 
     # ---- Model and optimizer, abstract first.
     model = build_model(config)
@@ -286,10 +285,9 @@ def train_and_evaluate(
     # ---- Loop.
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, inputs.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
-    local = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
     run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
               cost, config.input.batch_size)
-    data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
+    data = common.device_batches(config, mesh, inputs.train_iterator, first_step)
     try:  # whatever stops the loop, saves already started are completed
         with jax.set_mesh(mesh):
             for step in range(first_step + 1, total_steps + 1):

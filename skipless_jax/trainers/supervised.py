@@ -21,7 +21,7 @@ import optax
 from absl import logging
 
 from skipless_jax import checkpoint, evaluators, models, pretrained, rng_streams, sharding, validate
-from skipless_jax.data import device_images, device_input, device_mix, inputs, sources
+from skipless_jax.data import device_images, device_mix, inputs, sources
 from skipless_jax.evaluators.classification import cross_entropy
 from skipless_jax.models import init_schemes
 from skipless_jax.optim import build_optimizer
@@ -205,8 +205,7 @@ def train_and_evaluate(
     info = sources.dataset_info(config.dataset.name)
     image_size = inputs.image_size(config)
     steps_per_epoch = inputs.steps_per_epoch(config)
-    total_steps = common.steps_of(config, "total", steps_per_epoch)
-    config.schedule.warmup_steps = common.steps_of(config, "warmup", steps_per_epoch)
+    total_steps = common.train_steps(config, steps_per_epoch)
 
     # ---- Model and optimizer, abstract first.
     model = models.build(config.model, info.num_classes)
@@ -251,10 +250,9 @@ def train_and_evaluate(
     # ---- Loop.
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, inputs.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
-    local = inputs.train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
     run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
               cost, config.input.batch_size)
-    data = device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
+    data = common.device_batches(config, mesh, inputs.train_iterator, first_step)
 
     def results_at(step: int, state: dict[str, Any]) -> Any:
         """The evaluations due at `step`: (prefix, metric, value) triples."""
