@@ -25,6 +25,9 @@ MESH = {"data": 2, "fsdp": 2}  # parameters sharded across the two processes
 # on how long anything took). Gloo's 30 s rendezvous is handled by distributed.warm_up_collectives.
 TIMEOUT = 900  # per run, and for the survivor of a kill to exit
 HEARTBEAT = 30  # seconds before the coordination service declares a silent process dead
+# ... where a test kills a process and waits for that verdict (the survivor blocks in a collective
+# meanwhile): short, but still far beyond any scheduling delay of the service's heartbeat thread.
+KILL_HEARTBEAT = 10
 LONG_RUN = ["--config.total_steps=1000", "--config.checkpoint_every_steps=2"]  # stopped long before the end
 DELAY = "0.3"  # seconds per step, so that a kill or a signal lands mid-run
 
@@ -117,7 +120,7 @@ def test_killed_peer_stops_the_other_process_without_hanging(tmp_path, tmp_path_
     procs, logs, progress = _launch(
         workdir,
         LONG_RUN,
-        _environ(tmp_path_factory, SKIPLESS_STEP_DELAY=DELAY, JAX_HEARTBEAT_TIMEOUT=str(HEARTBEAT)),
+        _environ(tmp_path_factory, SKIPLESS_STEP_DELAY=DELAY, JAX_HEARTBEAT_TIMEOUT=str(KILL_HEARTBEAT)),
         tmp_path,
     )
     try:
