@@ -40,9 +40,9 @@ class Evaluator(Protocol):
 
 
 @dataclasses.dataclass
-class FeatureFitEvaluator:
-    """The fields and rows of an evaluator fitted on the features of `train_split` and scored on
-    those of `split` (kNN, linear probe); subclasses add their own fields and `run`."""
+class FitEvaluator:
+    """The fields of an evaluator fitted on `train_split` and scored on `split` (kNN, linear
+    probe, linear segmentation); subclasses add their own fields and `run`."""
 
     name: str
     prefix: str
@@ -50,6 +50,11 @@ class FeatureFitEvaluator:
     split: str
     ctx: Any
     train_split: str
+
+
+@dataclasses.dataclass
+class FeatureFitEvaluator(FitEvaluator):
+    """A `FitEvaluator` on the pooled features of its splits' rows (kNN, linear probe)."""
 
     def fit_and_test_rows(self, params: Any) -> tuple[Any, Any, int, np.ndarray, np.ndarray]:
         """(train features (on the devices), train labels, train count, test features, test labels)."""

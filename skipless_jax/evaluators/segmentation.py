@@ -33,6 +33,7 @@ import optax
 from skipless_jax import rng_streams
 from skipless_jax.checks import is_finite, is_positive_int
 from skipless_jax.data.dense import IGNORE_INDEX
+from skipless_jax.evaluators.common import FitEvaluator
 
 METHOD_REF = "docs/method.md §8"
 
@@ -291,7 +292,7 @@ def protocol_of(fields: dict[str, Any], patch_size: int, stored_size: int | None
 
 
 @dataclasses.dataclass
-class LinearSegmentation:
+class LinearSegmentation(FitEvaluator):
     """config.evals entry `type='linear_segmentation'`: yields ('miou', mIoU) and
     ('pixel_accuracy', ·) on `split` of `dataset` (default the run's) of a linear head trained
     on `train_split` (DINOv2's `lin` / `ms`, docs/method.md §8).
@@ -322,12 +323,6 @@ class LinearSegmentation:
     process i mod P and the confusions summed once; `scores` is the host reference.
     """
 
-    name: str
-    prefix: str
-    every_steps: int | None
-    split: str
-    ctx: Any
-    train_split: str
     num_classes: int
     protocol: Any  # data.dense.Protocol
     dataset: str = ""
