@@ -170,10 +170,13 @@ stop_all() {
 trap 'echo "$PROG: interrupted; sending SIGTERM to the trainers" >&2; interrupted=${interrupted:-130}; stop_all' INT
 trap 'echo "$PROG: terminated; sending SIGTERM to the trainers" >&2; interrupted=${interrupted:-$EXIT_PREEMPTED}; stop_all' TERM
 for ((i = 0; i < num_processes; i++)); do
+  [[ -n $stop_since ]] && break  # Ctrl-C or SIGTERM while starting: start no more (the rest got SIGTERM)
   process_command "$i"
   "${cmd[@]}" > >(tee "$log_dir/process-$i.log" | sed -u "s/^/[p$i] /") 2>&1 &
   pids[i]=$!
 done
+# A Ctrl-C or SIGTERM between a start and its `pids[i]=$!` missed that process: stop it now too.
+if [[ -n $stop_since ]]; then stop_all; fi
 
 while ((${#pids[@]})); do
   for i in "${!pids[@]}"; do
