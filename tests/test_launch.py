@@ -237,8 +237,8 @@ def test_gpu_node_stops_the_survivors_when_a_process_dies(tmp_path: Path, fake_p
 
 @pytest.mark.parametrize("started", [2, 1], ids=["running", "while-starting"])
 def test_gpu_node_forwards_ctrl_c_as_sigterm(tmp_path: Path, fake_python: Path, started: int):
-    """Ctrl-C once both processes run, or while the launcher is still starting them: SIGTERM to
-    every started process, none started after it, exit 130. The processes would sleep 600 s and
+    """Ctrl-C once both processes run, or as soon as process 0 runs (process 1 may still be
+    starting): SIGTERM to every started process, exit 130. The processes would sleep 600 s and
     the grace period before SIGKILL is 600 s, so ending within the (hang-guard) timeout at all
     means SIGTERM stopped them."""
     proc = subprocess.Popen(

@@ -33,7 +33,7 @@ class InitFields(nn.Module, kw_only=True):
 
     @property
     def init_fields(self) -> dict[str, Any]:
-        """The init arguments (docs/method.md §3) as the attention modules and MLPs take them."""
+        """The init arguments (docs/method.md §3), as keywords of an `InitFields` module (attention)."""
         return dict(init_scheme=self.init_scheme, init_alpha=self.init_alpha, init_beta=self.init_beta,
                     init_c=self.init_c)
 
