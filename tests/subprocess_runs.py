@@ -109,8 +109,17 @@ def start(cmd: list[str], environ: dict[str, str], log: str) -> subprocess.Popen
 
 
 def tail(log: str, chars: int = 4000) -> str:
+    """The last `chars` characters of `log`; for a process that crashed, its crash report
+    (faulthandler's "Fatal Python error" and the threads' stacks, without the list of extension
+    modules that follows them) and what it printed just before."""
     with open(log, errors="replace") as f:
-        return f.read()[-chars:]
+        text = f.read()
+    crash = text.find("Fatal Python error")
+    if crash < 0:
+        return text[-chars:]
+    end = text.find("\nExtension modules:", crash)
+    report = text[crash:end if end >= 0 else len(text)]
+    return (text[max(0, crash - chars // 4):crash] + report)[-chars:]
 
 
 def finish(proc: subprocess.Popen, log: str, timeout: float) -> int:

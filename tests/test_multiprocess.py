@@ -156,7 +156,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path, tmp_p
         codes = [sr.finish(proc, log, TIMEOUT) for proc, log in zip(procs, logs)]
     finally:
         _reap(procs)
-    assert codes == [EXIT_PREEMPTED] * 2, [sr.tail(log, 2000) for log in logs]
+    assert codes == [EXIT_PREEMPTED] * 2, [sr.tail(log, 6000) for log in logs]
     stops = [re.findall(r"Stopping at step (\d+) on a preemption", sr.tail(log, 10**6)) for log in logs]
     assert stops[0] == stops[1] and len(stops[0]) == 1, stops
     assert max(sr.steps_on_disk(workdir)) == int(stops[0][0])

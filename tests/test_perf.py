@@ -69,6 +69,58 @@ def test_default_run_leaves_a_trace(tiny_run):
     assert glob.glob(os.path.join(workdir, "plugins", "profile", "*", "*.xplane.pb"))
 
 
+@pytest.mark.slow
+def test_the_trace_starts_and_stops_with_no_save_in_flight(tmp_path, monkeypatch):
+    """XLA's profiler can segfault collecting a trace while orbax's save threads copy arrays (a
+    two-process run crashed so): the trainer waits for its async saves before it starts and
+    before it stops the trace (after steps 2 and 7), and still saves during the traced steps."""
+    from skipless_jax import checkpoint
+
+    events, managers = [], []
+    make_manager, real_start, real_stop = checkpoint.manager, jax.profiler.start_trace, jax.profiler.stop_trace
+
+    def manager(*args, **kwargs):
+        mngr = make_manager(*args, **kwargs)
+        save, wait, saving = mngr.save, mngr.wait_until_finished, []
+
+        def save_step(step, *args, **kwargs):
+            events.append(("save", step))
+            saving.append(step)  # orbax's save waits for the previous one: not the trainer's wait
+            try:
+                return save(step, *args, **kwargs)
+            finally:
+                saving.pop()
+
+        def wait_for_all():
+            if not saving:
+                events.append(("wait",))
+            return wait()
+
+        mngr.save, mngr.wait_until_finished = save_step, wait_for_all
+        managers.append(mngr)
+        return mngr
+
+    def traced(name, real):
+        def call(*args, **kwargs):
+            events.append((name, managers[-1].is_saving_in_progress()))
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(checkpoint, "manager", manager)
+    monkeypatch.setattr(jax.profiler, "start_trace", traced("start", real_start))
+    monkeypatch.setattr(jax.profiler, "stop_trace", traced("stop", real_stop))
+    config = tiny_config(total_steps=8, checkpoint_every_steps=1)
+    supervised.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:DEVICES])
+    trace = [i for i, e in enumerate(events) if e[0] in ("start", "stop")]
+    assert [events[i] for i in trace] == [("start", False), ("stop", False)], events
+    saves = [i for i, e in enumerate(events) if e[0] == "save"]
+    assert [events[i][1] for i in saves if trace[0] < i < trace[1]] == [2, 3, 4, 5, 6], events
+    for i in trace:  # the last save before each is waited for in between
+        last_save = max(s for s in saves if s < i)
+        assert ("wait",) in events[last_save:i], events
+    assert glob.glob(os.path.join(str(tmp_path), "plugins", "profile", "*", "*.xplane.pb"))
+
+
 def test_meter_and_peak_table():
     cost = perf.StepCost(flops=2e12, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0, devices=4)
     meter = perf.Meter(cost, 256, ml_collections.ConfigDict(dict(peak_tflops=8.0)), first_step=10)

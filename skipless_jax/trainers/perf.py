@@ -10,7 +10,7 @@ profiler trace of a few steps after warm-up.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -153,21 +153,28 @@ class Meter:
 
 class Profiler:
     """Traces `config.profile_steps` steps (default 5; 0 off) after `warmup` steps past the
-    first, on process 0, into `<workdir>/plugins/profile/` (TensorBoard's profile layout)."""
+    first, on process 0, into `<workdir>/plugins/profile/` (TensorBoard's profile layout).
+
+    `settle` (e.g. the checkpoint manager's `wait_until_finished`) is called before the trace
+    starts and before it stops: XLA's profiler can crash (a segfault, seen in a two-process CPU
+    run) collecting a trace while orbax's background save threads copy arrays, so no save is in
+    flight at either moment. Saves during the traced steps are in the trace, as in a real run.
+    """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str, first_step: int, total_steps: int,
-                 warmup: int = 2):
+                 warmup: int = 2, settle: Callable[[], None] = lambda: None):
         steps = config.get("profile_steps", 5)
         steps = 5 if steps is None else int(steps)
         self.start = first_step + warmup + 1
         self.stop = min(self.start + steps, total_steps + 1)
         self.enabled = steps > 0 and jax.process_index() == 0 and self.start < self.stop
-        self.workdir, self.active = workdir, False
+        self.workdir, self.settle, self.active = workdir, settle, False
 
     def after_step(self, step: int, state: Any) -> None:
         """Called after each step: the trace begins after step start - 1 and ends after stop - 1."""
         if self.enabled and not self.active and step == self.start - 1:
             jax.block_until_ready(state)  # earlier steps' device work stays out of the trace
+            self.settle()
             jax.profiler.start_trace(self.workdir)
             self.active = True
         elif self.active and step >= self.stop - 1:
@@ -177,6 +184,7 @@ class Profiler:
         if self.active:
             if state is not None:
                 jax.block_until_ready(state)  # the traced steps' device work ends inside the trace
+            self.settle()
             jax.profiler.stop_trace()
             self.active = False
             logging.info("Profile of steps %d-%d in %s/plugins/profile/", self.start, self.stop - 1, self.workdir)

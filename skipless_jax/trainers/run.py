@@ -248,7 +248,7 @@ class Run:
                        resumed_core_hours(self._history_path) if self.is_chief else 0.0)
             if cost and images_per_step else None
         )
-        self.profiler = perf.Profiler(config, workdir, first_step, total_steps)
+        self.profiler = perf.Profiler(config, workdir, first_step, total_steps, settle=self.wait_for_saves)
 
     def record(
         self, step: int, values: Mapping[str, float], prefix: str, named: Mapping[str, float] | None = None
@@ -318,12 +318,16 @@ class Run:
             logging.warning("Stopping at step %d on a preemption/termination signal; checkpoint saved.", step)
             raise Preempted(step, interrupted=self.signals is not None and self.signals.interrupted)
 
+    def wait_for_saves(self) -> None:
+        """Blocks until the pending async saves are written (a full disk: one DiskFullError)."""
+        with checkpoint.disk_full_as_one_error(self.mngr, self.last_saved):
+            self.mngr.wait_until_finished()
+
     def close(self) -> None:
         """Completes pending saves and metric writes (called whatever stopped the loop)."""
         try:
+            self.wait_for_saves()
             self.profiler.close()
-            with checkpoint.disk_full_as_one_error(self.mngr, self.last_saved):
-                self.mngr.wait_until_finished()
         finally:
             if self.signals is not None:
                 self.signals.close()
