@@ -38,18 +38,20 @@ from skipless_jax import config_args, config_blocks
 # (docs/results.md shows each as a table via `python -m skipless_jax.report`). A list is the
 # union of its grids: the variants that are not one product of axes.
 _SKIPLESS = "skip_sab=False skip_ffn=False"
+_SEEDS = "0,1,2,3,4"
 GRIDS = {
     # Table 1 of Cutting the Skip in miniature: {with skips, skipless + default init, skipless +
-    # skipless init} × {AdamW, SOAP} × 3 seeds at depth 8.
+    # skipless init} × {AdamW, SOAP} × 5 seeds at depth 8.
     "table1": [
-        "skip_sab=True skip_ffn=True init=default opt=adamw,soap depth=8 seed=0,1,2",
-        f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8 seed=0,1,2",
+        f"skip_sab=True skip_ffn=True init=default opt=adamw,soap depth=8 seed={_SEEDS}",
+        f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8 seed={_SEEDS}",
     ],
     # The skip ablation: each skip switch, default init and AdamW, depth 4 and 8; and no skips
-    # with the skipless init.
+    # with the skipless init; 5 seeds. The axes are in the order of the other grids, so that a
+    # run they share has one folder (one root holds them all, docs/results.md).
     "skip_ablation": [
-        "init=default opt=adamw skip_sab=True,False skip_ffn=True,False depth=4,8 seed=0,1,2",
-        f"init=skipless opt=adamw {_SKIPLESS} depth=4,8 seed=0,1,2",
+        f"skip_sab=True,False skip_ffn=True,False init=default opt=adamw depth=4,8 seed={_SEEDS}",
+        f"{_SKIPLESS} init=skipless opt=adamw depth=4,8 seed={_SEEDS}",
     ],
     # Token Graying's ε ablation on the standard ViT (ε = 1: no TG), SVD-TG.
     "tg_eps": [
@@ -60,7 +62,7 @@ GRIDS = {
     # default and the standard ViT with AdamW.
     "bf16": ["seed=0,1,2", "skip_sab=True skip_ffn=True init=default opt=adamw seed=0,1,2"],
     # Is the central effect robust in depth? Table 1's four skipless cells at depths 8-24, 5 seeds.
-    "depth": f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8,12,16,24 seed=0,1,2,3,4",
+    "depth": f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8,12,16,24 seed={_SEEDS}",
 }
 
 
