@@ -65,6 +65,47 @@ GRIDS = {
     "depth": f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8,12,16,24 seed={_SEEDS}",
 }
 
+# The papers' claims, judged over seeds by `python -m skipless_jax.report SRC --claims=configs/quickstart.py`
+# (docs/method.md §19: Welch and permutation tests, Holm over the rows printed together). Cells
+# are arg filters over the runs' folders; each claim is judged separately per depth (and per
+# setting of the miniature's other knobs, where a grid varies them).
+_NO_SKIPS = {"skip_sab": "False", "skip_ffn": "False"}
+_WITH_SKIPS = {"skip_sab": "True", "skip_ffn": "True", "init": "default"}
+_PER = ("depth", "lr", "tokens", "label_smoothing", "self_share", "val")
+CLAIMS = {
+    "init_beats_default_adamw": dict(
+        text="Cutting the Skip: the skipless init > the default init under AdamW, no skips",
+        a={**_NO_SKIPS, "init": "skipless", "opt": "adamw"},
+        b={**_NO_SKIPS, "init": "default", "opt": "adamw"},
+        per=_PER,
+    ),
+    "init_soap_matches_skips": dict(
+        text="Cutting the Skip: no skips + skipless init + SOAP ≥ with skips under AdamW, within 1 point",
+        a={**_NO_SKIPS, "init": "skipless", "opt": "soap"},
+        b={**_WITH_SKIPS, "opt": "adamw"},
+        margin=0.01,
+        per=_PER,
+    ),
+    "soap_beats_adamw_init": dict(
+        text="Cutting the Skip: SOAP > AdamW, no skips, skipless init",
+        a={**_NO_SKIPS, "init": "skipless", "opt": "soap"},
+        b={**_NO_SKIPS, "init": "skipless", "opt": "adamw"},
+        per=_PER,
+    ),
+    "soap_beats_adamw_default": dict(
+        text="Cutting the Skip: SOAP > AdamW, no skips, default init",
+        a={**_NO_SKIPS, "init": "default", "opt": "soap"},
+        b={**_NO_SKIPS, "init": "default", "opt": "adamw"},
+        per=_PER,
+    ),
+    "sab_skip_matters_more": dict(
+        text="Always Skip Attention: without the FFN skip > without the SAB skip (default init, AdamW)",
+        a={"skip_sab": "True", "skip_ffn": "False", "init": "default", "opt": "adamw"},
+        b={"skip_sab": "False", "skip_ffn": "True", "init": "default", "opt": "adamw"},
+        per=_PER,
+    ),
+}
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(

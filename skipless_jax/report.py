@@ -1,18 +1,33 @@
-r"""A table of finished runs: `python -m skipless_jax.report`.
+r"""A table of finished runs, and the papers' claims judged over them: `python -m skipless_jax.report`.
 
-    python -m skipless_jax.report DIR... [--format=md|csv] [--mean_over=seed] [--plot=FILE.png]
+    python -m skipless_jax.report SRC... [--format=md|csv] [--mean_over=seed] [--plot=FILE.png]
+        [--config=PATH --grid=NAME] [--claims=PATH[:NAME,...] [--alpha=0.05] [--failed_as=VALUE]]
 
     python -m skipless_jax.report /tmp/table1 --mean_over=seed --metrics=test_accuracy,test_loss
     python -m skipless_jax.report /tmp/table1 --format=csv > table1.csv
     python -m skipless_jax.report /tmp/table1 --plot=curves.png --plot_metric=train_loss
+    python -m skipless_jax.report docs/figures/quickstart_runs.csv --claims=configs/quickstart.py
 
-A run is every folder under a DIR (at any depth) that holds `final_metrics.json`. One row per
-run: `run` (its folder relative to DIR), its config args — the `name=value` items of that
-folder path, comma-separated in each part as `python -m skipless_jax.sweep` names them, e.g.
-`opt=adamw,seed=0` — and every key of its final metrics (`--metrics` keeps some).
+A SRC is a folder or a CSV file. Under a folder a run is every folder (at any depth) that holds
+`final_metrics.json`, or that a sweep started (`sweep_run.json`) and that has no final metrics:
+its run failed, was stopped non-finite or has not finished, and its row has only `status`
+("no final metrics"). A CSV file is what `--format=csv` writes (one row per run), so a committed
+CSV recomputes every table and verdict. One row per run: `run` (its folder relative to SRC),
+its config args — the `name=value` items of that folder path, comma-separated in each part as
+`python -m skipless_jax.sweep` names them, e.g. `opt=adamw,seed=0` — and every key of its final
+metrics (`--metrics` keeps some; a name no run has is an error). `--config=PATH --grid=NAME`
+keeps the runs of one of the config's named grids.
 `--mean_over=seed` groups the runs by their other args: per metric `<metric>_mean`,
-`<metric>_std` (the sample std, ddof=1; docs/method.md §19) and `n`, the group's runs.
+`<metric>_std` (the sample std, ddof=1; docs/method.md §19) and `<metric>_n`, the number of
+runs that have it, then `runs`, the group's runs (those without final metrics included).
 Rows are in natural order of their folders (`depth=8` before `depth=12`).
+`--claims=PATH[:NAME,...]` judges the `CLAIMS` of that config module (all, or the named ones)
+over the runs instead: one row per claim × setting with both cells' n, mean ± std, the gap and
+its 95% Welch interval, the Welch, permutation and Mann–Whitney p-values, the Holm-adjusted p
+over the rows printed together, P(A>B), the runs that trained (k/n) and the verdict (`holds`,
+`not shown`, `reversed`, `untested`; docs/method.md §19, skipless_jax/claims.py). Runs without
+final metrics count as not trained and are left out of the tests, unless `--failed_as=VALUE`
+gives their value (e.g. 0.1, chance accuracy); the report lists them.
 `--plot` draws each run's `--plot_metric` from its `history.jsonl` against the step (matplotlib,
 Agg; with --mean_over, one colour per group). With `--plot_x=ARG` it draws instead the final
 `--plot_metric` (from `final_metrics.json`) against that numeric arg: each run a dot, and per
@@ -35,7 +50,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from skipless_jax import claims as claims_lib
+from skipless_jax import stats
 from skipless_jax.trainers.run import FINAL_METRICS, HISTORY
+
+RUN_RECORD = "sweep_run.json"  # sweep.RUN_RECORD: a folder the sweep started a run in
 
 FORMATS = ("md", "csv")
 
@@ -51,10 +70,12 @@ def run_args(run: str) -> dict[str, str]:
 
 
 def find_runs(root: str) -> list[str]:
-    """The folders under `root` (itself included) that hold final metrics, sorted."""
+    """The folders under `root` (itself included) that hold final metrics or a sweep's run
+    record, sorted."""
     if not os.path.isdir(root):
         raise ValueError(f"{root!r} is not a directory")
-    return sorted((d for d, _, files in os.walk(root) if FINAL_METRICS in files), key=natural_key)
+    return sorted((d for d, _, files in os.walk(root) if FINAL_METRICS in files or RUN_RECORD in files),
+                  key=natural_key)
 
 
 def natural_key(text: str) -> list[tuple[int, float, str]]:
@@ -63,33 +84,67 @@ def natural_key(text: str) -> list[tuple[int, float, str]]:
 
 
 def rows(roots: Sequence[str], metrics: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """(one dict per run: run, its args (strings), its final metrics as in the file; its folders)."""
+    """(one dict per run: run, its args (strings), its final metrics as in the file, or `status`
+    for a run without final metrics; its folders, None for a CSV's rows). A root is a folder or
+    a CSV file that `--format=csv` wrote."""
     out, folders = [], []
     for root in roots:
+        if os.path.isfile(root) and root.endswith(".csv"):
+            table = read_csv(root)
+            out += table
+            folders += [None] * len(table)
+            continue
         for folder in find_runs(root):
             run = os.path.relpath(folder, root)
-            with open(os.path.join(folder, FINAL_METRICS)) as f:
-                final = json.load(f)
-            if metrics is not None:
-                final = {k: final[k] for k in metrics if k in final}
+            path = os.path.join(folder, FINAL_METRICS)
+            if os.path.exists(path):
+                with open(path) as f:
+                    final = json.load(f)
+            else:
+                final = {"status": claims_lib.FAILED}
             out.append({"run": run, **run_args(run), **final})
             folders.append(folder)
+    if metrics is not None:
+        have = columns(out)
+        unknown = [m for m in metrics if m not in have]
+        if unknown:
+            arg_names = set(columns([run_args(r["run"]) for r in out]))
+            known = ", ".join(c for c in have if c not in ("run", "status") and c not in arg_names)
+            raise ValueError(f"--metrics: {unknown[0]!r} is not a final metric of the runs; they have: {known}")
+        keep = {"run", "status", *metrics}
+        out = [{k: v for k, v in r.items() if k in keep or k in run_args(r["run"])} for r in out]
     return out, folders
+
+
+def read_csv(path: str) -> list[dict[str, Any]]:
+    """The per-run rows of a CSV that `--format=csv` wrote: args as strings, numbers as ints or
+    floats as written (CSV floats are exact), empty cells absent."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if not reader.fieldnames or "run" not in reader.fieldnames:
+            raise ValueError(f"{path}: not a per-run table of report (no 'run' column)")
+        table = []
+        for record in reader:
+            args = run_args(record["run"])
+            row: dict[str, Any] = {"run": record["run"], **args}
+            for k, v in record.items():
+                if k in row or v in ("", None):
+                    continue
+                row[k] = int(v) if v.lstrip("-").isdigit() else float(v) if _is_float(v) else v
+            table.append(row)
+    return table
 
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def mean_std(xs: Sequence[float]) -> tuple[float, float]:
-    """(mean, sample std with ddof=1; nan for one value) of `xs` (docs/method.md §19)."""
-    mean = math.fsum(xs) / len(xs)
-    std = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else math.nan
-    return mean, std
+mean_std = stats.mean_std
 
 
 def mean_over(table: list[dict[str, Any]], key: str, arg_names: Sequence[str]) -> list[dict[str, Any]]:
-    """Groups by the args other than `key`: `<m>_mean`, `<m>_std` (ddof=1; nan for one run) and `n`."""
+    """Groups by the args other than `key`: `<m>_mean`, `<m>_std` (ddof=1; nan for one run) and
+    `<m>_n` (the group's runs that have m) per metric, then `runs` (the group's runs)."""
     missing = [r["run"] for r in table if key not in r]
     if missing:
         args = sorted(run_args(missing[0]))
@@ -101,13 +156,14 @@ def mean_over(table: list[dict[str, Any]], key: str, arg_names: Sequence[str]) -
     out = []
     for values, members in groups.items():
         row: dict[str, Any] = dict(zip(group_by, values))
-        names = [k for k in members[0] if k not in ("run", *arg_names)]
+        names = [k for k in columns(members) if k not in ("run", "status", *arg_names)]
         for m in names:
             xs = [r[m] for r in members if _number(r.get(m))]
             if not xs:
                 continue
             row[f"{m}_mean"], row[f"{m}_std"] = mean_std(xs)
-        row["n"] = len(members)
+            row[f"{m}_n"] = len(xs)
+        row["runs"] = len(members)
         out.append(row)
     return out
 
@@ -139,11 +195,11 @@ def format_table(table: list[dict[str, Any]], fmt: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def read_history(folder: str, metric: str) -> tuple[list[int], list[float]]:
+def read_history(folder: str | None, metric: str) -> tuple[list[int], list[float]]:
     """(steps, values) of `metric` in the folder's history.jsonl (records without it skipped)."""
     steps, values = [], []
-    path = os.path.join(folder, HISTORY)
-    if os.path.exists(path):
+    path = os.path.join(folder, HISTORY) if folder is not None else None  # None: a CSV's row
+    if path is not None and os.path.exists(path):
         with open(path) as f:
             for line in f:
                 record = json.loads(line)
@@ -240,12 +296,49 @@ def _is_float(v: Any) -> bool:
     return True
 
 
+def grid_runs(config: str, grid: str) -> set[str]:
+    """The folder names of a config's grid (`sweep --config=config --grid=grid`)."""
+    from skipless_jax import sweep
+
+    return {run.name for run in sweep.expand(config, grid)}
+
+
+def load_claims(spec: str) -> tuple[list[claims_lib.Claim], int | None]:
+    """(the claims of `PATH[:NAME,...]`, the number of classes of the config's dataset, if known)."""
+    from skipless_jax import sweep
+
+    path, _, names = spec.partition(":")
+    module = sweep.load_config_module(path)
+    claims = claims_lib.from_module(module, [n for n in names.split(",") if n], path)
+    try:
+        from skipless_jax.data import sources
+
+        num_classes = sources.dataset_info(module.get_config().dataset.name).num_classes
+    except (AttributeError, ValueError, KeyError):
+        num_classes = None  # claims then need trained_below
+    return claims, num_classes
+
+
+def format_claims(rows_: list[dict[str, Any]], claims: Sequence[claims_lib.Claim], fmt: str, alpha: float,
+                  failed_as: float | None) -> str:
+    if fmt == "csv":
+        return format_table(claims_lib.public(rows_), "csv")
+    return claims_lib.markdown(rows_, claims, alpha, failed_as)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m skipless_jax.report", description=__doc__.split("\n")[0])
-    parser.add_argument("dirs", nargs="+", metavar="DIR")
+    parser.add_argument("dirs", nargs="+", metavar="SRC", help="a sweep root (folder) or a CSV of --format=csv")
     parser.add_argument("--format", default="md", help="md | csv")
     parser.add_argument("--mean_over", default=None, help="an arg to average over, e.g. seed")
     parser.add_argument("--metrics", default=None, help="comma-separated final metrics to keep (default: all)")
+    parser.add_argument("--config", default=None, metavar="PATH[:args]", help="with --grid: the config of the grid")
+    parser.add_argument("--grid", default=None, metavar="NAME", help="keep the runs of this named grid of --config")
+    parser.add_argument("--claims", default=None, metavar="PATH[:NAME,...]",
+                        help="judge the CLAIMS of this config module (all, or the named ones) over the runs")
+    parser.add_argument("--alpha", default=0.05, type=float, help="--claims: the family-wise level (Holm)")
+    parser.add_argument("--failed_as", default=None, type=float, metavar="VALUE",
+                        help="--claims: the value of a run without final metrics (default: left out)")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the runs' curves from history.jsonl")
     parser.add_argument("--plot_metric", default="train_loss", help="the history.jsonl key --plot draws")
     parser.add_argument("--plot_x", default=None, metavar="ARG",
@@ -254,10 +347,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.format not in FORMATS:
         parser.error(f"--format={args.format!r} is unknown; allowed: {', '.join(FORMATS)}")
     try:
+        if bool(args.grid) != bool(args.config):
+            raise ValueError("--grid=NAME and --config=PATH go together")
+        if args.claims and (args.mean_over or args.plot):
+            raise ValueError("--claims is its own table: drop --mean_over / --plot")
+        claims, num_classes = load_claims(args.claims) if args.claims else ([], None)
         metrics = args.metrics.split(",") if args.metrics else None
         table, folders = rows(args.dirs, metrics)
+        if args.grid:
+            names = grid_runs(args.config, args.grid)
+            kept = [(r, f) for r, f in zip(table, folders) if r["run"] in names]
+            table, folders = [r for r, _ in kept], [f for _, f in kept]
         if not table:
             raise ValueError(f"no run (a folder with {FINAL_METRICS}) under {', '.join(args.dirs)}")
+        if args.claims:
+            verdicts = claims_lib.judge(claims, table, num_classes=num_classes, alpha=args.alpha,
+                                        failed_as=args.failed_as, natural_key=natural_key)
+            sys.stdout.write(format_claims(verdicts, claims, args.format, args.alpha, args.failed_as))
+            return 0
         arg_names = columns([run_args(r["run"]) for r in table])
         group_by = [a for a in arg_names if a != args.mean_over] if args.mean_over else []
         if args.plot_x and not args.plot:

@@ -48,24 +48,63 @@ def test_mean_over_seed_against_numpy(tmp_path, capsys):
     finals = make_runs(str(tmp_path))
     assert report.main([str(tmp_path), "--format=csv", "--mean_over=seed", "--metrics=test_accuracy"]) == 0
     table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert list(table[0]) == ["depth", "opt", "test_accuracy_mean", "test_accuracy_std", "n"]
+    assert list(table[0]) == ["depth", "opt", "test_accuracy_mean", "test_accuracy_std", "test_accuracy_n", "runs"]
     for r in table:
         acc = np.array([v["test_accuracy"] for k, v in finals.items() if f"opt={r['opt']}," in k], np.float64)
-        assert int(r["n"]) == 3
+        assert int(r["test_accuracy_n"]) == int(r["runs"]) == 3
         np.testing.assert_allclose(float(r["test_accuracy_mean"]), acc.mean(), rtol=1e-15)
         np.testing.assert_allclose(float(r["test_accuracy_std"]), acc.std(ddof=1), rtol=1e-14)
     one = report.mean_over([{"run": "seed=0", "seed": "0", "x": 1.0}], "seed", ["seed"])
-    assert one[0]["n"] == 1 and one[0]["x_mean"] == 1.0 and np.isnan(one[0]["x_std"])
+    assert one[0]["x_n"] == one[0]["runs"] == 1 and one[0]["x_mean"] == 1.0 and np.isnan(one[0]["x_std"])
+
+
+def test_mean_over_counts_each_metrics_values_and_failed_runs(tmp_path, capsys):
+    """`<m>_n` counts the runs that have m; a run the sweep started without final metrics (failed,
+    stopped non-finite) stays in `runs` and in the per-run table, with its status."""
+    finals = make_runs(str(tmp_path))
+    del finals["depth=8/opt=soap,seed=1"]["test_accuracy"]
+    with open(tmp_path / "depth=8/opt=soap,seed=1/final_metrics.json", "w") as f:
+        json.dump(finals["depth=8/opt=soap,seed=1"], f)
+    os.remove(tmp_path / "depth=8/opt=soap,seed=2/final_metrics.json")
+    (tmp_path / "depth=8/opt=soap,seed=2/sweep_run.json").write_text("{}")
+    assert report.main([str(tmp_path), "--format=csv", "--mean_over=seed"]) == 0
+    soap = [r for r in csv.DictReader(io.StringIO(capsys.readouterr().out)) if r["opt"] == "soap"][0]
+    assert (soap["test_accuracy_n"], soap["train_loss_n"], soap["runs"]) == ("1", "2", "3")
+    assert report.main([str(tmp_path), "--format=csv"]) == 0
+    table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    failed = [r for r in table if r["status"]]
+    assert [(r["run"], r["status"]) for r in failed] == [("depth=8/opt=soap,seed=2", "no final metrics")]
+
+
+def test_a_csv_is_read_back_as_the_runs(tmp_path, capsys):
+    """report of the CSV it wrote gives the same tables as report of the folders."""
+    make_runs(str(tmp_path / "root"))
+    assert report.main([str(tmp_path / "root"), "--format=csv"]) == 0
+    (tmp_path / "runs.csv").write_text(capsys.readouterr().out)
+    for extra in ([], ["--mean_over=seed"], ["--mean_over=seed", "--metrics=train_loss"]):
+        assert report.main([str(tmp_path / "root"), "--format=csv", *extra]) == 0
+        from_folders = capsys.readouterr().out
+        assert report.main([str(tmp_path / "runs.csv"), "--format=csv", *extra]) == 0
+        assert capsys.readouterr().out == from_folders
+
+
+def test_an_unknown_metric_is_one_line_listing_the_metrics(tmp_path, capsys):
+    make_runs(str(tmp_path))
+    assert report.main([str(tmp_path), "--metrics=test_acuracy"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'test_acuracy'" in err and "test_accuracy, train_loss, step" in err
 
 
 def test_markdown_and_errors(tmp_path, capsys):
     make_runs(str(tmp_path))
     assert report.main([str(tmp_path), "--mean_over=seed", "--metrics=test_accuracy"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "| depth | opt | test_accuracy_mean | test_accuracy_std | n |" and len(lines) == 4
+    assert lines[0] == "| depth | opt | test_accuracy_mean | test_accuracy_std | test_accuracy_n | runs |"
+    assert len(lines) == 4
     for argv, message in [
         ([str(tmp_path), "--mean_over=lr"], "--mean_over=lr: run 'depth=8/opt=adamw,seed=0' has no arg lr"),
         ([str(tmp_path / "missing")], "is not a directory"),
+        ([str(tmp_path), "--grid=table1"], "--grid=NAME and --config=PATH go together"),
         ([str(tmp_path / "unfinished=1")], "no run (a folder with final_metrics.json)"),
     ]:
         assert report.main(argv) == 2
