@@ -134,7 +134,7 @@ def judge(
                           key=lambda s: natural_key(",".join(s)))
         for setting in settings:
             named = ",".join(f"{k}={v}" for k, v in zip(claim.per, setting) if v)  # an absent arg: not shown
-            row: dict[str, Any] = {"claim": claim.name, "setting": named or "all"}
+            row: dict[str, Any] = {"claim": claim.name, "setting": named or "all", "margin": claim.margin}
             left = []
             for c in ("a", "b"):
                 members = [r for r in cells[c] if tuple(str(r.get(k, "")) for k in claim.per) == setting]
@@ -228,6 +228,40 @@ _SYMBOL = {"greater": ">", "less": "<", "two-sided": "≠"}
 
 def _filter(cell: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in cell.items())
+
+
+COLORS = {"holds": "tab:green", "not shown": "tab:gray", "reversed": "tab:red", "untested": "white"}
+
+
+def plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    """A forest plot into the PNG `path`: each tested row's gap (mean A − mean B) with its 95 %
+    Welch interval, coloured by verdict, the claim's −margin line where it has one. Drawn on a
+    matplotlib `Figure` (no backend is chosen)."""
+    from matplotlib.figure import Figure
+
+    tested = [r for r in rows if "gap" in r]
+    if not tested:
+        raise ValueError("--plot: no claim row has two cells with at least 2 values each")
+    fig = Figure(figsize=(7.5, 0.35 * len(tested) + 1.2))
+    ax = fig.subplots()
+    for y, r in enumerate(reversed(tested)):
+        color = COLORS[r["verdict"]]
+        low, high = r["ci_low"], r["ci_high"]
+        if not math.isnan(low):
+            ax.plot([low, high], [y, y], color=color, lw=2)
+        ax.plot([r["gap"]], [y], "o", color=color, ms=5)
+        if r.get("margin"):
+            ax.plot([-r["margin"]] * 2, [y - 0.4, y + 0.4], color="k", lw=1, ls=":")
+    ax.axvline(0.0, color="k", lw=0.8)
+    ax.set_yticks(range(len(tested)), [f"{r['claim']} {r['setting']}" for r in reversed(tested)], fontsize=7)
+    ax.set_xlabel("gap = mean A − mean B, with its 95 % Welch interval")
+    for verdict, color in COLORS.items():
+        if verdict != "untested" and any(r["verdict"] == verdict for r in tested):
+            ax.plot([], [], "o-", color=color, label=verdict)
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def public(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

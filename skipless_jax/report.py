@@ -7,6 +7,7 @@ r"""A table of finished runs, and the papers' claims judged over them: `python -
     python -m skipless_jax.report /tmp/table1 --format=csv > table1.csv
     python -m skipless_jax.report /tmp/table1 --plot=curves.png --plot_metric=train_loss
     python -m skipless_jax.report docs/figures/quickstart_runs.csv --claims=configs/quickstart.py
+    python -m skipless_jax.report --refresh=docs/results.md   # its tables, from their commands
 
 A SRC is a folder or a CSV file. Under a folder a run is every folder (at any depth) that holds
 `final_metrics.json`, or that a sweep started (`sweep_run.json`) and that has no final metrics:
@@ -25,9 +26,13 @@ Rows are in natural order of their folders (`depth=8` before `depth=12`).
 over the runs instead: one row per claim × setting with both cells' n, mean ± std, the gap and
 its 95% Welch interval, the Welch, permutation and Mann–Whitney p-values, the Holm-adjusted p
 over the rows printed together, P(A>B), the runs that trained (k/n) and the verdict (`holds`,
-`not shown`, `reversed`, `untested`; docs/method.md §19, skipless_jax/claims.py). Runs without
+`not shown`, `reversed`, `untested`; docs/method.md §19, skipless_jax/claims.py); with `--plot`,
+a forest plot of the gaps and their intervals coloured by verdict. Runs without
 final metrics count as not trained and are left out of the tests, unless `--failed_as=VALUE`
 gives their value (e.g. 0.1, chance accuracy); the report lists them.
+A Markdown file's report blocks — `<!-- report: ARGS -->`, the output of `report ARGS`, then
+`<!-- /report -->` — are rewritten from their args by `--refresh=FILE.md` (tests/test_results_docs.py
+checks that docs/results.md's blocks equal their commands' output).
 `--plot` draws each run's `--plot_metric` from its `history.jsonl` against the step (matplotlib,
 Agg; with --mean_over, one colour per group). With `--plot_x=ARG` it draws instead the final
 `--plot_metric` (from `final_metrics.json`) against that numeric arg: each run a dot, and per
@@ -40,12 +45,14 @@ group of the other args (--mean_over's excluded) a line through the means with �
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
 import math
 import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -326,9 +333,45 @@ def format_claims(rows_: list[dict[str, Any]], claims: Sequence[claims_lib.Claim
     return claims_lib.markdown(rows_, claims, alpha, failed_as)
 
 
+# A table in a Markdown file made by `report`: the command's args in a comment, its output below,
+# up to the closing comment. `--refresh=FILE.md` rewrites every such block from its args; the
+# tests check that each block equals its command's output (docs/results.md cannot drift).
+DOC_BLOCK = re.compile(r"<!-- report: (?P<args>[^\n]+?) -->\n(?P<body>.*?)<!-- /report -->", re.S)
+
+
+def doc_blocks(text: str) -> list[tuple[list[str], str]]:
+    """The (args, body) of each report block of a Markdown text."""
+    return [(shlex.split(m["args"]), m["body"]) for m in DOC_BLOCK.finditer(text)]
+
+
+def render(argv: Sequence[str]) -> str:
+    """What `python -m skipless_jax.report ARGV` prints (a ValueError where it fails)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(list(argv))
+    if status != 0:
+        raise ValueError(f"report {shlex.join(argv)}: {err.getvalue().strip()}")
+    return out.getvalue()
+
+
+def refresh(path: str) -> int:
+    """Rewrites each report block of the Markdown file `path` from its args; returns their number."""
+    with open(path) as f:
+        text = f.read()
+    blocks = list(DOC_BLOCK.finditer(text))
+    for m in reversed(blocks):
+        body = render(shlex.split(m["args"]))
+        text = text[: m.start("body")] + body + text[m.end("body"):]
+    with open(path, "w") as f:
+        f.write(text)
+    return len(blocks)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m skipless_jax.report", description=__doc__.split("\n")[0])
-    parser.add_argument("dirs", nargs="+", metavar="SRC", help="a sweep root (folder) or a CSV of --format=csv")
+    parser.add_argument("dirs", nargs="*", metavar="SRC", help="a sweep root (folder) or a CSV of --format=csv")
+    parser.add_argument("--refresh", default=None, metavar="FILE.md",
+                        help="rewrite the file's report blocks (<!-- report: ARGS -->) from their args")
     parser.add_argument("--format", default="md", help="md | csv")
     parser.add_argument("--mean_over", default=None, help="an arg to average over, e.g. seed")
     parser.add_argument("--metrics", default=None, help="comma-separated final metrics to keep (default: all)")
@@ -346,11 +389,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.format not in FORMATS:
         parser.error(f"--format={args.format!r} is unknown; allowed: {', '.join(FORMATS)}")
+    if bool(args.refresh) == bool(args.dirs):
+        parser.error("give SRC... (a sweep root or a CSV), or --refresh=FILE.md alone")
     try:
+        if args.refresh:
+            print(f"report: {refresh(args.refresh)} table(s) of {args.refresh} rewritten from their commands")
+            return 0
         if bool(args.grid) != bool(args.config):
             raise ValueError("--grid=NAME and --config=PATH go together")
-        if args.claims and (args.mean_over or args.plot):
-            raise ValueError("--claims is its own table: drop --mean_over / --plot")
+        if args.claims and (args.mean_over or args.plot_x):
+            raise ValueError("--claims is its own table: drop --mean_over / --plot_x")
         claims, num_classes = load_claims(args.claims) if args.claims else ([], None)
         metrics = args.metrics.split(",") if args.metrics else None
         table, folders = rows(args.dirs, metrics)
@@ -363,6 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.claims:
             verdicts = claims_lib.judge(claims, table, num_classes=num_classes, alpha=args.alpha,
                                         failed_as=args.failed_as, natural_key=natural_key)
+            if args.plot:
+                claims_lib.plot(verdicts, args.plot)
             sys.stdout.write(format_claims(verdicts, claims, args.format, args.alpha, args.failed_as))
             return 0
         arg_names = columns([run_args(r["run"]) for r in table])

@@ -193,3 +193,19 @@ def test_the_quickstart_claims_name_cells_of_its_grids():
             matching = [r for r in runs if all(r.get(k) == v for k, v in cell.items())]
             assert len(matching) >= 5, (c.name, cell)
     assert next(c for c in qs if c.name == "init_soap_matches_skips").margin == 0.01
+
+
+def test_the_forest_plot_draws_each_tested_row(tmp_path, capsys):
+    path = _write_csv(tmp_path, _table())
+    config = tmp_path / "c.py"
+    config.write_text("CLAIMS = {'s': dict(a={'opt': 'soap'}, b={'opt': 'adamw'}, per=('depth',),\n"
+                      "                    trained_below=1.0)}\n")
+    png = tmp_path / "forest.png"
+    assert report.main([path, f"--claims={config}", f"--plot={png}"]) == 0
+    from PIL import Image
+
+    with Image.open(png) as image:
+        assert image.format == "PNG" and image.size[1] > 100
+    with pytest.raises(ValueError, match="no claim row has two cells"):
+        claims.plot([r for r in claims.judge([SOAP_BEATS_ADAMW], _table(), num_classes=10) if "gap" not in r],
+                    str(tmp_path / "x.png"))

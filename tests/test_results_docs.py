@@ -1,0 +1,44 @@
+"""docs/results.md's tables made by `report` equal what their commands print now, from the
+per-run CSVs committed under docs/figures/: a verdict in the docs is recomputed from data."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from skipless_jax import report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "docs", "results.md")
+
+
+def _blocks():
+    with open(RESULTS) as f:
+        return report.doc_blocks(f.read())
+
+
+def test_the_verdict_tables_are_there():
+    claims = [args for args, _ in _blocks() if any(a.startswith("--claims=") for a in args)]
+    assert len(claims) >= 3  # Table 1, the depth study, the skip ablation
+    for args, _ in _blocks():  # every table is computed from committed files, never from /tmp
+        sources = [a for a in args if not a.startswith("--")]
+        assert sources and all(s.startswith("docs/figures/") and s.endswith(".csv") for s in sources), args
+
+
+@pytest.mark.parametrize("args,body", _blocks(), ids=lambda x: " ".join(x)[:80] if isinstance(x, list) else "")
+def test_each_table_equals_its_command(args, body, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert report.render(args) == body
+
+
+def test_a_block_is_rewritten_from_its_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    csv_path = tmp_path / "runs.csv"
+    csv_path.write_text("run,seed,test_accuracy\nseed=0,0,0.5\nseed=1,1,0.7\n")
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"text\n<!-- report: {csv_path} --mean_over=seed -->\nstale\n<!-- /report -->\nmore\n")
+    assert report.refresh(str(doc)) == 1
+    text = doc.read_text()
+    assert "stale" not in text and "| 0.6 | 0.1414 | 2 | 2 |" in text and text.endswith("<!-- /report -->\nmore\n")
+    assert report.render([str(csv_path), "--mean_over=seed"]) in text
