@@ -149,6 +149,19 @@ def test_meter_window_excludes_paused_time_and_the_first_steps():
     assert "perf/mfu" not in perf.Meter(cost, 1, ml_collections.ConfigDict(), 0, flops_per_example=1.0).fields(1)
 
 
+def test_meter_counts_token_graying_apart():
+    config = tiny_config(**{"model.token_graying": "svd"})
+    model, tg = perf.model_flops_per_example(config)
+    assert model == perf.model_flops_per_example(tiny_config())[0] and tg > 0
+    now = [0.0]
+    cost = perf.StepCost(flops=1.0, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0, devices=2)
+    meter = perf.Meter(cost, 32, config, first_step=0, clock=lambda: now[0])
+    meter.step_done(2)
+    fields = meter.fields(4, now=2.0)  # 2 steps of 32 images in 2 s
+    assert fields["perf/tflops_per_device"] == pytest.approx(model * 32 / 2 / 1e12, rel=1e-12)
+    assert fields["perf/tg_tflops_per_device"] == pytest.approx(tg * 32 / 2 / 1e12, rel=1e-12)
+
+
 class FakeDevice:
     def __init__(self, kind: str):
         self.device_kind = kind

@@ -166,9 +166,10 @@ class Meter:
     perf/img_per_sec_per_device = that / devices; perf/tflops_per_device = model FLOPs per
     example (`model_flops_per_example`) × images/s / devices / 1e12; perf/mfu = that / the peak
     (absent where unknown); perf/xla_tflops_per_device = the compiled step's per-device FLOPs × s
-    / 1e12. perf/core_hours = `core_hours` (before a resume) + devices × this loop's training
-    hours (wall-clock less the excluded time); perf/core_hours_total = `core_hours_total` +
-    devices × this loop's wall-clock hours.
+    / 1e12; with Token Graying, perf/tg_tflops_per_device = its FLOPs per example × images/s /
+    devices / 1e12 (not in the model FLOPs). perf/core_hours = `core_hours` (before a resume) +
+    devices × this loop's training hours (wall-clock less the excluded time);
+    perf/core_hours_total = `core_hours_total` + devices × this loop's wall-clock hours.
     """
 
     WARMUP_STEPS = 2
@@ -181,11 +182,12 @@ class Meter:
         this one continues; `flops_per_example`: default `model_flops_per_example(config)`."""
         self.devices, self.core_hours, self.core_hours_total = cost.devices, core_hours, core_hours_total
         self.xla_flops, self.images = cost.flops, images_per_step
+        tg = 0.0
         if flops_per_example is None:
             flops_per_example, tg = model_flops_per_example(config)
             logging.info("Model FLOPs per training example: %.4g (3 × forward; Token Graying %.4g more, not counted); "
                          "XLA's count of the compiled step: %.4g per device.", flops_per_example, tg, cost.flops)
-        self.flops_per_example = float(flops_per_example)
+        self.flops_per_example, self.tg_flops_per_example = float(flops_per_example), tg
         self.peak = peak_tflops(config, jax.devices()[0])
         self.clock = clock
         self.begin = clock()
@@ -234,6 +236,8 @@ class Meter:
             "perf/tflops_per_device": self.flops_per_example * images_per_sec / self.devices / 1e12,
             "perf/xla_tflops_per_device": self.xla_flops * steps_per_sec / 1e12,
         })
+        if self.tg_flops_per_example:
+            out["perf/tg_tflops_per_device"] = self.tg_flops_per_example * images_per_sec / self.devices / 1e12
         if self.peak:
             out["perf/mfu"] = out["perf/tflops_per_device"] / self.peak
         return out
