@@ -147,6 +147,7 @@ def test_forward_count_is_the_traced_matmuls(name):
     assert per_example(forward, make_inputs) == flops.forward_flops_per_example(config, size, 10)
 
 
+@pytest.mark.slow
 def test_mae_and_dino_counts_are_the_traced_matmuls():
     config = load_config("mae_digits_pretrain")
     model = mae.build_model(config)
@@ -195,6 +196,7 @@ def test_xla_costs_a_depthwise_filter_gradient_densely():
     assert xla_cost(jax.grad(conv), w, x) > 100 * work
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["vit", "cait", "swin", "pvt_v2"])
 def test_within_ten_percent_of_xla_forward_and_backward(name):
     """XLA's count of the gradient of an unrolled model (no remat, no accumulation) per example,
