@@ -4,11 +4,11 @@ and SOAP: the supervised trainer's own step (`supervised.make_train_step`), dona
     python benchmarks/gpu_vitb.py [--batch=256] [--steps=30] [--peak_tflops=989] \
         [--out=benchmarks/results/gpu_vitb.json]
 
-MFU = model FLOPs per step / step time / peak. Model FLOPs are counted analytically (forward +
-backward = 3 × forward; forward = 2 × parameters-in-matmuls × tokens + the attention products
-4·n²·d per layer), so rematerialisation or an attention kernel's extra work does not count as
-useful; XLA's own `cost_analysis()` FLOPs are reported next to it. `--peak_tflops`: the chip's
-dense bf16 peak (H100/H200 SXM: 989; A100: 312; TPU v4: 275 per chip, v5p: 459).
+MFU = model FLOPs per step / step time / peak, the trainer's definition (`perf/mfu`,
+docs/method.md §25): model FLOPs are `models.flops.train_flops_per_example` (3 × the forward
+matmuls), so rematerialisation or an attention kernel's extra work does not count as useful;
+XLA's own `cost_analysis()` FLOPs are reported next to it. `--peak_tflops`: the chip's dense
+bf16 peak; default: `trainers/perf.py`'s table entry for the device's kind.
 
 Data are random device arrays (uint8 images, as the pipeline ships them; no input pipeline):
 this measures the step. The step time is the
@@ -32,18 +32,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def vitb_forward_flops(batch: int, image: int = 224, patch: int = 16, width: int = 768, depth: int = 12,
-                       mlp: int = 3072, classes: int = 1000) -> float:
-    """Matmul FLOPs of one ViT-B/16 forward pass (multiply-add = 2)."""
-    n = (image // patch) ** 2 + 1
-    per_layer = 2 * n * (4 * width * width + 2 * width * mlp) + 4 * n * n * width
-    stem = 2 * (n - 1) * patch * patch * 3 * width
-    return batch * (depth * per_layer + stem + 2 * width * classes)
-
-
 def measure(batch: int, steps: int, opt: str, attention_impl: str | None) -> dict:
     from benchmarks.large_model import vitb_config
     from skipless_jax import models
+    from skipless_jax.models import flops
     from skipless_jax.optim import build_optimizer
     from skipless_jax.trainers import nonfinite, supervised
 
@@ -74,7 +66,7 @@ def measure(batch: int, steps: int, opt: str, attention_impl: str | None) -> dic
         if i >= 3:
             times.append(time.perf_counter() - t)
     seconds = statistics.median(times)
-    model_flops = 3 * vitb_forward_flops(batch)
+    model_flops = batch * flops.train_flops_per_example(config.model, 224, 1000)
     return dict(opt=opt, attention=attention_impl or "default", batch=batch, step_ms=round(1e3 * seconds, 2),
                 images_per_s=round(batch / seconds, 1), model_tflops_per_step=round(model_flops / 1e12, 3),
                 xla_tflops_per_step=round(xla_flops / 1e12, 3), compile_s=round(compile_s, 1),
@@ -85,10 +77,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--peak_tflops", type=float, default=989.0)
+    parser.add_argument("--peak_tflops", type=float, default=None, help="default: the device kind's table entry")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "gpu_vitb.json"))
     args = parser.parse_args()
     print("devices:", jax.devices(), flush=True)
+    if args.peak_tflops is None:
+        import ml_collections
+
+        from skipless_jax.trainers import perf
+
+        args.peak_tflops = perf.peak_tflops(ml_collections.ConfigDict(), jax.devices()[0]) or float("nan")
     rows = []
     for opt, impl in (("adamw", "xla"), ("adamw", "cudnn"), ("soap", "cudnn"), ("soap", "xla")):
         try:

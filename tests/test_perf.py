@@ -1,5 +1,6 @@
-"""Runs that measure themselves: the perf/* fields of the train records against XLA's cost
-analysis of the compiled step, the profiler trace of a default run, and the fit check."""
+"""Runs that measure themselves: the perf/* fields of the train records (model FLOPs, XLA's cost
+analysis of the compiled step, the timing window), the peak table, the profiler trace of a
+default run, and the fit check."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -15,6 +17,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from skipless_jax import evaluators
 from skipless_jax.data import inputs, multicrop
 from skipless_jax.trainers import perf, run, supervised
 
@@ -53,15 +56,18 @@ def test_perf_fields_agree_with_each_other_and_the_cost_analysis(tiny_run):
     analysis = captured["compiled"].cost_analysis()
     analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
     assert cost.flops == analysis["flops"] > 0 and cost.devices == DEVICES
-    hours = 0.0
-    for r in records:
+    model_flops = perf.model_flops_per_example(config)[0]
+    for i, r in enumerate(records):
         steps_per_sec = r["perf/img_per_sec"] / config.input.batch_size
         np.testing.assert_allclose(r["perf/img_per_sec_per_device"], r["perf/img_per_sec"] / DEVICES, rtol=1e-12)
-        np.testing.assert_allclose(r["perf/tflops_per_device"], cost.flops * steps_per_sec / 1e12, rtol=1e-12)
+        np.testing.assert_allclose(r["perf/tflops_per_device"], model_flops * r["perf/img_per_sec"] / DEVICES / 1e12,
+                                   rtol=1e-12)
+        np.testing.assert_allclose(r["perf/xla_tflops_per_device"], cost.flops * steps_per_sec / 1e12, rtol=1e-12)
         np.testing.assert_allclose(r["perf/mfu"], r["perf/tflops_per_device"] / 0.5, rtol=1e-12)
-        # core-hours grow by at least the record period's 4 steps × devices / (steps/s)
-        assert r["perf/core_hours"] >= hours + 4 * DEVICES / steps_per_sec / 3600 * (1 - 1e-9)
-        hours = r["perf/core_hours"]
+        assert r["perf/core_hours_total"] >= r["perf/core_hours"] > 0
+        if i:  # a whole period in the window: its training hours are its 4 steps at its rate, × devices
+            np.testing.assert_allclose(r["perf/core_hours"] - records[i - 1]["perf/core_hours"],
+                                       4 * DEVICES / steps_per_sec / 3600, rtol=1e-6)
 
 
 def test_default_run_leaves_a_trace(tiny_run):
@@ -121,23 +127,116 @@ def test_the_trace_starts_and_stops_with_no_save_in_flight(tmp_path, monkeypatch
     assert glob.glob(os.path.join(str(tmp_path), "plugins", "profile", "*", "*.xplane.pb"))
 
 
-def test_meter_and_peak_table():
+def test_meter_window_excludes_paused_time_and_the_first_steps():
+    now = [100.0]
     cost = perf.StepCost(flops=2e12, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0, devices=4)
-    meter = perf.Meter(cost, 256, ml_collections.ConfigDict(dict(peak_tflops=8.0)), first_step=10)
-    meter.start = meter.last_time = 100.0
-    fields = meter.fields(30, now=110.0)  # 20 steps in 10 s
-    assert fields == {"perf/img_per_sec": 512.0, "perf/img_per_sec_per_device": 128.0,
-                      "perf/tflops_per_device": 4.0, "perf/core_hours": 4 * 10 / 3600, "perf/mfu": 0.5}
+    meter = perf.Meter(cost, 256, ml_collections.ConfigDict(dict(peak_tflops=8.0)), first_step=10,
+                       core_hours=1.0, core_hours_total=2.0, flops_per_example=1e10, clock=lambda: now[0])
+    for step, t in ((11, 150.0), (12, 152.0)):  # the first 2 steps (compilation, the pipeline): outside the window
+        now[0] = t
+        meter.step_done(step)
+    assert meter.fields(12) == {"perf/core_hours": 1.0 + 4 * 52 / 3600, "perf/core_hours_total": 2.0 + 4 * 52 / 3600}
+    now[0] = 157.0  # steps 13-20 trained in 5 s, then an evaluation of 5 s (nested uses count once)
+    with meter.excluded(), meter.excluded():
+        now[0] = 162.0
+    fields = meter.fields(30, now=172.0)  # steps 13-30: 18 steps in 15 s of training
+    assert fields == pytest.approx({
+        "perf/img_per_sec": 18 * 256 / 15, "perf/img_per_sec_per_device": 18 * 256 / 15 / 4,
+        "perf/tflops_per_device": 1e10 * 18 * 256 / 15 / 4 / 1e12, "perf/xla_tflops_per_device": 2e12 * 18 / 15 / 1e12,
+        "perf/mfu": 1e10 * 18 * 256 / 15 / 4 / 1e12 / 8.0,
+        "perf/core_hours": 1.0 + 4 * (72 - 5) / 3600, "perf/core_hours_total": 2.0 + 4 * 72 / 3600,
+    }, rel=1e-12)
+    assert "perf/mfu" not in perf.Meter(cost, 1, ml_collections.ConfigDict(), 0, flops_per_example=1.0).fields(1)
 
-    class Device:
-        def __init__(self, kind):
-            self.device_kind = kind
 
+def test_meter_counts_token_graying_apart():
+    config = tiny_config(**{"model.token_graying": "svd"})
+    model, tg = perf.model_flops_per_example(config)
+    assert model == perf.model_flops_per_example(tiny_config())[0] and tg > 0
+    now = [0.0]
+    cost = perf.StepCost(flops=1.0, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0, devices=2)
+    meter = perf.Meter(cost, 32, config, first_step=0, clock=lambda: now[0])
+    meter.step_done(2)
+    fields = meter.fields(4, now=2.0)  # 2 steps of 32 images in 2 s
+    assert fields["perf/tflops_per_device"] == pytest.approx(model * 32 / 2 / 1e12, rel=1e-12)
+    assert fields["perf/tg_tflops_per_device"] == pytest.approx(tg * 32 / 2 / 1e12, rel=1e-12)
+
+
+class FakeDevice:
+    def __init__(self, kind: str):
+        self.device_kind = kind
+
+
+def test_peak_table_matches_exact_device_kinds(monkeypatch):
+    """The datasheets' dense bf16 peaks by the device_kind strings JAX reports."""
+    kinds = {
+        "NVIDIA H100 80GB HBM3": 989, "NVIDIA H100 PCIe": 756, "NVIDIA H100 NVL": 835, "NVIDIA H200": 989,
+        "NVIDIA H200 NVL": 835, "NVIDIA A100-SXM4-80GB": 312, "NVIDIA A100-SXM4-40GB": 312,
+        "NVIDIA A100 80GB PCIe": 312, "NVIDIA A100-PCIE-40GB": 312, "NVIDIA B200": 2250, "NVIDIA H800": 989,
+        "NVIDIA L40S": 362, "TPU v3": 61.5, "TPU v4": 275, "TPU v5 lite": 197, "TPU v5": 459, "TPU v5p": 459,
+        "TPU v6 lite": 918,
+        # not listed: no MFU (a substring match gave "NVIDIA H100 80GB HBM3e" or a TPU v4 lite a peak)
+        "cpu": None, "NVIDIA H100 80GB HBM3e": None, "TPU v4 lite": None, "NVIDIA GeForce RTX 4090": None,
+    }
+    lines = []
+    monkeypatch.setattr(perf.logging, "info", lambda fmt, *args: lines.append(fmt % args))
     none = ml_collections.ConfigDict()
-    kinds = {"TPU v4": 275, "TPU v5 lite": 197, "TPU v5p": 459, "TPU v6 lite": 918, "NVIDIA A100-SXM4-80GB": 312,
-             "NVIDIA H100 80GB HBM3": 989, "NVIDIA H200": 989, "cpu": None}
-    assert {k: perf.peak_tflops(none, Device(k)) for k in kinds} == kinds
-    assert "perf/mfu" not in perf.Meter(cost, 1, none, 0).fields(1)  # CPU: no peak, no MFU
+    assert {k: perf.peak_tflops(none, FakeDevice(k)) for k in kinds} == kinds
+    unknown = [k for k, v in kinds.items() if v is None]
+    assert len(lines) == len(unknown)
+    for kind, line in zip(unknown, lines):
+        assert repr(kind) in line and "--config.peak_tflops" in line
+    assert perf.peak_tflops(ml_collections.ConfigDict(dict(peak_tflops=100.0)), FakeDevice("cpu")) == 100.0
+
+
+@pytest.mark.slow
+def test_model_flops_are_the_same_with_accumulation_scan_and_remat(tiny_run, tmp_path):
+    """Short quickstart runs with the same global batch: the meter's model FLOPs per example
+    (perf/tflops_per_device / perf/img_per_sec_per_device) agree within 1 % whether the step
+    accumulates 2 micro-batches, scans the encoder or rematerialises its blocks; XLA's count of
+    the compiled step (a scan body once) does not."""
+    variants = {"accumulated": {"grad_accum_steps": 2}, "scanned": {"model.scan": True},
+                "remat": {"model.remat": "full"}}
+    records = {"plain": tiny_run[-1][-1]}  # the same tiny quickstart, unrolled, on 2 devices
+    for name, overrides in variants.items():
+        supervised.train_and_evaluate(tiny_config(total_steps=4, **overrides), str(tmp_path / name),
+                                      devices=jax.devices()[:DEVICES])
+        records[name] = [json.loads(line) for line in (tmp_path / name / "history.jsonl").read_text().splitlines()
+                         if "perf/img_per_sec" in line][-1]
+    per_example = {k: r["perf/tflops_per_device"] / r["perf/img_per_sec_per_device"] * 1e12 for k, r in records.items()}
+    xla = {k: r["perf/xla_tflops_per_device"] / r["perf/img_per_sec_per_device"] * 1e12 for k, r in records.items()}
+    expected = perf.model_flops_per_example(tiny_config())[0]
+    assert per_example == pytest.approx(dict.fromkeys(records, expected), rel=0.01)
+    # the old count: the scanned encoder's 2 blocks and the 2 micro-batches are counted once
+    assert xla["scanned"] < 0.8 * xla["plain"] and xla["accumulated"] < 0.7 * xla["plain"]
+
+
+@pytest.mark.slow
+def test_evaluation_time_is_not_training_time(tmp_path, monkeypatch):
+    """An evaluation that sleeps (a test double of the evaluators) leaves the training-only
+    img/s: each record's img/s × its period's training time is its 4 steps' images, and the
+    sleeps are in the excluded time (core_hours_total − core_hours), not the training time."""
+    sleep, run_all, slept = 0.3, evaluators.run_all, []
+
+    def slow_run_all(*args, **kwargs):
+        results = list(run_all(*args, **kwargs))
+        if results:  # an evaluation was due
+            time.sleep(sleep)
+            slept.append(args[3] if len(args) > 3 else kwargs.get("step"))
+        yield from results
+
+    monkeypatch.setattr(evaluators, "run_all", slow_run_all)
+    config = tiny_config(eval_every_steps=4)
+    supervised.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:DEVICES])
+    records = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()
+               if "perf/img_per_sec" in line]
+    assert [r["step"] for r in records] == [4, 8, 12] and slept == [4, 8, 12]
+    for before, r in zip(records, records[1:]):  # periods 5-8 and 9-12, each after an evaluation
+        training_s = (r["perf/core_hours"] - before["perf/core_hours"]) * 3600 / DEVICES
+        excluded_s = (r["perf/core_hours_total"] - r["perf/core_hours"]
+                      - before["perf/core_hours_total"] + before["perf/core_hours"]) * 3600 / DEVICES
+        assert excluded_s >= sleep
+        np.testing.assert_allclose(r["perf/img_per_sec"] * training_s, 4 * config.input.batch_size, rtol=1e-6)
 
 
 def test_fit_check_refuses_an_oversized_step_in_one_line():
@@ -178,9 +277,9 @@ def test_core_hours_continue_across_a_resume(tiny_run, tmp_path):
     after = [h for h in history if "perf/img_per_sec" in h]
     assert [r["step"] for r in after] == [4, 8, 12, 16] and after[:3] == records
     steps_per_sec = after[3]["perf/img_per_sec"] / config.input.batch_size
-    # step 12's count, then at least the 4 resumed steps × devices / (steps/s)
-    assert after[3]["perf/core_hours"] >= records[-1]["perf/core_hours"] + 4 * DEVICES / steps_per_sec / 3600 * (
-        1 - 1e-9)
+    # step 12's count, then at least the window's 2 steps (15-16) × devices / (steps/s); the total too
+    for key in ("perf/core_hours", "perf/core_hours_total"):
+        assert after[3][key] >= records[-1][key] + 2 * DEVICES / steps_per_sec / 3600 * (1 - 1e-9)
 
 
 def test_resumed_core_hours_is_the_last_record_kept(tmp_path):
@@ -192,8 +291,8 @@ def test_resumed_core_hours_is_the_last_record_kept(tmp_path):
     run.truncate_history(path, 6)  # resumed at a checkpoint of step 6
     assert run.resumed_core_hours(path) == 0.25
     cost = perf.StepCost(flops=1.0, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0, devices=4)
-    meter = perf.Meter(cost, 8, ml_collections.ConfigDict(), first_step=6, core_hours=0.25)
-    meter.start = meter.last_time = 100.0
+    meter = perf.Meter(cost, 8, ml_collections.ConfigDict(), first_step=6, core_hours=0.25, flops_per_example=1.0,
+                       clock=lambda: 100.0)
     assert meter.fields(8, now=190.0)["perf/core_hours"] == 0.25 + 4 * 90 / 3600
 
 

@@ -295,7 +295,8 @@ def train_and_evaluate(
                     state, metrics = train_step(state, next(data))
                 run.train_step_done(step, metrics, state)
                 if picture is not None and every(step, config.get("eval_every_steps"), total_steps):
-                    picture(state["params"], step)
+                    with run.excluded(state):  # not training time (docs/method.md §25)
+                        picture(state["params"], step)
                 run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["params"], step, total_steps))
             if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
                 run.final_evaluation(evaluators.run_all(evals, ctx, state["params"], total_steps, total_steps))

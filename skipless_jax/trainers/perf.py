@@ -4,32 +4,51 @@ profiler trace of a few steps after warm-up.
 
     step, cost = compile_for(jax.jit(train_step, ...), state, inputs.train_batch_spec(config), sharding, config)
                                                   # compiled before any data; the fit check's one line
-    meter = Meter(cost, images_per_step, config)  # Run.train_step_done adds meter.fields(step)
+    meter = Meter(cost, images_per_step, config, first_step)  # Run.train_step_done adds meter.fields(step);
+                                                  # model FLOPs per example from models.flops
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import jax
 import ml_collections
 from absl import logging
 
-# Peak dense bf16 TFLOP/s per device (a TPU chip, or one GPU), by `device_kind` substring;
-# `config.peak_tflops` overrides it. Absent kinds (CPUs, others): no perf/mfu.
+# Peak dense bf16 TFLOP/s per JAX device (a TPU chip, one TPU v3 TensorCore, one GPU), by the
+# exact `device_kind` JAX reports; `config.peak_tflops` overrides it. MFU is always against this
+# bf16 peak, float32 runs included (docs/method.md §25). Another kind: no perf/mfu, one log line.
 PEAK_TFLOPS = {
-    "TPU v4": 275.0,
+    # NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4): BF16 Tensor Core 312 (624 sparse)
+    "NVIDIA A100-SXM4-40GB": 312.0,
+    "NVIDIA A100-SXM4-80GB": 312.0,
+    "NVIDIA A100-PCIE-40GB": 312.0,
+    "NVIDIA A100 80GB PCIe": 312.0,
+    # NVIDIA H100 datasheet (nvidia-tensor-core-gpu-datasheet): BF16 1,979 (SXM) / 1,513 (PCIe) /
+    # 1,671 (NVL) TFLOPS with sparsity; dense is half
+    "NVIDIA H100 80GB HBM3": 989.0,
+    "NVIDIA H100 PCIe": 756.0,
+    "NVIDIA H100 NVL": 835.0,
+    # NVIDIA H800 (the export H100 SXM5; same Tensor Cores and clocks): BF16 1,979 sparse
+    "NVIDIA H800": 989.0,
+    # NVIDIA H200 datasheet: BF16 1,979 (SXM) / 1,671 (NVL) TFLOPS with sparsity
+    "NVIDIA H200": 989.0,
+    "NVIDIA H200 NVL": 835.0,
+    # NVIDIA HGX B200 datasheet: FP16/BF16 4.5 PFLOPS per GPU with sparsity (36 per 8-GPU board)
+    "NVIDIA B200": 2250.0,
+    # NVIDIA L40S datasheet: BF16 Tensor Core 362.05 (733 sparse)
+    "NVIDIA L40S": 362.0,
+    # Google Cloud TPU system architecture pages: bf16 peak per chip
+    "TPU v3": 61.5,  # 123 per v3 chip of 2 TensorCores; JAX's v3 device is one TensorCore
+    "TPU v4": 275.0,  # one device = one chip (megacore)
     "TPU v5 lite": 197.0,  # v5e
-    "TPU v5e": 197.0,
+    "TPU v5": 459.0,  # v5p (JAX's kind for a v5p chip)
     "TPU v5p": 459.0,
-    "TPU v5": 459.0,  # v5p reports "TPU v5"
     "TPU v6 lite": 918.0,  # v6e (Trillium)
-    "TPU v6e": 918.0,
-    "A100": 312.0,
-    "H100": 989.0,
-    "H200": 989.0,
 }
 
 
@@ -108,44 +127,117 @@ def fit_check(cost: StepCost, config: ml_collections.ConfigDict, limit: int | No
 
 
 def peak_tflops(config: ml_collections.ConfigDict, device: jax.Device) -> float | None:
-    """`config.peak_tflops`, else the PEAK_TFLOPS entry whose name is in the device kind (longest match)."""
+    """`config.peak_tflops`, else the PEAK_TFLOPS entry of the device's exact kind; None (and one
+    log line naming the kind and `--config.peak_tflops`) for a kind the table does not list."""
     if config.get("peak_tflops"):
         return float(config.peak_tflops)
     kind = device.device_kind
-    matches = [name for name in PEAK_TFLOPS if name.lower() in kind.lower()]
-    return PEAK_TFLOPS[max(matches, key=len)] if matches else None
+    if kind not in PEAK_TFLOPS:
+        logging.info("No bf16 peak for device kind %r: no perf/mfu; pass --config.peak_tflops=<TFLOP/s per "
+                     "device> to get it.", kind)
+        return None
+    return PEAK_TFLOPS[kind]
+
+
+def model_flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
+    """(model FLOPs, Token Graying FLOPs) of one training example of `config`'s trainer
+    (`models.flops`, docs/method.md §25), from the config alone."""
+    from skipless_jax.data import inputs, sources
+    from skipless_jax.models import flops
+
+    trainer = config.get("trainer") or "supervised"
+    info = sources.dataset_info(config.dataset.name)
+    size, channels = inputs.image_size(config), info.image_shape[-1]
+    multicrop = config.input.get("multicrop")
+    model = flops.train_flops_per_example(
+        config.model, size, info.num_classes if trainer == "supervised" else 0, trainer=trainer, channels=channels,
+        mae=config.get("mae"), dino=config.get("dino"), multicrop=multicrop)
+    tg = flops.tg_flops_per_example(config.model, size, trainer=trainer, channels=channels, multicrop=multicrop)
+    return model, tg
 
 
 class Meter:
-    """The perf/* fields of a train record, from the wall-clock between records.
+    """The perf/* fields of a train record over the timing window (docs/method.md §25).
 
-    steps/s s over the period; perf/img_per_sec = s × images per step (the global batch, each
-    image once); perf/img_per_sec_per_device = that / devices; perf/tflops_per_device = the
-    compiled step's per-device FLOPs × s / 1e12; perf/mfu = that / the peak (absent where
-    unknown); perf/core_hours = `core_hours` (what the run used before a resume) + devices ×
-    the hours since this process's loop began.
+    The window starts after the first `WARMUP_STEPS` steps of this process's loop
+    (`step_done`); the time spent inside `excluded()` (evaluations, saves, the profiler's
+    start/stop) is subtracted. Over the window's steps since the last record, s steps per
+    training second: perf/img_per_sec = s × images per step (the global batch, each image once);
+    perf/img_per_sec_per_device = that / devices; perf/tflops_per_device = model FLOPs per
+    example (`model_flops_per_example`) × images/s / devices / 1e12; perf/mfu = that / the peak
+    (absent where unknown); perf/xla_tflops_per_device = the compiled step's per-device FLOPs × s
+    / 1e12; with Token Graying, perf/tg_tflops_per_device = its FLOPs per example × images/s /
+    devices / 1e12 (not in the model FLOPs). perf/core_hours = `core_hours` (before a resume) +
+    devices × this loop's training hours (wall-clock less the excluded time);
+    perf/core_hours_total = `core_hours_total` + devices × this loop's wall-clock hours.
     """
 
+    WARMUP_STEPS = 2
+
     def __init__(self, cost: StepCost, images_per_step: int, config: ml_collections.ConfigDict, first_step: int,
-                 core_hours: float = 0.0):
-        """`first_step`: the loop's first step is first_step + 1, from now on; `core_hours`: the
-        run's count up to first_step (`run.resumed_core_hours`), which this one continues."""
-        self.devices, self.core_hours = cost.devices, core_hours
-        self.flops, self.images = cost.flops, images_per_step
+                 core_hours: float = 0.0, core_hours_total: float = 0.0, flops_per_example: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        """`first_step`: the loop's first step is first_step + 1, from now on; `core_hours`,
+        `core_hours_total`: the run's counts up to first_step (`run.resumed_core_hours`), which
+        this one continues; `flops_per_example`: default `model_flops_per_example(config)`."""
+        self.devices, self.core_hours, self.core_hours_total = cost.devices, core_hours, core_hours_total
+        self.xla_flops, self.images = cost.flops, images_per_step
+        tg = 0.0
+        if flops_per_example is None:
+            flops_per_example, tg = model_flops_per_example(config)
+            logging.info("Model FLOPs per training example: %.4g (3 × forward; Token Graying %.4g more, not counted); "
+                         "XLA's count of the compiled step: %.4g per device.", flops_per_example, tg, cost.flops)
+        self.flops_per_example, self.tg_flops_per_example = float(flops_per_example), tg
         self.peak = peak_tflops(config, jax.devices()[0])
-        self.start = self.last_time = time.perf_counter()
-        self.last_step = first_step
+        self.clock = clock
+        self.begin = clock()
+        self.excluded_seconds, self._depth = 0.0, 0
+        self.window_step = first_step + self.WARMUP_STEPS
+        self.last: tuple[int, float, float] | None = None  # (step, time, excluded seconds) where the period began
+
+    @contextlib.contextmanager
+    def excluded(self) -> Iterator[None]:
+        """Time inside is not training time (nested uses count once)."""
+        self._depth += 1
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if not self._depth:
+                self.excluded_seconds += self.clock() - start
+
+    def step_done(self, step: int, state: Any = None) -> None:
+        """After each step: the window begins when step `first_step + WARMUP_STEPS` has finished
+        on the devices (`state` is waited for then, once)."""
+        if step == self.window_step and self.last is None:
+            if state is not None:
+                jax.block_until_ready(state)
+            self.last = (step, self.clock(), self.excluded_seconds)
 
     def fields(self, step: int, now: float | None = None) -> dict[str, float]:
-        now = time.perf_counter() if now is None else now
-        steps_per_sec = (step - self.last_step) / max(now - self.last_time, 1e-9)
-        self.last_time, self.last_step = now, step
+        """The record's perf/* fields (core hours only before the window has a step)."""
+        now = self.clock() if now is None else now
+        wall = now - self.begin
         out = {
-            "perf/img_per_sec": steps_per_sec * self.images,
-            "perf/img_per_sec_per_device": steps_per_sec * self.images / self.devices,
-            "perf/tflops_per_device": self.flops * steps_per_sec / 1e12,
-            "perf/core_hours": self.core_hours + self.devices * (now - self.start) / 3600,
+            "perf/core_hours": self.core_hours + self.devices * (wall - self.excluded_seconds) / 3600,
+            "perf/core_hours_total": self.core_hours_total + self.devices * wall / 3600,
         }
+        if self.last is None or step <= self.last[0]:
+            return out
+        last_step, last_time, last_excluded = self.last
+        seconds = max((now - last_time) - (self.excluded_seconds - last_excluded), 1e-9)
+        self.last = (step, now, self.excluded_seconds)
+        steps_per_sec = (step - last_step) / seconds
+        images_per_sec = steps_per_sec * self.images
+        out.update({
+            "perf/img_per_sec": images_per_sec,
+            "perf/img_per_sec_per_device": images_per_sec / self.devices,
+            "perf/tflops_per_device": self.flops_per_example * images_per_sec / self.devices / 1e12,
+            "perf/xla_tflops_per_device": self.xla_flops * steps_per_sec / 1e12,
+        })
+        if self.tg_flops_per_example:
+            out["perf/tg_tflops_per_device"] = self.tg_flops_per_example * images_per_sec / self.devices / 1e12
         if self.peak:
             out["perf/mfu"] = out["perf/tflops_per_device"] / self.peak
         return out
@@ -159,23 +251,27 @@ class Profiler:
     starts and before it stops: XLA's profiler can crash (a segfault, seen in a two-process CPU
     run) collecting a trace while orbax's background save threads copy arrays, so no save is in
     flight at either moment. Saves during the traced steps are in the trace, as in a real run.
+    `excluded` (the meter's): the settling and the trace's start and stop, after the traced
+    steps finish, are not training time.
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str, first_step: int, total_steps: int,
-                 warmup: int = 2, settle: Callable[[], None] = lambda: None):
+                 warmup: int = 2, settle: Callable[[], None] = lambda: None,
+                 excluded: Callable[[], Any] = contextlib.nullcontext):
         steps = config.get("profile_steps", 5)
         steps = 5 if steps is None else int(steps)
         self.start = first_step + warmup + 1
         self.stop = min(self.start + steps, total_steps + 1)
         self.enabled = steps > 0 and jax.process_index() == 0 and self.start < self.stop
-        self.workdir, self.settle, self.active = workdir, settle, False
+        self.workdir, self.settle, self.excluded, self.active = workdir, settle, excluded, False
 
     def after_step(self, step: int, state: Any) -> None:
         """Called after each step: the trace begins after step start - 1 and ends after stop - 1."""
         if self.enabled and not self.active and step == self.start - 1:
             jax.block_until_ready(state)  # earlier steps' device work stays out of the trace
-            self.settle()
-            jax.profiler.start_trace(self.workdir)
+            with self.excluded():
+                self.settle()
+                jax.profiler.start_trace(self.workdir)
             self.active = True
         elif self.active and step >= self.stop - 1:
             self.close(state)
@@ -184,8 +280,9 @@ class Profiler:
         if self.active:
             if state is not None:
                 jax.block_until_ready(state)  # the traced steps' device work ends inside the trace
-            self.settle()
-            jax.profiler.stop_trace()
+            with self.excluded():
+                self.settle()
+                jax.profiler.stop_trace()
             self.active = False
             logging.info("Profile of steps %d-%d in %s/plugins/profile/", self.start, self.stop - 1, self.workdir)
 

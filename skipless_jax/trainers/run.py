@@ -16,7 +16,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -26,7 +26,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from skipless_jax import checkpoint
+from skipless_jax import checkpoint, evaluators
 from skipless_jax.nested import flatten
 from skipless_jax.pretrained import check_saved_config
 from skipless_jax.trainers import perf, wandb_writer, writers
@@ -129,15 +129,15 @@ def truncate_history(path: epath.Path, last_step: int) -> None:
     path.write_text("".join(f"{line}\n" for line in kept))
 
 
-def resumed_core_hours(path: epath.Path) -> float:
-    """The `perf/core_hours` of the last record of `path` (history truncated to the resumed
-    checkpoint), which a resumed run continues; 0.0 without one. The time between that record and
-    the checkpoint is not counted (at most a log period's)."""
+def resumed_core_hours(path: epath.Path, key: str = "perf/core_hours") -> float:
+    """The `key` (perf/core_hours or perf/core_hours_total) of the last record of `path` (history
+    truncated to the resumed checkpoint), which a resumed run continues; 0.0 without one. The
+    time between that record and the checkpoint is not counted (at most a log period's)."""
     if not path.exists():
         return 0.0
     hours = 0.0
     for line in path.read_text().splitlines():
-        hours = json.loads(line).get("perf/core_hours", hours)
+        hours = json.loads(line).get(key, hours)
     return float(hours)
 
 
@@ -245,10 +245,16 @@ class Run:
             truncate_history(self._history_path, first_step)
         self.meter = (
             perf.Meter(cost, images_per_step, config, first_step,
-                       resumed_core_hours(self._history_path) if self.is_chief else 0.0)
+                       *(resumed_core_hours(self._history_path, k) if self.is_chief else 0.0
+                         for k in ("perf/core_hours", "perf/core_hours_total")))
             if cost and images_per_step else None
         )
-        self.profiler = perf.Profiler(config, workdir, first_step, total_steps, settle=self.wait_for_saves)
+        # The evaluators' periods: before an evaluation the steps in flight finish, so the
+        # meter's excluded time is the evaluation's own (docs/method.md §25).
+        self._eval_periods = {e.get("every_steps") if e.get("every_steps") is not None else config.get(
+            "eval_every_steps") for e in evaluators.entries(config).values()}
+        self.profiler = perf.Profiler(config, workdir, first_step, total_steps, settle=self.wait_for_saves,
+                                      excluded=self.excluded)
 
     def record(
         self, step: int, values: Mapping[str, float], prefix: str, named: Mapping[str, float] | None = None
@@ -273,6 +279,8 @@ class Run:
         self.step = step
         self.pending.append(metrics)
         self.progress(step)
+        if self.meter is not None:
+            self.meter.step_done(step, state)
         self.profiler.after_step(step, state)
         if every(step, self.config.log_every_steps, self.total_steps):
             self.check_finite(state, step)
@@ -282,11 +290,21 @@ class Run:
             # The device_get above waited for the period's steps: the wall-clock is theirs.
             self.record(step, means, "train", self.meter.fields(step) if self.meter is not None else None)
 
+    @contextlib.contextmanager
+    def excluded(self, state: Any = None) -> Iterator[None]:
+        """Work inside is not training time (the meter's window excludes it); `state`: the steps
+        that made it finish first, so that their device time stays training time."""
+        if state is not None:
+            jax.block_until_ready(state)
+        with self.meter.excluded() if self.meter is not None else contextlib.nullcontext():
+            yield
+
     def evaluate(self, step: int, results: Iterable[tuple[str, str, float]], prefix: str = "") -> None:
         """Records `(evaluator prefix, metric, value)` triples (an evaluator run) at `step`."""
         by_prefix: dict[str, dict[str, float]] = {}
-        for eval_prefix, name, value in results:
-            by_prefix.setdefault(prefix + eval_prefix, {})[name] = value
+        with self.excluded():  # the evaluators run as `results` is read
+            for eval_prefix, name, value in results:
+                by_prefix.setdefault(prefix + eval_prefix, {})[name] = value
         for p, values in by_prefix.items():
             self.record(step, values, p)
             logging.info("Step %d: %s", step, ", ".join(f"{p}_{k}={v:.4f}" for k, v in values.items()))
@@ -301,12 +319,15 @@ class Run:
                 f"the state at step {step} is not finite; not saved (last good checkpoint: {self.last_saved})"
             )
         meta = {"step": step, "data_position": step * self.config.input.batch_size, "config": self.config.to_json()}
-        checkpoint.save(self.mngr, step, state, meta)
+        with self.excluded():  # the finite check above waited for the step
+            checkpoint.save(self.mngr, step, state, meta)
         self.last_saved = step
 
     def end_of_step(self, step: int, state: Any, results: Iterable[tuple[str, str, float]]) -> None:
         """After the step's own logging: the evaluators due (`results`), the checkpoint, the preemption rule."""
-        self.evaluate(step, results)
+        due = any(every(step, period, self.total_steps) for period in self._eval_periods)
+        with self.excluded(state if due else None):
+            self.evaluate(step, results)
         self.save(step, state)
         self.stop_if_preempted(step, state)
 

@@ -272,7 +272,8 @@ def train_and_evaluate(
                     state, metrics = train_step(state, batch)
                 run.train_step_done(step, metrics, state)
                 if probe is not None and every(step, config.analysis.every_steps, total_steps):
-                    run.writer.write_scalars(step, probe(common.entries(state, key)))
+                    with run.excluded(state):  # not training time (docs/method.md §25)
+                        run.writer.write_scalars(step, probe(common.entries(state, key)))
                 run.end_of_step(step, state, results_at(step, state))
             if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
                 run.final_evaluation(results_at(total_steps, state))
