@@ -89,12 +89,16 @@ def test_expand_names_runs_by_their_args_and_adds_them_to_the_config_args(setup)
 
 
 def test_papers_grids_are_named_grids():
-    sizes = {"table1": 18, "skip_ablation": 30, "tg_eps": 15, "depth": 80, "bf16": 6}
+    sizes = {"table1": 30, "skip_ablation": 50, "tg_eps": 15, "depth": 80, "bf16": 6}
     for name, size in sizes.items():
         runs = sweep.expand("configs/quickstart.py", name)
         assert len(runs) == size, name
     table1 = {r.name for r in sweep.expand("configs/quickstart.py", "table1")}
     assert "skip_sab=False,skip_ffn=False,init=skipless,opt=soap,depth=8,seed=2" in table1
+    # The three grids of docs/results.md share one root: a run they share has one folder.
+    ablation = {r.name for r in sweep.expand("configs/quickstart.py", "skip_ablation")}
+    depth = {r.name for r in sweep.expand("configs/quickstart.py", "depth")}
+    assert len(table1 & ablation) == 15 and len(table1 & depth) == 20 and len(table1 | ablation | depth) == 125
     assert len(sweep.expand("configs/families_digits.py", "families")) == 24
 
 
