@@ -1,6 +1,6 @@
 r"""A workdir's evaluation forward as a `jax.export` artifact that runs with jax alone.
 
-    python -m skipless_jax.export --workdir=DIR [--examples=N|all] [--platforms=cpu,cuda,tpu]
+    python -m skipless_jax.export --workdir=DIR [--examples=N|all] [--platforms=cpu,cuda,tpu] [--params=model|ema]
 
 writes
 
@@ -8,7 +8,8 @@ writes
                                eval pipeline delivers them (after resize and crop), → float32
                                logits (B, K), or the pooled features (B, d) of a backbone-only
                                (DINO, MAE) workdir; B is symbolic, the weights are constants
-    DIR/export/model.json      image_size, channels, mean/std, num_classes, output, step, config
+    DIR/export/model.json      image_size, channels, mean/std, num_classes, output, step, config,
+                               params (model: as trained, ema: the run's model EMA)
     DIR/export/examples.npz    with --examples: `images` (N, H, W, C) uint8 and `labels` (N,)
                                int64 of the first N examples of the eval split
 
@@ -61,14 +62,18 @@ def parse_platforms(platforms: str) -> tuple[str, ...]:
     return names
 
 
-def forward(workdir: str) -> tuple[Any, dict[str, Any]]:
+def forward(workdir: str, params: str = "model") -> tuple[Any, dict[str, Any]]:
     """(uint8 images (B, H, W, C) -> logits or features, the model.json description) of the
-    workdir's newest checkpoint, built by its trainer's `evaluation()` (the evaluators' forward)."""
+    workdir's newest checkpoint, built by its trainer's `evaluation()` (the evaluators' forward);
+    `params`: the trained weights ('model') or their EMA ('ema')."""
     import ml_collections
+
+    from skipless_jax.trainers import model_ema
 
     saved = checkpoint.saved_config(workdir)
     if saved is None:
         raise ValueError(f"--workdir={workdir!r} has no checkpoint with a saved config")
+    model_ema.check_params(params, checkpoint.state_entries(workdir), workdir)
     config = ml_collections.ConfigDict(saved)
     trainer = trainers.get(config.get("trainer", "supervised"))
     device = jax.local_devices()[0]
@@ -77,28 +82,30 @@ def forward(workdir: str) -> tuple[Any, dict[str, Any]]:
     for entry in (key,) if isinstance(key, str) else key:
         checkpoint.param_shapes(workdir, entry)  # a one-line error if the checkpoint lacks the entry
     step, state = checkpoint.load_raw(workdir)
-    params = common.entries(state, key)
+    tree = common.entries(model_ema.weights(state, params), key)
     mean, std = device_images.dataset_stats(config)
     output = "logits" if ctx.logits is not None else "features"
     apply = ctx.logits if ctx.logits is not None else ctx.features
 
     def fn(images: jax.Array) -> jax.Array:
-        return apply(params, device_images.normalize(images, mean, std)).astype(jnp.float32)
+        return apply(tree, device_images.normalize(images, mean, std)).astype(jnp.float32)
 
     info = sources.dataset_info(config.dataset.name)
     meta = {
         "image_size": inputs.image_size(config), "channels": int(info.image_shape[-1]),
         "mean": list(mean), "std": list(std), "num_classes": int(info.num_classes), "output": output,
         "step": int(step), "dataset": config.dataset.name, "eval_split": config.dataset.eval_split,
-        "config": saved,
+        "params": params, "config": saved,
     }
     return fn, meta
 
 
-def export(workdir: str, examples: str | None = None, platforms: Sequence[str] = DEFAULT_PLATFORMS) -> dict[str, Any]:
-    """Writes DIR/export/{model.jax, model.json[, examples.npz]}; returns model.json's content."""
+def export(workdir: str, examples: str | None = None, platforms: Sequence[str] = DEFAULT_PLATFORMS,
+           params: str = "model") -> dict[str, Any]:
+    """Writes DIR/export/{model.jax, model.json[, examples.npz]}; returns model.json's content.
+    `params`: 'model' (as trained) or 'ema' (the run's model EMA)."""
     count = parse_examples(examples)
-    fn, meta = forward(workdir)
+    fn, meta = forward(workdir, params)
     size, channels = meta["image_size"], meta["channels"]
     (batch,) = jax.export.symbolic_shape("b")
     spec = jax.ShapeDtypeStruct((batch, size, size, channels), jnp.uint8)
@@ -142,7 +149,7 @@ def main(argv: Sequence[str]) -> None:
 
     f = flags.FLAGS
     try:
-        meta = export(f.workdir, f.examples, parse_platforms(f.platforms))
+        meta = export(f.workdir, f.examples, parse_platforms(f.platforms), f.params)
     except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
         raise SystemExit(f"error: {err}") from None
     extra = f", {meta['examples']} examples" if "examples" in meta else ""
@@ -158,5 +165,6 @@ if __name__ == "__main__":
     flags.DEFINE_string("examples", None, "Also write DIR/export/examples.npz with N eval examples (or 'all').")
     flags.DEFINE_string("platforms", ",".join(DEFAULT_PLATFORMS),
                         f"Platforms the artifact is lowered for ({', '.join(PLATFORMS)}).")
+    flags.DEFINE_string("params", "model", "The weights exported: model (as trained) or ema (the run's model EMA).")
     flags.mark_flags_as_required(["workdir"])
     app.run(main)

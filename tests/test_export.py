@@ -40,9 +40,21 @@ def open_text(*path: str) -> str:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+    """The quickstart shrunk, 60 steps, with a model EMA."""
     workdir = str(tmp_path_factory.mktemp("export_run"))
-    metrics = supervised.train_and_evaluate(tiny_config(total_steps=60), workdir)
+    config = tiny_config(total_steps=60)
+    config.model_ema.decay = 0.9
+    metrics = supervised.train_and_evaluate(config, workdir)
     return workdir, metrics
+
+
+def _served(folder, tmp_path, sizes="[360]"):
+    """The loader's result on DIR/export (a process with jax alone)."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+    result = subprocess.run([sys.executable, "-c", _LOADER, folder, sizes], env=environ, cwd=str(tmp_path),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
@@ -57,11 +69,7 @@ def test_exported_model_reproduces_the_final_test_accuracy_without_skipless_jax(
     with np.load(os.path.join(folder, "examples.npz")) as f:
         assert f["images"].dtype == np.uint8 and f["images"].shape == (360, 8, 8, 1)
         assert sorted(np.unique(f["labels"])) == list(range(10))
-    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
-    result = subprocess.run([sys.executable, "-c", _LOADER, folder, "[360, 7]"], env=environ, cwd=str(tmp_path),
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    out = _served(folder, tmp_path, "[360, 7]")
     assert not out["skipless_jax_imported"]
     final = json.loads(open_text(workdir, "final_metrics.json"))["test_accuracy"]
     assert 0.2 < final < 1.0  # the run learned something, not every class right
@@ -93,3 +101,33 @@ def test_one_line_errors(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
         f"error: --workdir={str(tmp_path)!r} has no checkpoint with a saved config")
+
+
+@pytest.mark.slow
+def test_the_model_ema_evaluates_exports_and_converts_as_the_run_logged_it(trained, tmp_path):
+    from skipless_jax import analyze, checkpoint, evaluate
+    from skipless_jax.models import timm_convert
+
+    workdir, metrics = trained
+    logged = json.loads(open_text(workdir, "final_metrics.json"))
+    state = checkpoint.load_raw(workdir)[1]
+    head, ema_head = state["params"]["head"]["kernel"], state["ema"]["params"]["head"]["kernel"]
+    assert np.abs(head - ema_head).max() > 1e-3  # two different models
+    # evaluate --params=ema: the run's ema_test_accuracy, exactly, under the run's name.
+    results = evaluate.evaluate(workdir, params="ema")
+    assert results["ema_test_accuracy"] == logged["ema_test_accuracy"] and "test_accuracy" not in results
+    assert json.loads(open_text(workdir, "evaluation_ema.json"))["ema_test_accuracy"] == logged["ema_test_accuracy"]
+    # The exported EMA artifact, served by jax alone: the same count of correct test images.
+    meta = export.export(workdir, "all", params="ema")
+    assert json.loads(open_text(workdir, "export", "model.json"))["params"] == meta["params"] == "ema"
+    out = _served(os.path.join(workdir, "export"), tmp_path)
+    assert out["360"]["correct"] == round(logged["ema_test_accuracy"] * 360), (out, logged)
+    # timm_convert --reverse and analyze read the same EMA weights.
+    _, _, params, _ = timm_convert.read_checkpoint(workdir, "ema")
+    np.testing.assert_array_equal(params["head"]["kernel"], ema_head)
+    config = analyze.config_of_workdir(None, workdir)
+    model, shape = analyze.build(config)
+    analysed, step, source = analyze.load_params(model, config, shape, workdir, "ema")
+    assert (step, source) == (60, "checkpoint (model EMA)")
+    np.testing.assert_array_equal(np.asarray(analysed["head"]["kernel"]), ema_head)
+
