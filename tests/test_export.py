@@ -160,6 +160,12 @@ def test_a_cudnn_remat_run_exports_with_xla_attention_and_reproduces_its_accurac
     with pytest.raises(ValueError, match=r"^--params=ema: the checkpoint at .*gpu_run' keeps no model EMA .*; "
                                          r"use --params=model$"):
         export.export(folder, params="ema")
+    for module in ("skipless_jax.export", "skipless_jax.evaluate"):  # the CLIs' flag: the same one line
+        result = subprocess.run([sys.executable, "-m", module, f"--workdir={folder}", "--params=ema"],
+                                capture_output=True, text=True, timeout=300)
+        last = result.stderr.strip().splitlines()[-1]
+        assert result.returncode == 1 and last.startswith(f"error: --params=ema: the checkpoint at {folder!r} keeps "
+                                                          "no model EMA"), (module, result.stderr[-2000:])
 
 
 @pytest.mark.slow
