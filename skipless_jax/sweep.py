@@ -189,7 +189,8 @@ def worker_envs(platform: str, device_ids: Sequence[str], workers: int) -> list[
     if size not in TPU_CHIP_BOUNDS:
         raise ValueError(f"--workers={workers} gives each worker {size} of the {len(ids)} TPU chips; a TPU worker "
                          f"takes 1, 2 or 4 chips: allowed --workers: "
-                         f"{', '.join(str(len(ids) // n) for n in TPU_CHIP_BOUNDS if len(ids) % n == 0)}")
+                         f"{', '.join(str(len(ids) // n) for n in TPU_CHIP_BOUNDS if len(ids) % n == 0)}, "
+                         "or 1 (the whole host)")
     envs = []
     for i, share in enumerate(shares):
         port = str(TPU_BASE_PORT + i)

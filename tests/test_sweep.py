@@ -202,8 +202,8 @@ def test_worker_envs_split_the_devices_disjointly():
     assert sorted(chips, key=int) == [str(i) for i in range(8)]  # every chip once
     assert [e["TPU_CHIPS_PER_PROCESS_BOUNDS"] for e in sweep.worker_envs("tpu", list("0123"), 4)] == ["1,1,1"] * 4
     assert sweep.worker_envs("tpu", list("0123"), 1) == [{}]
-    with pytest.raises(ValueError, match=r"^--workers=1 gives|--workers=2 gives each worker 3 of the 6 TPU chips; "
-                                         r"a TPU worker takes 1, 2 or 4 chips: allowed --workers: 6, 3$"):
+    with pytest.raises(ValueError, match=r"^--workers=2 gives each worker 3 of the 6 TPU chips; a TPU worker takes "
+                                         r"1, 2 or 4 chips: allowed --workers: 6, 3, or 1 \(the whole host\)$"):
         sweep.worker_envs("tpu", list("012345"), 2)
     with pytest.raises(ValueError, match=r"^platform 'rocm' is unknown"):
         sweep.worker_envs("rocm", ["0"], 1)
