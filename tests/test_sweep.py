@@ -209,6 +209,7 @@ def test_worker_envs_split_the_devices_disjointly():
         sweep.worker_envs("rocm", ["0"], 1)
 
 
+@pytest.mark.slow  # two Python processes that import the sweep (and with it jax)
 def test_probe_devices_reads_the_host_without_jax(tmp_path):
     assert sweep.probe_devices({"JAX_PLATFORMS": "cpu"}) == ("cpu", [])
     fake_bin = tmp_path / "bin"
