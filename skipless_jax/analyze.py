@@ -1,7 +1,7 @@
 r"""Condition-number analysis of a ViT, at initialization or from a run's latest checkpoint.
 
     python -m skipless_jax.analyze --config=configs/quickstart.py:skip_sab=False \
-        [--workdir=/tmp/quickstart] [--output_dir=DIR] [--num_images=64] [--jacobian]
+        [--workdir=/tmp/quickstart] [--output_dir=DIR] [--num_images=64] [--jacobian] [--params=ema]
 
 Prints a table of per-layer log κ (natural log, docs/method.md §2) of the token matrices at
 ① SAB output, ①+②, ③ FFN output and ③+④ (mean over a fixed probe batch: the first
@@ -12,7 +12,8 @@ log κ of the attention Jacobian K_ℓ, of B_ℓ = Σ_h A_h ⊗ (Wⱽ_h Wᴼ_h)�
 the whole skipless block's Jacobian, all in float64, drawn in `jacobian.png`.
 
 Parameters come from the newest readable checkpoint in `--workdir`; without one (or without a
-workdir) they are the trainer's own initialization for `config.seed`. For a DINO config
+workdir) they are the trainer's own initialization for `config.seed`; `--params=ema`: the
+run's model EMA (trainers/model_ema.py) instead of its trained parameters. For a DINO config
 (`config.trainer='dino'`) the analyzed network is the EMA teacher's ViT backbone, the network
 DINO's kNN and linear evaluations use (at initialization teacher = student).
 """
@@ -98,18 +99,26 @@ def init_params(model: Any, config: ml_collections.ConfigDict, image_shape: Sequ
 
 
 def load_params(
-    model: Any, config: ml_collections.ConfigDict, image_shape: Sequence[int], workdir: str | None
+    model: Any, config: ml_collections.ConfigDict, image_shape: Sequence[int], workdir: str | None,
+    weights: str = "model",
 ) -> tuple[Any, int, str]:
-    """(params, step, source): the latest checkpoint in `workdir`, else the initialization."""
+    """(params, step, source): the latest checkpoint in `workdir` (`weights` 'ema': its model
+    EMA's), else the initialization."""
     from skipless_jax import checkpoint
+    from skipless_jax.trainers import model_ema
 
     if workdir and "://" not in workdir and not os.path.isdir(workdir):
         raise ValueError(f"--workdir={workdir!r} is not a directory")
+    if weights != "model":
+        model_ema.check_params(weights, checkpoint.state_entries(workdir) if workdir else [], workdir or "--config")
     params = init_params(model, config, image_shape)
     if workdir:
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         target = checkpoint.abstract(params, jax.tree.map(lambda _: device, params))
         try:
+            if weights == "ema":  # the model EMA's parameters: state['ema']['params']
+                step, restored = checkpoint.restore_params(workdir, {"params": target}, key="ema")
+                return restored["params"], int(step), "checkpoint (model EMA)"
             if _is_dino(config):  # the teacher's backbone (what DINO evaluates); no head
                 step, restored = checkpoint.restore_params(workdir, {"backbone": target}, key="teacher")
                 return restored["backbone"], int(step), "checkpoint"
@@ -278,6 +287,7 @@ def analyze(
     num_images: int | None = None,
     jacobian: bool = False,
     config_name: str = "config",
+    params: str = "model",
 ) -> dict[str, Any]:
     """Runs the analysis, prints the table, writes log_kappa.{png,json}; returns the result."""
     from skipless_jax import models
@@ -287,11 +297,12 @@ def analyze(
     models.check_config(config.model, inputs.image_size(config))
     num_images = num_images or config.get("analysis", {}).get("probe_size", 32)
     model, image_shape = build(config)
-    params, step, source = load_params(model, config, image_shape, workdir)
+    weights = params
+    params, step, source = load_params(model, config, image_shape, workdir, weights)
     images = probe_images(config, num_images)
     title = describe(config, config_name)
     result: dict[str, Any] = dict(
-        title=title, source=source, step=step, num_images=int(len(images)),
+        title=title, source=source, step=step, num_images=int(len(images)), params=weights,
         model=config.model.to_dict(),
         log_kappa={k: v.tolist() for k, v in embedding_kappa(model, params, images).items()},
     )
@@ -334,6 +345,7 @@ def main(argv: Sequence[str]) -> None:
             num_images=flags.FLAGS.num_images,
             jacobian=flags.FLAGS.jacobian,
             config_name=os.path.basename(name),
+            params=flags.FLAGS.params,
         )
     except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
         raise SystemExit(f"error: {err}") from None
@@ -348,6 +360,7 @@ if __name__ == "__main__":
     flags.DEFINE_string("output_dir", None, "Where log_kappa.png/json go (default <workdir>/analysis).")
     flags.DEFINE_integer("num_images", None, "Probe images (default config.analysis.probe_size).")
     flags.DEFINE_bool("jacobian", False, "Also the per-layer Jacobian κ (small models, float64).")
+    flags.DEFINE_string("params", "model", "The weights analysed: model (as trained) or ema (the run's model EMA).")
     from skipless_jax.cli import parse_flags
 
     app.run(main, flags_parser=parse_flags)

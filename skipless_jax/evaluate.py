@@ -1,6 +1,7 @@
 r"""Evaluate a finished (or pretrained) checkpoint without training.
 
-    python -m skipless_jax.evaluate --workdir=DIR [--config=configs/X.py[:args]] [--step=N] [--only=a,b]
+    python -m skipless_jax.evaluate --workdir=DIR [--config=configs/X.py[:args]] [--step=N] [--only=a,b] \
+        [--params=model|ema]
 
 The config is the one saved with the workdir's checkpoint (what its parameters are); a
 `--config` adds or replaces the evaluators (`config.evals`) and data settings, and a config that
@@ -8,7 +9,9 @@ trains another model than the saved one is refused in one line. The trainer's ev
 on the state entry the trainer evaluates (a classifier's parameters, DINO's EMA teacher); the
 metrics are printed and written to `DIR/evaluation[_step<N>].json`, and each evaluator's to
 `DIR/eval/<name>[_step<N>].json`; `--only=voc_lin,voc07_tokencut` runs the named entries of
-`config.evals` only (and leaves `evaluation.json` as it was). Evaluators that draw
+`config.evals` only (and leaves `evaluation.json` as it was). `--params=ema` evaluates the
+run's model EMA instead (trainers/model_ema.py): its metrics are named `ema_<prefix>_<metric>`
+as the run logged them, in `DIR/evaluation_ema[_step<N>].json` and `DIR/eval/<name>_ema*.json`. Evaluators that draw
 (`feature_pca`, `tokencut`) write `DIR/pictures/<prefix>_step<N>.png`. Compiled programs are
 kept in the persistent compilation cache (skipless_jax/compilation_cache.py), so a second
 evaluation of the same model skips its compiles.
@@ -88,16 +91,18 @@ class _Recorded:
 
 def evaluate(
     workdir: str, config: ml_collections.ConfigDict | None = None, step: int | None = None,
-    devices: Sequence[jax.Device] | None = None, only: Sequence[str] | None = None,
+    devices: Sequence[jax.Device] | None = None, only: Sequence[str] | None = None, params: str = "model",
 ) -> dict[str, Any]:
-    """Runs every evaluator of the (saved) config on the checkpoint, or those named in `only`;
-    returns {prefix_metric: value, 'step'}."""
+    """Runs every evaluator of the (saved) config on the checkpoint's trained weights (`params`
+    'model') or their EMA ('ema'), or those named in `only`; returns {prefix_metric: value,
+    'step'} (prefix 'ema_<prefix>' for the EMA)."""
     config = select(resolve_config(workdir, config), only)
     import jax
 
     from skipless_jax import checkpoint, evaluators, sharding, trainers
-    from skipless_jax.trainers import common
+    from skipless_jax.trainers import common, model_ema
 
+    model_ema.check_params(params, checkpoint.state_entries(workdir), workdir)
     trainer = trainers.get(config.get("trainer", "supervised"))
     evaluators.check_config(config, trainer.EVALUATOR_TYPES)
     mesh = sharding.make_mesh(config.mesh, devices)
@@ -105,20 +110,21 @@ def evaluate(
     for entry in (key,) if isinstance(key, str) else key:
         checkpoint.param_shapes(workdir, entry)  # read first: a one-line error if the checkpoint lacks the entry
     found_step, state = checkpoint.load_raw(workdir, step)
-    params = jax.device_put(common.entries(state, key), sharding.replicated(mesh))
+    tree = jax.device_put(common.entries(model_ema.weights(state, params), key), sharding.replicated(mesh))
+    ema = model_ema.PREFIX if params == "ema" else ""
     results: dict[str, Any] = {"step": int(found_step)}
     per_evaluator: dict[str, dict[str, float]] = {}
     built = [_Recorded(ev, per_evaluator) for ev in evaluators.build(config, ctx)]
     with jax.set_mesh(mesh):
         # Every evaluator (the step is the last), pictures as <workdir>/pictures/<prefix>_step<N>.png.
-        for prefix, metric, value in evaluators.run_all(built, ctx, params, int(found_step), int(found_step)):
-            results[f"{prefix}_{metric}"] = value
-    suffix = "" if step is None else f"_step{found_step}"
+        for prefix, metric, value in evaluators.run_all(built, ctx, tree, int(found_step), int(found_step)):
+            results[f"{ema}{prefix}_{metric}"] = value
+    suffix = ("_ema" if ema else "") + ("" if step is None else f"_step{found_step}")
     if jax.process_index() == 0:
         os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
         for name, metrics in per_evaluator.items():
             with open(os.path.join(workdir, "eval", f"{name}{suffix}.json"), "w") as f:
-                json.dump({"step": int(found_step), **metrics}, f, indent=2)
+                json.dump({"step": int(found_step), **{ema + k: v for k, v in metrics.items()}}, f, indent=2)
         if only is None:
             with open(os.path.join(workdir, f"evaluation{suffix}.json"), "w") as f:
                 json.dump(results, f, indent=2)
@@ -134,7 +140,8 @@ def main(argv: Sequence[str]) -> None:
     cli.quiet_console()
     try:
         compilation_cache.setup(flags.FLAGS.config or checkpoint.saved_config(flags.FLAGS.workdir))
-        results = evaluate(flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.step, only=flags.FLAGS.only)
+        results = evaluate(flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.step, only=flags.FLAGS.only,
+                           params=flags.FLAGS.params)
     except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
         raise SystemExit(f"error: {err}") from None
     print(f"Evaluated step {results['step']}: " + ", ".join(
@@ -151,6 +158,7 @@ if __name__ == "__main__":
     flags.DEFINE_string("workdir", None, "The run's workdir.")
     flags.DEFINE_integer("step", None, "The checkpoint step (default: the newest).")
     flags.DEFINE_list("only", None, "Run only these entries of config.evals (comma-separated names).")
+    flags.DEFINE_string("params", "model", "The weights evaluated: model (as trained) or ema (the run's model EMA).")
     flags.mark_flags_as_required(["workdir"])
     from skipless_jax import cli
 

@@ -1,6 +1,7 @@
 r"""A workdir's evaluation forward as a `jax.export` artifact that runs with jax alone.
 
-    python -m skipless_jax.export --workdir=DIR [--examples=N|all] [--platforms=cpu,cuda,tpu]
+    python -m skipless_jax.export --workdir=DIR [--examples=N|all] [--platforms=cpu,cuda,tpu] \
+        [--params=model|ema] [--weights_dtype=float32|bfloat16]
 
 writes
 
@@ -8,12 +9,19 @@ writes
                                eval pipeline delivers them (after resize and crop), → float32
                                logits (B, K), or the pooled features (B, d) of a backbone-only
                                (DINO, MAE) workdir; B is symbolic, the weights are constants
-    DIR/export/model.json      image_size, channels, mean/std, num_classes, output, step, config
+    DIR/export/model.json      image_size, channels, mean/std, num_classes, output, step, config,
+                               params (model: as trained, ema: the run's model EMA),
+                               weights_dtype, built_with (the model's attention_impl and remat)
     DIR/export/examples.npz    with --examples: `images` (N, H, W, C) uint8 and `labels` (N,)
                                int64 of the first N examples of the eval split
 
 Normalization (x = (u/255 − mean)/std, data/device_images.py) happens inside the artifact, so
-a server feeds it the pipeline's uint8 crops. Loading needs no skipless_jax:
+a server feeds it the pipeline's uint8 crops. The model is built with XLA attention and without
+remat whatever the run trained with (`config.model.attention_impl='cudnn'` cannot lower off a
+GPU; remat only changes memory in training): the same function, so the same numbers.
+`--weights_dtype=bfloat16` stores the weights (the artifact's constants) in bfloat16, computed
+in float32 as before; an artifact over 2 GB (the flatbuffer limit of `serialize`) is refused
+before it is written. Loading needs no skipless_jax:
 
     exported = jax.export.deserialize(bytearray(open('DIR/export/model.jax', 'rb').read()))
     logits = exported.call(images_uint8)
@@ -35,6 +43,10 @@ from skipless_jax.data import device_images, inputs, sources
 from skipless_jax.trainers import common
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+WEIGHTS_DTYPES = ("float32", "bfloat16")
+MAX_ARTIFACT_BYTES = 2**31  # a serialized jax.export.Exported is one flatbuffer: at most 2 GB
+# Runtime fields of the model replaced in the exported forward: how it runs, not what it computes.
+EXPORT_BUILD = {"attention_impl": "xla", "remat": None}
 DEFAULT_PLATFORMS = ("cpu", "cuda", "tpu")  # one artifact for a CPU, GPU or TPU server
 
 
@@ -61,15 +73,30 @@ def parse_platforms(platforms: str) -> tuple[str, ...]:
     return names
 
 
-def forward(workdir: str) -> tuple[Any, dict[str, Any]]:
+def parse_weights_dtype(weights_dtype: str) -> Any:
+    if weights_dtype not in WEIGHTS_DTYPES:
+        raise ValueError(f"--weights_dtype={weights_dtype!r} is unknown; allowed: {', '.join(WEIGHTS_DTYPES)}")
+    return jnp.dtype(weights_dtype)
+
+
+def forward(workdir: str, params: str = "model", weights_dtype: str = "float32") -> tuple[Any, dict[str, Any]]:
     """(uint8 images (B, H, W, C) -> logits or features, the model.json description) of the
-    workdir's newest checkpoint, built by its trainer's `evaluation()` (the evaluators' forward)."""
+    workdir's newest checkpoint, built by its trainer's `evaluation()` (the evaluators' forward)
+    with EXPORT_BUILD's model fields; `params`: the trained weights ('model') or their EMA
+    ('ema'); floating weights cast to `weights_dtype`."""
     import ml_collections
 
+    from skipless_jax.trainers import model_ema
+
+    dtype = parse_weights_dtype(weights_dtype)
     saved = checkpoint.saved_config(workdir)
     if saved is None:
         raise ValueError(f"--workdir={workdir!r} has no checkpoint with a saved config")
+    model_ema.check_params(params, checkpoint.state_entries(workdir), workdir)
     config = ml_collections.ConfigDict(saved)
+    trained_with = {k: config.model.get(k) for k in EXPORT_BUILD if k in config.model}  # the fields a family has
+    for k in trained_with:
+        config.model[k] = EXPORT_BUILD[k]
     trainer = trainers.get(config.get("trainer", "supervised"))
     device = jax.local_devices()[0]
     mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=[device])
@@ -77,37 +104,48 @@ def forward(workdir: str) -> tuple[Any, dict[str, Any]]:
     for entry in (key,) if isinstance(key, str) else key:
         checkpoint.param_shapes(workdir, entry)  # a one-line error if the checkpoint lacks the entry
     step, state = checkpoint.load_raw(workdir)
-    params = common.entries(state, key)
+    tree = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                        common.entries(model_ema.weights(state, params), key))
     mean, std = device_images.dataset_stats(config)
     output = "logits" if ctx.logits is not None else "features"
     apply = ctx.logits if ctx.logits is not None else ctx.features
 
     def fn(images: jax.Array) -> jax.Array:
-        return apply(params, device_images.normalize(images, mean, std)).astype(jnp.float32)
+        return apply(tree, device_images.normalize(images, mean, std)).astype(jnp.float32)
 
     info = sources.dataset_info(config.dataset.name)
     meta = {
         "image_size": inputs.image_size(config), "channels": int(info.image_shape[-1]),
         "mean": list(mean), "std": list(std), "num_classes": int(info.num_classes), "output": output,
         "step": int(step), "dataset": config.dataset.name, "eval_split": config.dataset.eval_split,
-        "config": saved,
+        "params": params, "weights_dtype": weights_dtype,
+        "weights_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))),
+        "built_with": {**{k: EXPORT_BUILD[k] for k in trained_with}, "trained_with": trained_with}, "config": saved,
     }
     return fn, meta
 
 
-def export(workdir: str, examples: str | None = None, platforms: Sequence[str] = DEFAULT_PLATFORMS) -> dict[str, Any]:
-    """Writes DIR/export/{model.jax, model.json[, examples.npz]}; returns model.json's content."""
+def export(workdir: str, examples: str | None = None, platforms: Sequence[str] = DEFAULT_PLATFORMS,
+           params: str = "model", weights_dtype: str = "float32") -> dict[str, Any]:
+    """Writes DIR/export/{model.jax, model.json[, examples.npz]}; returns model.json's content.
+    `params`: 'model' (as trained) or 'ema' (the run's model EMA); `weights_dtype`: the stored
+    weights' dtype. Any failure to lower or serialize the forward is a one-line ValueError
+    naming its cause, and nothing is written."""
     count = parse_examples(examples)
-    fn, meta = forward(workdir)
+    fn, meta = forward(workdir, params, weights_dtype)
+    _check_size(meta["weights_bytes"], "weights", weights_dtype)
     size, channels = meta["image_size"], meta["channels"]
     (batch,) = jax.export.symbolic_shape("b")
     spec = jax.ShapeDtypeStruct((batch, size, size, channels), jnp.uint8)
-    exported = jax.export.export(jax.jit(fn), platforms=tuple(platforms))(spec)
+    where = f"the forward of {workdir!r} for {','.join(platforms)}"
+    exported = _one_line(f"lowering {where}", lambda: jax.export.export(jax.jit(fn), platforms=tuple(platforms))(spec))
+    _check_size(len(exported.mlir_module_serialized), "lowered program", weights_dtype)
+    artifact = _one_line(f"serializing {where}", exported.serialize)
     meta.update(platforms=list(exported.platforms), output_shape=[None, int(exported.out_avals[0].shape[-1])])
     out = os.path.join(workdir, "export")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "model.jax"), "wb") as f:
-        f.write(exported.serialize())
+        f.write(artifact)
     with open(os.path.join(out, "model.json"), "w") as f:
         json.dump(meta, f, indent=2)
     if count is not None:
@@ -115,6 +153,24 @@ def export(workdir: str, examples: str | None = None, platforms: Sequence[str] =
         np.savez(os.path.join(out, "examples.npz"), images=images, labels=labels)
         meta["examples"] = len(labels)
     return meta
+
+
+def _one_line(what: str, fn: Any) -> Any:
+    """`fn()`, any exception it raises as a one-line ValueError naming `what` and the cause."""
+    try:
+        return fn()
+    except Exception as err:  # jax.export's errors (e.g. RuntimeError), not a traceback for the user
+        cause = (str(err).strip().splitlines() or [""])[0]
+        raise ValueError(f"{what} failed: {type(err).__name__}: {cause}") from None
+
+
+def _check_size(size: int, what: str, weights_dtype: str) -> None:
+    """One-line ValueError before serializing an artifact over MAX_ARTIFACT_BYTES."""
+    if size > MAX_ARTIFACT_BYTES:
+        smaller = "; --weights_dtype=bfloat16 halves the weights" if weights_dtype == "float32" else ""
+        raise ValueError(f"the {what} take {size / 2**30:.2f} GB, over the {MAX_ARTIFACT_BYTES / 2**30:.0f} GB "
+                         f"a jax.export artifact can hold (one flatbuffer){smaller}; otherwise serve the "
+                         "checkpoint's orbax weights (DIR/checkpoints) beside the artifact instead of inside it")
 
 
 def eval_examples(workdir: str, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -142,7 +198,7 @@ def main(argv: Sequence[str]) -> None:
 
     f = flags.FLAGS
     try:
-        meta = export(f.workdir, f.examples, parse_platforms(f.platforms))
+        meta = export(f.workdir, f.examples, parse_platforms(f.platforms), f.params, f.weights_dtype)
     except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
         raise SystemExit(f"error: {err}") from None
     extra = f", {meta['examples']} examples" if "examples" in meta else ""
@@ -158,5 +214,7 @@ if __name__ == "__main__":
     flags.DEFINE_string("examples", None, "Also write DIR/export/examples.npz with N eval examples (or 'all').")
     flags.DEFINE_string("platforms", ",".join(DEFAULT_PLATFORMS),
                         f"Platforms the artifact is lowered for ({', '.join(PLATFORMS)}).")
+    flags.DEFINE_string("params", "model", "The weights exported: model (as trained) or ema (the run's model EMA).")
+    flags.DEFINE_string("weights_dtype", "float32", f"dtype of the stored weights ({', '.join(WEIGHTS_DTYPES)}).")
     flags.mark_flags_as_required(["workdir"])
     app.run(main)

@@ -14,7 +14,10 @@ every run. Every run's args are checked against the config before anything start
 
 Launchers:
 - local (default): `python -m skipless_jax.main` per run, --workers at a time, output in
-  `<run>/train.log`. Resumable: a run that finished under the same command (a
+  `<run>/train.log`. Each worker gets its own share of the host's accelerators
+  (`worker_envs`: disjoint `CUDA_VISIBLE_DEVICES` on GPU, disjoint chips on TPU), found without
+  initializing them in the sweep's process (`probe_devices`: nvidia-smi, /dev/accel*); the
+  first line says which. Resumable: a run that finished under the same command (a
   `final_metrics.json`, which a trainer writes only at its last step, and the same command in
   `<run>/sweep_run.json`) is skipped without starting a process; a preempted one (exit 75)
   resumes from its checkpoint when the sweep is rerun; a re-run of a finished sweep trains
@@ -36,6 +39,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -152,21 +156,116 @@ def _last_line(path: str) -> str:
     return lines[-1] if lines else ""
 
 
+TPU_CHIP_BOUNDS = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1"}  # chips of one worker -> TPU_CHIPS_PER_PROCESS_BOUNDS
+TPU_BASE_PORT = 8476  # the TPU runtime's default port; worker i takes TPU_BASE_PORT + i
+
+
+def worker_envs(platform: str, device_ids: Sequence[str], workers: int) -> list[dict[str, str]]:
+    """The environment variables of each of `workers` runs sharing this host's `device_ids`.
+
+    "cpu": nothing to split (empty dicts). "gpu": disjoint, equal `CUDA_VISIBLE_DEVICES` shares
+    in the order given. "tpu": disjoint chips through the TPU runtime's per-process variables
+    (`TPU_VISIBLE_CHIPS` with its older name `TPU_VISIBLE_DEVICES`, `TPU_CHIPS_PER_PROCESS_BOUNDS`
+    for 1, 2 or 4 chips, `TPU_PROCESS_BOUNDS=1,1,1`: each worker a one-process slice of its own,
+    and its own runtime port). A `workers` that does not divide the devices, or a TPU share of
+    another size than 1, 2 or 4 chips, is a one-line ValueError.
+    """
+    if platform not in ("cpu", "gpu", "tpu"):
+        raise ValueError(f"platform {platform!r} is unknown; allowed: cpu, gpu, tpu")
+    if workers < 1:
+        raise ValueError(f"--workers={workers} must be >= 1")
+    if platform == "cpu":
+        return [{} for _ in range(workers)]
+    ids = [str(d) for d in device_ids]
+    if not ids or len(ids) % workers:
+        raise ValueError(f"--workers={workers} does not divide the {len(ids)} {platform.upper()} devices of this "
+                         f"host ({','.join(ids) or 'none'}); allowed: a divisor of {len(ids)}")
+    size = len(ids) // workers
+    shares = [ids[i * size:(i + 1) * size] for i in range(workers)]
+    if platform == "gpu":
+        return [{"CUDA_VISIBLE_DEVICES": ",".join(share)} for share in shares]
+    if workers == 1:
+        return [{}]  # the whole host: the runtime's own defaults
+    if size not in TPU_CHIP_BOUNDS:
+        raise ValueError(f"--workers={workers} gives each worker {size} of the {len(ids)} TPU chips; a TPU worker "
+                         f"takes 1, 2 or 4 chips: allowed --workers: "
+                         f"{', '.join(str(len(ids) // n) for n in TPU_CHIP_BOUNDS if len(ids) % n == 0)}, "
+                         "or 1 (the whole host)")
+    envs = []
+    for i, share in enumerate(shares):
+        port = str(TPU_BASE_PORT + i)
+        envs.append({
+            "TPU_VISIBLE_CHIPS": ",".join(share), "TPU_VISIBLE_DEVICES": ",".join(share),
+            "TPU_CHIPS_PER_PROCESS_BOUNDS": TPU_CHIP_BOUNDS[size], "TPU_PROCESS_BOUNDS": "1,1,1",
+            "TPU_PROCESS_PORT": port, "TPU_PROCESS_ADDRESSES": f"localhost:{port}",
+            "TPU_MESH_CONTROLLER_ADDRESS": f"localhost:{port}", "TPU_MESH_CONTROLLER_PORT": port,
+        })
+    return envs
+
+
+def probe_devices(environ: dict[str, str] | None = None) -> tuple[str, list[str]]:
+    """(platform, device ids) of this host, without initializing an accelerator in this process:
+    `JAX_PLATFORMS=cpu` is the CPU; else the GPUs `nvidia-smi -L` lists (those of
+    `CUDA_VISIBLE_DEVICES` where it is set), else the TPU chips /dev/accel<N> (/dev/vfio/<N> on
+    newer TPU VMs), else the CPU."""
+    environ = os.environ if environ is None else environ
+    if environ.get("JAX_PLATFORMS", "").split(",")[0] == "cpu":
+        return "cpu", []
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        gpus = [str(i) for i, line in enumerate(listed.stdout.splitlines()) if line.startswith("GPU ")]
+    except (OSError, subprocess.SubprocessError):
+        gpus = []
+    if gpus:
+        visible = environ.get("CUDA_VISIBLE_DEVICES")
+        return "gpu", [d.strip() for d in visible.split(",") if d.strip()] if visible else gpus
+    chips = _numbered("/dev", "accel")
+    if not chips and importlib.util.find_spec("libtpu") is not None:  # newer TPU VMs: VFIO groups
+        chips = _numbered("/dev/vfio", "")
+    if chips:
+        return "tpu", chips
+    return "cpu", []
+
+
+def _numbered(folder: str, prefix: str) -> list[str]:
+    """The N of the entries `<prefix>N` of `folder`, ascending ([] when it cannot be read)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return [str(n) for n in sorted(int(m.group(1)) for m in (re.fullmatch(prefix + r"(\d+)", x) for x in names) if m)]
+
+
+def describe_shares(platform: str, envs: Sequence[dict[str, str]]) -> str:
+    """'gpu: 2 workers, CUDA_VISIBLE_DEVICES=0,1 | 2,3' (what each worker sees), or 'cpu'."""
+    name = {"gpu": "CUDA_VISIBLE_DEVICES", "tpu": "TPU_VISIBLE_CHIPS"}.get(platform)
+    if name is None or not any(envs):
+        return f"{platform}: {len(envs)} worker{'s' if len(envs) > 1 else ''}, every device visible to each"
+    return f"{platform}: {len(envs)} worker{'s' if len(envs) > 1 else ''}, {name}={' | '.join(e[name] for e in envs)}"
+
+
 def run_local(
     runs: Sequence[SweepRun],
     root: str,
     overrides: Sequence[str] = (),
     workers: int = 1,
     trainer: Sequence[str] = TRAINER,
+    devices: tuple[str, Sequence[str]] | None = None,
 ) -> int:
-    """Trains the unfinished runs, `workers` at a time; prints a summary; returns the exit status.
+    """Trains the unfinished runs, `workers` at a time, each worker on its own device share
+    (`worker_envs`); prints a summary; returns the exit status.
 
-    `trainer`: the command that trains one run (tests inject a fake one).
+    `trainer`: the command that trains one run; `devices`: (platform, device ids), default
+    `probe_devices()` (tests inject a fake trainer and a fake platform).
     """
+    platform, device_ids = probe_devices() if devices is None else devices
+    envs = worker_envs(platform, device_ids, workers)  # a ValueError before anything starts
     todo = [r for r in runs if not is_finished(os.path.join(root, r.name), r, overrides)]
     skipped = len(runs) - len(todo)
-    print(f"sweep: {len(runs)} runs under {root}: {skipped} already finished, {len(todo)} to train", flush=True)
+    print(f"sweep: {len(runs)} runs under {root}: {skipped} already finished, {len(todo)} to train; "
+          f"{describe_shares(platform, envs)}", flush=True)
     active: list[tuple[SweepRun, subprocess.Popen]] = []
+    slots: dict[int, int] = {}  # pid of a running worker -> its share in `envs`
     outcome: dict[str, int] = {}
     stopping = []
 
@@ -189,7 +288,11 @@ def run_local(
                     cmd = train_command(run, workdir, overrides, trainer)
                     log.write(f"# {shlex.join(cmd)}\n".encode())
                     log.flush()
-                    active.append((run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)))
+                    slot = min(set(range(workers)) - set(slots.values()))
+                    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                            env={**os.environ, **envs[slot]})
+                    slots[proc.pid] = slot
+                    active.append((run, proc))
                 print(f"sweep: started {run.name}", flush=True)
             if stopping and queue:
                 outcome.update({r.name: EXIT_PREEMPTED for r in queue})
@@ -198,6 +301,7 @@ def run_local(
             for item in [a for a in active if a[1].poll() is not None]:
                 active.remove(item)
                 run, proc = item
+                slots.pop(proc.pid)
                 outcome[run.name] = proc.returncode
                 print(f"sweep: {run.name} exited {proc.returncode}", flush=True)
     finally:
@@ -310,7 +414,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     root = os.path.abspath(args.root) if "://" not in args.root else args.root.rstrip("/")
     if args.launcher == "local":
-        return run_local(runs, root, overrides, args.workers)
+        try:
+            devices = probe_devices()
+            worker_envs(*devices, args.workers)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return 2
+        return run_local(runs, root, overrides, args.workers, devices=devices)
     todo = [r for r in runs if not is_finished(os.path.join(root, r.name), r, overrides)]
     if not todo:
         print(f"sweep: all {len(runs)} runs under {root} already finished", flush=True)

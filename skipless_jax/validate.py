@@ -195,6 +195,15 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
         f"={config.input.batch_size} into micro-batches divisible by the {shards} data-parallel devices",
     )
 
+    aug = config.input.get("aug")
+    if aug is not None and (aug.get("mixup") or aug.get("cutmix")):  # data/device_mix.py: pairs within a device
+        rows = config.input.batch_size // shards
+        require(rows >= 2 and rows % 2 == 0,
+                 f"config.input.aug mixup/cutmix pair each device's rows with their reverse, and "
+                 f"config.input.batch_size={config.input.batch_size} gives {rows} rows on each of the {shards} "
+                 f"data-parallel devices (an odd count mixes the middle row with itself, 1 row not at all); "
+                 f"allowed batch sizes: multiples of {2 * shards} ({2 * shards}, {4 * shards}, {6 * shards}, ...)")
+
     # Model.
     model_image_checks(config.model, image_size)
 

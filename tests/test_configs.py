@@ -232,7 +232,9 @@ def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
             c.input.image_size, c.model.patch_size = 32, 8
     if c.get("mae"):  # MAE's 512-wide, 8-block decoder dominates otherwise
         c.mae.update(dict(decoder_width=16, decoder_depth=1, decoder_num_heads=2, picture_images=2))
-    c.input.batch_size = 8
+    from skipless_jax.data import device_mix
+
+    c.input.batch_size = 16 if device_mix.enabled(c) else 8  # mixup pairs rows within a device: 2 on each of 8
     if c.dataset.name not in EMBEDDED:  # the embedded sets' test splits are real (360-720 images): own batches
         c.input.eval_batch_size = 8
     c.input.num_workers = 0
@@ -272,9 +274,10 @@ def test_config_trains_one_step_and_evaluates_on_mock_data(name, tmp_path, monke
         if c.get("trainer", "supervised") == "supervised":
             batch = next(inputs.train_iterator(c, 0, 0, 1))
             size = inputs.image_size(c)
-            assert batch["image"].shape == (8, size, size, sources.dataset_info(c.dataset.name).image_shape[-1])
+            b = c.input.batch_size
+            assert batch["image"].shape == (b, size, size, sources.dataset_info(c.dataset.name).image_shape[-1])
             assert batch["image"].dtype == np.float32 and np.all(np.isfinite(batch["image"]))
-            assert batch["label"].shape == (8, num_classes)
+            assert batch["label"].shape == (b, num_classes)
             np.testing.assert_allclose(batch["label"].sum(-1), 1.0, atol=1e-5)
         trainer = trainers.get(c.get("trainer", "supervised"))
         metrics = trainer.train_and_evaluate(c, str(tmp_path / "workdir"))

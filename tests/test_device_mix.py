@@ -208,3 +208,19 @@ def test_the_removed_mix_on_field_is_a_one_line_error():
     with pytest.raises(ValueError, match=r"aug\.mix_on='host' is no longer a field: mixup/cutmix always run on the "
                                          r"device"):
         supervised.check_config(c)
+
+
+@pytest.mark.parametrize("batch_size,rows", [(8, 1), (24, 3)])
+def test_mixing_odd_or_single_rows_per_device_is_refused(batch_size, rows):
+    from skipless_jax.trainers import supervised
+
+    c = _aug_config()
+    c.input.batch_size = batch_size
+    with pytest.raises(ValueError, match=rf"^config\.input\.aug mixup/cutmix pair each device's rows .* "
+                                         rf"config\.input\.batch_size={batch_size} gives {rows} rows on each of "
+                                         r"the 8 data-parallel devices .*; allowed batch sizes: multiples of 16 "
+                                         r"\(16, 32, 48, \.\.\.\)$"):
+        supervised.check_config(c, 8)
+    supervised.check_config(c, 4)  # 2 or 6 rows on each of 4 devices
+    c.input.aug.update(mixup=0.0, cutmix=0.0)
+    supervised.check_config(c, 8)  # no mix: any divisible batch

@@ -40,9 +40,22 @@ def open_text(*path: str) -> str:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+    """The quickstart shrunk, 60 steps, with a model EMA and remat (the export drops remat)."""
     workdir = str(tmp_path_factory.mktemp("export_run"))
-    metrics = supervised.train_and_evaluate(tiny_config(total_steps=60), workdir)
+    config = tiny_config(total_steps=60)
+    config.model_ema.decay = 0.9
+    config.model.remat = "full"
+    metrics = supervised.train_and_evaluate(config, workdir)
     return workdir, metrics
+
+
+def _served(folder, tmp_path, sizes="[360]"):
+    """The loader's result on DIR/export (a process with jax alone)."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+    result = subprocess.run([sys.executable, "-c", _LOADER, folder, sizes], env=environ, cwd=str(tmp_path),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
@@ -57,11 +70,7 @@ def test_exported_model_reproduces_the_final_test_accuracy_without_skipless_jax(
     with np.load(os.path.join(folder, "examples.npz")) as f:
         assert f["images"].dtype == np.uint8 and f["images"].shape == (360, 8, 8, 1)
         assert sorted(np.unique(f["labels"])) == list(range(10))
-    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
-    result = subprocess.run([sys.executable, "-c", _LOADER, folder, "[360, 7]"], env=environ, cwd=str(tmp_path),
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    out = _served(folder, tmp_path, "[360, 7]")
     assert not out["skipless_jax_imported"]
     final = json.loads(open_text(workdir, "final_metrics.json"))["test_accuracy"]
     assert 0.2 < final < 1.0  # the run learned something, not every class right
@@ -93,3 +102,106 @@ def test_one_line_errors(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
         f"error: --workdir={str(tmp_path)!r} has no checkpoint with a saved config")
+
+
+@pytest.mark.slow
+def test_the_model_ema_evaluates_exports_and_converts_as_the_run_logged_it(trained, tmp_path):
+    from skipless_jax import analyze, checkpoint, evaluate
+    from skipless_jax.models import timm_convert
+
+    workdir, metrics = trained
+    logged = json.loads(open_text(workdir, "final_metrics.json"))
+    state = checkpoint.load_raw(workdir)[1]
+    head, ema_head = state["params"]["head"]["kernel"], state["ema"]["params"]["head"]["kernel"]
+    assert np.abs(head - ema_head).max() > 1e-3  # two different models
+    # evaluate --params=ema: the run's ema_test_accuracy, exactly, under the run's name.
+    results = evaluate.evaluate(workdir, params="ema")
+    assert results["ema_test_accuracy"] == logged["ema_test_accuracy"] and "test_accuracy" not in results
+    assert json.loads(open_text(workdir, "evaluation_ema.json"))["ema_test_accuracy"] == logged["ema_test_accuracy"]
+    # The exported EMA artifact, served by jax alone: the same count of correct test images.
+    meta = export.export(workdir, "all", params="ema")
+    assert json.loads(open_text(workdir, "export", "model.json"))["params"] == meta["params"] == "ema"
+    out = _served(os.path.join(workdir, "export"), tmp_path)
+    assert out["360"]["correct"] == round(logged["ema_test_accuracy"] * 360), (out, logged)
+    # timm_convert --reverse and analyze read the same EMA weights.
+    _, _, params, _ = timm_convert.read_checkpoint(workdir, "ema")
+    np.testing.assert_array_equal(params["head"]["kernel"], ema_head)
+    config = analyze.config_of_workdir(None, workdir)
+    model, shape = analyze.build(config)
+    analysed, step, source = analyze.load_params(model, config, shape, workdir, "ema")
+    assert (step, source) == (60, "checkpoint (model EMA)")
+    np.testing.assert_array_equal(np.asarray(analysed["head"]["kernel"]), ema_head)
+
+
+def _cudnn_copy(workdir, folder):
+    """The trained run's weights in a checkpoint whose saved config names cuDNN attention and
+    remat (a GPU run's config), without an EMA."""
+    from skipless_jax import checkpoint
+    from skipless_jax.models import timm_convert
+
+    saved = checkpoint.saved_config(workdir)
+    saved["model"].update(attention_impl="cudnn", remat="full")
+    state = checkpoint.load_raw(workdir)[1]
+    timm_convert.save_state(folder, {"step": state["step"], "params": state["params"]}, json.dumps(saved))
+    return folder
+
+
+@pytest.mark.slow
+def test_a_cudnn_remat_run_exports_with_xla_attention_and_reproduces_its_accuracy(trained, tmp_path):
+    workdir, _ = trained
+    folder = _cudnn_copy(workdir, str(tmp_path / "gpu_run"))
+    meta = export.export(folder, "all")  # cpu, cuda and tpu, on this CPU host
+    assert meta["built_with"] == {"attention_impl": "xla", "remat": None,
+                                  "trained_with": {"attention_impl": "cudnn", "remat": "full"}}
+    assert json.loads(open_text(folder, "export", "model.json"))["built_with"] == meta["built_with"]
+    out = _served(os.path.join(folder, "export"), tmp_path)
+    final = json.loads(open_text(workdir, "final_metrics.json"))["test_accuracy"]
+    assert out["360"]["correct"] == round(final * 360), (out, final)
+    with pytest.raises(ValueError, match=r"^--params=ema: the checkpoint at .*gpu_run' keeps no model EMA .*; "
+                                         r"use --params=model$"):
+        export.export(folder, params="ema")
+    for module in ("skipless_jax.export", "skipless_jax.evaluate"):  # the CLIs' flag: the same one line
+        result = subprocess.run([sys.executable, "-m", module, f"--workdir={folder}", "--params=ema"],
+                                capture_output=True, text=True, timeout=300)
+        last = result.stderr.strip().splitlines()[-1]
+        assert result.returncode == 1 and last.startswith(f"error: --params=ema: the checkpoint at {folder!r} keeps "
+                                                          "no model EMA"), (module, result.stderr[-2000:])
+
+
+@pytest.mark.slow
+def test_bfloat16_weights_and_one_line_export_failures(trained, monkeypatch):
+    import jax
+
+    workdir, _ = trained
+    f32 = export.export(workdir, "all", platforms=("cpu",))
+    f32_size = os.path.getsize(os.path.join(workdir, "export", "model.jax"))
+    bf16 = export.export(workdir, platforms=("cpu",), weights_dtype="bfloat16")
+    assert bf16["weights_dtype"] == "bfloat16" and 2 * bf16["weights_bytes"] == f32["weights_bytes"]
+    folder = os.path.join(workdir, "export")
+    assert os.path.getsize(os.path.join(folder, "model.jax")) < f32_size - 0.4 * f32["weights_bytes"]
+    with open(os.path.join(folder, "model.jax"), "rb") as f:
+        exported = jax.export.deserialize(bytearray(f.read()))
+    with np.load(os.path.join(folder, "examples.npz")) as f:
+        images, labels = f["images"], f["labels"]
+    correct = int((np.asarray(exported.call(images)).argmax(-1) == labels).sum())
+    final = json.loads(open_text(workdir, "final_metrics.json"))["test_accuracy"]
+    assert abs(correct - round(final * 360)) <= 3, (correct, final)  # bf16 weights: near the run's accuracy
+    with pytest.raises(ValueError, match=r"^--weights_dtype='float16' is unknown; allowed: float32, bfloat16$"):
+        export.export(workdir, weights_dtype="float16")
+    # Over the flatbuffer limit: refused before anything is lowered or written.
+    monkeypatch.setattr(export, "MAX_ARTIFACT_BYTES", f32["weights_bytes"] - 1)
+    os.remove(os.path.join(folder, "model.jax"))
+    with pytest.raises(ValueError, match=r"^the weights take .* GB, over the .* a jax.export artifact can hold "
+                                         r"\(one flatbuffer\); --weights_dtype=bfloat16 halves the weights; otherwise "
+                                         r"serve the checkpoint's orbax weights .* beside the artifact"):
+        export.export(workdir)
+    assert not os.path.exists(os.path.join(folder, "model.jax"))
+    monkeypatch.undo()
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("cuDNN is not detected.\nsecond line")
+
+    monkeypatch.setattr(jax.export, "export", fails)
+    with pytest.raises(ValueError, match=r"^lowering the forward of .* for cpu failed: RuntimeError: cuDNN is not "
+                                         r"detected\.$"):
+        export.export(workdir, platforms=("cpu",))

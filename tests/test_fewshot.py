@@ -104,3 +104,48 @@ def test_bad_fields_are_one_line_errors():
     with pytest.raises(ValueError, match=r"^config\.evals\.few: dataset 'cifar10' has 3-channel images, the model "
                                          r"reads 1-channel ones"):
         evaluators.build(config, _pixel_context(mesh))
+
+
+def test_per_dataset_splits_and_big_visions_imagenet_default():
+    assert fewshot.default_splits("imagenet2012") == ("train[:65000]", "validation")  # big_vision's
+    assert fewshot.default_splits("cifar100") == ("train", "test")
+    entry = ml_collections.ConfigDict(dict(type="fewshot", datasets=dict(imagenet2012=dict(), cifar100=dict(
+        test_split="test[:1000]"))))
+    assert fewshot.dataset_splits(entry) == {"imagenet2012": ("train[:65000]", "validation"),
+                                             "cifar100": ("train", "test[:1000]")}
+    config = tiny_config()
+    config.evals = ml_collections.ConfigDict(dict(few=dict(type="fewshot", datasets=dict(
+        digits=dict(train_split="train[:700]")))))
+    assert ("digits", "train[:700]", None) in evaluators.data_needed(config)
+    # The evaluator reads the named splits: the first 700 train digits, the whole test split.
+    mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1)))
+    ctx = _pixel_context(mesh)
+    ev = fewshot.FewShot.from_config("few", ml_collections.ConfigDict(dict(type="fewshot", shots=(5,), seeds=2,
+                                     datasets=dict(digits=dict(train_split="train[:700]")))),
+                                     ctx, prefix="few", every_steps=None, split="test")
+    with jax.set_mesh(mesh):
+        got = {m: v for _, m, v in evaluators.run_all([ev], ctx, params={})}
+    (train_x, train_y), (test_x, test_y) = _pixels("train"), _pixels("test")
+    train_x, train_y = train_x[:700], train_y[:700]
+    want = np.mean([_plain_ridge_accuracy(train_x[i], train_y[i], test_x, test_y, 10, 2.0**10)
+                    for i in (_plain_indices(train_y, 10, 5, s) for s in (0, 1))])
+    np.testing.assert_allclose(got["digits_5shot"], want, atol=1e-12)
+
+
+def test_bad_splits_and_channels_are_one_line_errors():
+    check = lambda **f: fewshot.FewShot.check("few", ml_collections.ConfigDict(dict(type="fewshot", **f)))
+    with pytest.raises(ValueError, match=r"^config\.evals\.few\.datasets\.digits\.test_split='val' is not a split "
+                                         r"of 'digits'; allowed: \['test', 'train'\], optionally sliced"):
+        check(datasets=dict(digits=dict(test_split="val")))
+    with pytest.raises(ValueError, match=r"^config\.evals\.few\.datasets\.digits has the fields \['split'\]; "
+                                         r"allowed: a dict with the fields train_split, test_split \(each optional\)$"):
+        check(datasets=dict(digits=dict(split="test")))
+    # Before anything compiles (the trainer's check_config), naming the dataset.
+    from skipless_jax.trainers import supervised
+
+    config = tiny_config()
+    config.evals = ml_collections.ConfigDict(dict(few=dict(type="fewshot", datasets=dict(
+        digits=dict(), cifar100=dict(train_split="train[:5000]")))))
+    with pytest.raises(ValueError, match=r"^config\.evals\.few\.datasets: 'cifar100' has 3-channel images, the model "
+                                         r"reads 1-channel ones \(config\.dataset\.name='digits'\)$"):
+        supervised.check_config(config)

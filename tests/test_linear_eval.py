@@ -140,3 +140,31 @@ def test_bad_entries_are_one_line_errors(vit):
     with pytest.raises(ValueError, match=r"^config\.evals\.lin: type 'dino_linear' reads the class token of every "
                                          r"block's final-norm output, which the convmixer model does not have$"):
         linear_eval.DinoLinear.check_model("lin", config.evals.lin, models.describe(convmixer))
+
+
+def test_the_probe_reads_a_plain_stream_of_bilinear_crops(vit):
+    """DINO's train loader: no drop_last, no repeated augmentation, whatever the run's stream;
+    torchvision RandomResizedCrop's bilinear resampling."""
+    from PIL import Image
+
+    from skipless_jax.data import inputs, transforms
+
+    config, mesh, ctx, params = vit
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.input.drop_last, config.input.repeated_augmentation = True, 3  # a DeiT/DINO-style run's stream
+    run_ctx, _ = supervised.evaluation(config, mesh)
+    entry = ml_collections.ConfigDict(dict(type="dino_linear", n_last_blocks=1, epochs=2, batch_size=128))
+    ev = linear_eval.DinoLinear.from_config("lin", entry, run_ctx, prefix="lin", every_steps=None, split="test")
+    view = ev.view.config.input
+    assert (view.drop_last, view.repeated_augmentation) == (False, 1)
+    assert inputs.steps_per_epoch(ev.view.config) == 1437 / 128  # the schedule's ⌈N/B⌉ steps: one data epoch
+    image = np.random.default_rng(1).integers(0, 256, (40, 30, 3)).astype(np.uint8)
+    got = ev.train_views().transform(image, np.random.default_rng(7))
+    rng = np.random.default_rng(7)  # the same draws, read plainly: box, bilinear resize, flip
+    top, left, h, w = transforms.random_resized_crop_box(40, 30, rng, (0.08, 1.0), (3 / 4, 4 / 3))
+    crop = np.asarray(Image.fromarray(image[top:top + h, left:left + w]).resize((8, 8), Image.Resampling.BILINEAR))
+    np.testing.assert_array_equal(got, crop[:, ::-1] if rng.random() < 0.5 else crop)
+    from skipless_jax.data import augment
+
+    with pytest.raises(ValueError, match=r"aug\.interpolation='nearest' is unknown; allowed: \['bicubic', 'bil"):
+        augment.validate_aug_config({**linear_eval.TRAIN_AUG, "interpolation": "nearest"})

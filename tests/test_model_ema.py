@@ -141,3 +141,31 @@ def test_mae_pretraining_decays_the_class_and_mask_tokens():
     assert dict(zip(names, mae)) == {**dict(zip(names, deit)), "cls": True, "decoder/mask_token": True}
     with pytest.raises(ValueError, match="weight_decay_rule='timm'"):
         decay_mask(params, "timm")
+
+
+def test_which_evaluators_run_on_the_ema_does_not_block_a_resume():
+    from skipless_jax import pretrained
+
+    saved = tiny_config()
+    saved.model_ema.decay = 0.9
+    resumed = tiny_config()
+    resumed.model_ema.decay = 0.9
+    resumed.model_ema.evals = ("test",)  # evaluation only: a runtime field
+    assert pretrained.config_differences(saved.to_dict(), resumed.to_dict()) == []
+    resumed.model_ema.decay = 0.99  # what is trained
+    assert pretrained.config_differences(saved.to_dict(), resumed.to_dict()) == ["model_ema.decay"]
+
+
+def test_params_choice_and_a_run_without_ema_are_one_line_errors():
+    model_ema.check_params("ema", ["ema", "params", "step"], "/runs/a")
+    model_ema.check_params("model", ["params"], "/runs/a")
+    with pytest.raises(ValueError, match=r"^--params='teacher' is unknown; allowed: model, ema$"):
+        model_ema.check_params("teacher", ["params"], "/runs/a")
+    with pytest.raises(ValueError, match=r"^--params=ema: the checkpoint at '/runs/a' keeps no model EMA "
+                                         r"\(its run had no config\.model_ema\.decay; it has \['params'\]\); "
+                                         r"use --params=model$"):
+        model_ema.check_params("ema", ["params"], "/runs/a")
+    state = {"params": {"w": 1}, "batch_stats": {"m": 2}, "ema": {"params": {"w": 3}, "batch_stats": {"m": 4}}}
+    ema = model_ema.weights(state, "ema")
+    assert (ema["params"], ema["batch_stats"]) == ({"w": 3}, {"m": 4})
+    assert model_ema.weights(state, "model") is state

@@ -28,13 +28,13 @@ class _Draw:
 
 
 def _stream(steps, *, repeats=R, drop_last=False, batch=B, start_step=0, process_index=0, process_count=1,
-            num_workers=0, n=N):
+            num_workers=0, n=N, shards=1):
     """(image indices, augmentation draws) of the global positions [start_step·B, (start_step +
     steps)·B) as process `process_index` of `process_count` reads them."""
     source = record_sources.ArraySource(np.zeros((n, 1, 1, 1), np.uint8), np.arange(n))
     it = pipeline.train_batches(source, _Draw(), num_classes=n, global_batch_size=batch, seed=SEED,
                                 start_step=start_step, process_index=process_index, process_count=process_count,
-                                num_workers=num_workers, repeats=repeats, drop_last=drop_last)
+                                num_workers=num_workers, repeats=repeats, drop_last=drop_last, shards=shards)
     batches = [next(it) for _ in range(steps)]
     return (np.concatenate([b["label"].argmax(-1) for b in batches]),
             np.concatenate([b["draw"] for b in batches]))
@@ -110,6 +110,38 @@ def test_the_repeated_stream_is_the_same_on_any_process_and_worker_count(process
         rows = np.concatenate([np.arange(s * batch + p * local, s * batch + (p + 1) * local) for s in range(4)])
         np.testing.assert_array_equal(ids, whole_ids[rows])
         np.testing.assert_array_equal(draws, whole_draws[rows])
+
+
+def test_the_copies_of_an_image_are_on_different_devices_of_8():
+    import jax
+
+    from skipless_jax import sharding
+    from skipless_jax.data import device_input
+
+    assert jax.device_count() == 8
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    steps, shards = 3, 8
+    plain_ids, plain_draws = _stream(steps, batch=B, shards=1)
+    ids, draws = _stream(steps, batch=B, shards=shards)
+    # The same positions of the (seed, position) stream, placed by row (k mod S)·B/S + ⌊k/S⌋.
+    k = np.arange(B)
+    rows = np.concatenate([s * B + (k % shards) * (B // shards) + k // shards for s in range(steps)])
+    np.testing.assert_array_equal(ids[rows], plain_ids)
+    np.testing.assert_array_equal(draws[rows], plain_draws)
+    # On the devices: each image's R copies (each step holds whole groups) on R different devices.
+    for step in range(steps):
+        batch = device_input.device_batches(iter([{"label": ids[step * B:(step + 1) * B]}]),
+                                            sharding.batch_sharding(mesh), 0)
+        on = {}
+        for shard in next(batch)["label"].addressable_shards:
+            for image in np.asarray(shard.data):
+                on.setdefault(int(image), []).append(shard.device.id)
+        assert len(on) == B // R and all(len(set(d)) == R for d in on.values()), on
+    # Any process count reads its contiguous rows of the same placed batch.
+    halves = [_stream(steps, batch=B, shards=shards, process_index=p, process_count=2)[0] for p in range(2)]
+    np.testing.assert_array_equal(np.concatenate([h.reshape(steps, -1) for h in halves], 1).reshape(-1), ids)
+    with pytest.raises(ValueError, match="batch_size=24 is not divisible by the 5 data-parallel devices"):
+        _stream(1, shards=5)
 
 
 @pytest.mark.parametrize("repeats, drop_last, expected", [(1, False, 1437 / 64), (3, False, 20.0), (1, True, 22.0),

@@ -186,3 +186,76 @@ def test_real_tiny_run_then_rerun_trains_nothing(tmp_path, tmp_path_factory):
     second = subprocess.run(cmd, env=environ, cwd=subprocess_runs.ROOT, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and "1 already finished, 0 to train" in second.stdout
     assert Path(os.path.join(root, "seed=3", "train.log")).read_text() == log  # no process started
+
+
+def test_worker_envs_split_the_devices_disjointly():
+    assert sweep.worker_envs("cpu", [], 3) == [{}, {}, {}]
+    gpu = sweep.worker_envs("gpu", ["0", "1", "2", "3", "4", "5"], 3)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in gpu] == ["0,1", "2,3", "4,5"]
+    assert sweep.worker_envs("gpu", ["4", "5"], 1) == [{"CUDA_VISIBLE_DEVICES": "4,5"}]
+    with pytest.raises(ValueError, match=r"^--workers=3 does not divide the 4 GPU devices of this host "
+                                         r"\(0,1,2,3\); allowed: a divisor of 4$"):
+        sweep.worker_envs("gpu", ["0", "1", "2", "3"], 3)
+    tpu = sweep.worker_envs("tpu", [str(i) for i in range(8)], 4)  # a v5e/v6e-8 host: 2 chips each
+    assert [e["TPU_VISIBLE_CHIPS"] for e in tpu] == ["0,1", "2,3", "4,5", "6,7"]
+    assert {e["TPU_CHIPS_PER_PROCESS_BOUNDS"] for e in tpu} == {"1,2,1"}
+    assert {e["TPU_PROCESS_BOUNDS"] for e in tpu} == {"1,1,1"}
+    ports = [e["TPU_PROCESS_PORT"] for e in tpu]
+    assert len(set(ports)) == 4 and [e["TPU_PROCESS_ADDRESSES"] for e in tpu] == [f"localhost:{p}" for p in ports]
+    chips = [c for e in tpu for c in e["TPU_VISIBLE_CHIPS"].split(",")]
+    assert sorted(chips, key=int) == [str(i) for i in range(8)]  # every chip once
+    assert [e["TPU_CHIPS_PER_PROCESS_BOUNDS"] for e in sweep.worker_envs("tpu", list("0123"), 4)] == ["1,1,1"] * 4
+    assert sweep.worker_envs("tpu", list("0123"), 1) == [{}]
+    with pytest.raises(ValueError, match=r"^--workers=2 gives each worker 3 of the 6 TPU chips; a TPU worker takes "
+                                         r"1, 2 or 4 chips: allowed --workers: 6, 3, or 1 \(the whole host\)$"):
+        sweep.worker_envs("tpu", list("012345"), 2)
+    with pytest.raises(ValueError, match=r"^platform 'rocm' is unknown"):
+        sweep.worker_envs("rocm", ["0"], 1)
+
+
+@pytest.mark.slow  # two Python processes that import the sweep (and with it jax)
+def test_probe_devices_reads_the_host_without_jax(tmp_path):
+    assert sweep.probe_devices({"JAX_PLATFORMS": "cpu"}) == ("cpu", [])
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text('#!/bin/sh\nfor i in 0 1 2 3; do echo "GPU $i: NVIDIA H100 (UUID: x)"; done\n')
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    code = ("import json; from skipless_jax import sweep; from jax._src import xla_bridge; "
+            "print(json.dumps([sweep.probe_devices(), xla_bridge.backends_are_initialized()]))")
+    for visible, ids in ((None, ["0", "1", "2", "3"]), ("2,3", ["2", "3"])):
+        environ = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES")}
+        environ["PATH"] = f"{fake_bin}{os.pathsep}{environ['PATH']}"
+        if visible:
+            environ["CUDA_VISIBLE_DEVICES"] = visible
+        out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True)
+        assert json.loads(out.stdout) == [["gpu", ids], False]  # no JAX backend started in the sweep's process
+
+
+# Records what a worker sees of the accelerators: its share of the fake host's devices.
+SHARE_TRAINER = textwrap.dedent('''
+    import json, os, sys, time
+    flags = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+    seen = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS")}
+    time.sleep(0.5)  # the other worker starts meanwhile
+    json.dump(seen, open(os.path.join(flags["workdir"], "seen.json"), "w"))
+    json.dump({"step": 1}, open(os.path.join(flags["workdir"], "final_metrics.json"), "w"))
+''')
+
+
+@pytest.mark.parametrize("platform,name", [("gpu", "CUDA_VISIBLE_DEVICES"), ("tpu", "TPU_VISIBLE_CHIPS")])
+def test_each_worker_of_a_sweep_gets_its_own_device_share(setup, tmp_path, capsys, platform, name):
+    config, _, root = setup
+    fake = tmp_path / "share_trainer.py"
+    fake.write_text(SHARE_TRAINER)
+    runs = sweep.expand(config, "seed=0,1,2,3")
+    devices = (platform, ["0", "1", "2", "3"])
+    assert sweep.run_local(runs, root, workers=2, trainer=[sys.executable, str(fake)], devices=devices) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.endswith(f"4 to train; {platform}: 2 workers, {name}=0,1 | 2,3"), first
+    seen = [json.loads(Path(root, r.name, "seen.json").read_text())[name] for r in runs]
+    # Runs 0 and 1 start together, on the two shares; 2 and 3 take the shares their finished runs freed.
+    assert sorted(seen[:2]) == ["0,1", "2,3"] and sorted(seen[2:]) == ["0,1", "2,3"], seen
+    # A W that does not divide the devices: refused before anything starts.
+    with pytest.raises(ValueError, match="--workers=3 does not divide the 4"):
+        sweep.run_local(runs, str(tmp_path / "other"), workers=3, trainer=[sys.executable, str(fake)], devices=devices)
+    assert not os.path.exists(tmp_path / "other")

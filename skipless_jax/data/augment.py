@@ -27,6 +27,7 @@ from skipless_jax.data.transforms import (
     DEFAULT_CROP_PCT,
     IMAGENET_MEAN,
     IMAGENET_STD,
+    INTERPOLATIONS,
     check_size,
     normalize,
     random_flip,
@@ -65,8 +66,9 @@ def validate_aug_config(aug_config: Any) -> None:
     mixup >= 0, cutmix >= 0, mixup_switch_prob [0, 1]. Optional: ratio
     (0 < lo <= hi; default (3/4, 4/3)), mixup_prob [0, 1] (default 1), crop ('rrc' random
     resized crop, default; 'pad' zero-pad + random crop, CIFAR style), crop_padding (int >= 0,
-    default 4). Mixup/cutmix always mix the global batch in the train step (data/device_mix.py):
-    the removed `mix_on` field is refused.
+    default 4), interpolation (the random resized crop's resampling: 'bicubic', timm's, default;
+    'bilinear', torchvision RandomResizedCrop's). Mixup/cutmix always mix the global batch in the
+    train step (data/device_mix.py): the removed `mix_on` field is refused.
     """
     randaug = _field(aug_config, "randaug")
     if randaug is not None and not isinstance(randaug, str):
@@ -103,6 +105,9 @@ def validate_aug_config(aug_config: Any) -> None:
     padding = _optional(aug_config, "crop_padding", 4)
     if not isinstance(padding, (int, np.integer)) or isinstance(padding, bool) or padding < 0:
         raise ValueError(f"aug.crop_padding={padding!r}; must be an int >= 0")
+    interpolation = _optional(aug_config, "interpolation", "bicubic")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"aug.interpolation={interpolation!r} is unknown; allowed: {list(INTERPOLATIONS)}")
     if _optional(aug_config, "mix_on", None) is not None:
         raise ValueError(f"aug.mix_on={aug_config.get('mix_on')!r} is no longer a field: mixup/cutmix always run "
                          "on the device over the global batch (data/device_mix.py); remove it")
@@ -127,13 +132,14 @@ class TrainTransform:
     reprob: float
     crop: str = "rrc"
     crop_padding: int = 4
+    interpolation: str = "bicubic"  # of the random resized crop (transforms.INTERPOLATIONS)
     uint8: bool = False  # stop before normalize: {'image': uint8, 'erase': box}, the rest on device
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray | dict[str, np.ndarray]:
         if self.crop == "pad":
             image = random_pad_crop(image, rng, self.image_size, self.crop_padding)
         else:
-            image = random_resized_crop(image, rng, self.image_size, self.scale, self.ratio)
+            image = random_resized_crop(image, rng, self.image_size, self.scale, self.ratio, self.interpolation)
         if self.flip:
             image = random_flip(image, rng)
         if self.randaug is not None:
@@ -189,6 +195,7 @@ def train_transform(
         reprob=float(_field(aug_config, "reprob")),
         crop=_optional(aug_config, "crop", "rrc"),
         crop_padding=int(_optional(aug_config, "crop_padding", 4)),
+        interpolation=_optional(aug_config, "interpolation", "bicubic"),
     )
 
 

@@ -61,14 +61,16 @@ def train_iterator(
     transform: Callable[[np.ndarray, np.random.Generator], Any] | None = None,
     batch_transform: Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]] | None = None,
     on_device: bool = False,
+    shards: int = 1,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Process-local train batches from `start_step` on; `transform` (per example) and
     `batch_transform` replace the config's augmentation (e.g. DINO's multi-crop). `on_device`:
-    uint8 images (+ `erase` boxes) for `device_images.prepare` in the step; else float32, normalized."""
+    uint8 images (+ `erase` boxes) for `device_images.prepare` in the step; else float32, normalized.
+    `shards`: the mesh's data-parallel devices (repeated augmentation places copies on different ones)."""
     source = sources.get_source(config.dataset.name, config.dataset.train_split, config.dataset.get("data_dir"))
     return pipeline.train_batches(
         source, **_train_batches_args(config, transform, batch_transform, on_device),
-        start_step=start_step, process_index=process_index, process_count=process_count,
+        start_step=start_step, process_index=process_index, process_count=process_count, shards=shards,
     )
 
 

@@ -224,11 +224,13 @@ def _transforms(config: Any, on_device: bool) -> dict[str, Any]:
 
 
 def train_iterator(
-    config: Any, start_step: int, process_index: int, process_count: int, on_device: bool = False
+    config: Any, start_step: int, process_index: int, process_count: int, on_device: bool = False, shards: int = 1
 ) -> Iterator[dict[str, np.ndarray]]:
     """Process-local multi-crop batches {'global', 'local', 'label'} from `start_step` on;
-    `on_device`: uint8 crops, to be normalized in the step (`device_images.prepare`)."""
-    return inputs.train_iterator(config, start_step, process_index, process_count, **_transforms(config, on_device))
+    `on_device`: uint8 crops, to be normalized in the step (`device_images.prepare`); `shards` as
+    `inputs.train_iterator`'s."""
+    return inputs.train_iterator(config, start_step, process_index, process_count, shards=shards,
+                                 **_transforms(config, on_device))
 
 
 def train_batch_spec(config: Any, on_device: bool = False) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

@@ -4,7 +4,9 @@ Train: the global example stream is `shuffle(seed) → repeat → random_map(tra
 example at global position i (and its augmentation randomness) depends only on (seed, i);
 step s holds positions [s·B, (s+1)·B). With repeated augmentation (r > 1, DeiT's RASampler) or
 whole batches per epoch (`drop_last`), position i of epoch length L reads image
-order_e[(i mod L) // r] of epoch e = i // L (`epoch_length`, docs/method.md §21). Process p
+order_e[(i mod L) // r] of epoch e = i // L (`epoch_length`, docs/method.md §21), and with r > 1
+the step's positions are strided over the S data shards (position s·B + k at row
+(k mod S)·B/S + ⌊k/S⌋), so an image's copies are on different devices. Process p
 of P reads only its contiguous slice of each global batch, and a resumed run starts at
 `start_step` with no iterator state to restore: the examples from step s on are the same
 whatever the number of processes or workers.
@@ -127,10 +129,17 @@ class _TrainExamples:
     Pickles without the stream (a worker process rebuilds it on first use)."""
 
     def __init__(self, source: record_sources.Source, example: _Example, seed: int, global_batch_size: int,
-                 offset: int, local: int, start_step: int, repeats: int = 1, drop_last: bool = False):
+                 offset: int, local: int, start_step: int, repeats: int = 1, drop_last: bool = False,
+                 shards: int = 1):
         self.source, self.example, self.seed = source, example, seed
         self.global_batch_size, self.offset, self.local, self.start_step = global_batch_size, offset, local, start_step
         self.repeats = repeats
+        # r > 1: row j = d·B/S + m of the global batch holds the step's position m·S + d (docs/method.md
+        # §21), so the r consecutive copies of an image land on r different data shards.
+        self.shards = shards if repeats > 1 else 1
+        if global_batch_size % self.shards:
+            raise ValueError(f"config.input.batch_size={global_batch_size} is not divisible by the {shards} "
+                             "data-parallel devices")
         self.length = epoch_length(len(source), repeats, global_batch_size if drop_last else None)
         self._stream = None
 
@@ -142,7 +151,8 @@ class _TrainExamples:
 
     def position(self, j: int) -> int:
         step, k = divmod(j, self.local)
-        return (self.start_step + step) * self.global_batch_size + self.offset + k
+        shard, m = divmod(self.offset + k, self.global_batch_size // self.shards)  # the global row's device
+        return (self.start_step + step) * self.global_batch_size + m * self.shards + shard
 
     def __getitem__(self, j: int) -> dict[str, np.ndarray]:
         if self._stream is None:
@@ -236,15 +246,18 @@ def train_batches(
     targets: tuple[str, ...] = (),
     repeats: int = 1,
     drop_last: bool = False,
+    shards: int = 1,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Process-local train batches {'image': (b, H, W, C), 'label': (b, K) f32, *targets} from
     step `start_step` on; b = global_batch_size / process_count. `targets` are record fields
     (e.g. 'segmentation') stacked as they are stored. `repeats` r: r consecutive differently
     augmented copies of each image, epochs of ⌊N/256⌋·256 samples (DeiT's RASampler);
-    `drop_last`: each epoch is whole global batches, the rest of its order unused."""
+    `drop_last`: each epoch is whole global batches, the rest of its order unused. `shards` S
+    (the mesh's data-parallel devices): with r > 1 the step's stream position k is global batch
+    row (k mod S)·B/S + ⌊k/S⌋, so the copies of an image sit on different devices."""
     offset, local = _local_slice(global_batch_size, process_index, process_count)
     dataset = _TrainExamples(source, _Example(transform, targets), seed, global_batch_size, offset, local,
-                             start_step, repeats, drop_last)
+                             start_step, repeats, drop_last, shards)
     stream = examples(dataset, num_workers)
     for step in itertools.count(start_step):
         batch = stack([next(stream) for _ in range(local)])

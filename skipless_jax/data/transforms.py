@@ -23,6 +23,8 @@ DEFAULT_CROP_PCT = 0.875
 Box = tuple[int, int, int, int]  # (top, left, height, width)
 
 _BICUBIC = Image.Resampling.BICUBIC
+# Resampling of the random resized crop: timm's (DeiT) bicubic; torchvision RandomResizedCrop's default bilinear (DINO).
+INTERPOLATIONS = {"bicubic": _BICUBIC, "bilinear": Image.Resampling.BILINEAR}
 
 
 def check_uint8_image(image: np.ndarray, name: str) -> None:
@@ -85,8 +87,10 @@ def random_resized_crop(
     size: int,
     scale: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    interpolation: str = "bicubic",
 ) -> np.ndarray:
-    """Random resized crop: crop the box of `random_resized_crop_box`, resize bicubic.
+    """Random resized crop: crop the box of `random_resized_crop_box`, resize bicubic (or
+    `interpolation`, a name in INTERPOLATIONS).
 
     Args:
         image: uint8 (H, W, 3).
@@ -100,7 +104,7 @@ def random_resized_crop(
     top, left, h, w = random_resized_crop_box(image.shape[0], image.shape[1], rng, scale, ratio)
     # Crop first, then resize: the resampling filter must not read pixels outside the box.
     crop = Image.fromarray(np.ascontiguousarray(image[top:top + h, left:left + w]))
-    return np.asarray(crop.resize((size, size), _BICUBIC))
+    return np.asarray(crop.resize((size, size), INTERPOLATIONS[interpolation]))
 
 
 def random_pad_crop(image: np.ndarray, rng: np.random.Generator, size: int, padding: int = 4) -> np.ndarray:

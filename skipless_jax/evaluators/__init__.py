@@ -102,6 +102,8 @@ def check_config(config: ml_collections.ConfigDict, allowed_types: tuple[str, ..
                     raise ValueError(f"config.evals.{name}.{f} is required for its own dataset {dataset!r} "
                                      f"(splits: {sorted(sources.dataset_info(dataset).splits)})")
         EVALUATORS[kind].check(name, entry)
+        if hasattr(EVALUATORS[kind], "check_run"):  # against the run's own data
+            EVALUATORS[kind].check_run(name, entry, config)
         if hasattr(EVALUATORS[kind], "check_model"):  # what the evaluator reads of the model, per family
             from skipless_jax import models
 
@@ -119,9 +121,9 @@ def data_needed(config: ml_collections.ConfigDict) -> list[tuple[str, str, str |
         if entry.get("type") == "fewshot":  # its own datasets, train and test
             from skipless_jax.evaluators import fewshot
 
-            for d in entry.get("datasets") or ("digits",):
+            for d, splits in fewshot.dataset_splits(entry).items():
                 own_dir = config.dataset.get("data_dir") if d == config.dataset.name else entry.get("data_dir")
-                out += [(d, s, own_dir) for s in fewshot.default_splits(d)]
+                out += [(d, s, own_dir) for s in splits]
     return out
 
 

@@ -2,7 +2,8 @@
 
 A linear layer on the frozen backbone's class tokens of its last n blocks (each through the
 final norm), trained by SGD (momentum 0.9, no weight decay, lr 0.001·B/256 cosine to 0 over
-`epochs`) on RandomResizedCrop + flip views, tested at Resize(S/0.875) + CenterCrop(S).
+`epochs`) on RandomResizedCrop (bilinear) + flip views of a plain stream (the run's
+`drop_last` and repeated augmentation reset), tested at Resize(S/0.875) + CenterCrop(S).
 
     config.evals.linear_eval = dict(type='dino_linear', split='validation', train_split='train',
                                     n_last_blocks=4, avgpool=False, epochs=100)
@@ -25,9 +26,13 @@ from skipless_jax.data import augment, device_images, device_input, inputs, sour
 from skipless_jax.evaluators import contexts
 from skipless_jax.evaluators.common import Context, field
 
-# DINO's train views: RandomResizedCrop(S) (scale 0.08-1, ratio 3/4-4/3) + horizontal flip only.
+# DINO's train views: RandomResizedCrop(S) (scale 0.08-1, ratio 3/4-4/3, torchvision's bilinear
+# resampling) + horizontal flip only.
 TRAIN_AUG = dict(randaug=None, scale=(0.08, 1.0), flip=True, reprob=0.0, mixup=0.0, cutmix=0.0,
-                 mixup_switch_prob=0.5)
+                 mixup_switch_prob=0.5, interpolation="bilinear")
+# The probe's stream: every image once an epoch, the last batch partial (DINO's train loader:
+# shuffle, no drop_last, no repeated augmentation), so ⌈N/B⌉ steps are one data epoch.
+STREAM = dict(drop_last=False, repeated_augmentation=1)
 TEST_CROP_PCT = 224 / 256  # Resize(256) + CenterCrop(224), scaled to the model's input size
 DEFAULTS = dict(epochs=100, batch_size=1024, lr=0.001)
 WIDE = 768  # ViT-B and wider: n = 1 + avgpool (DINO's README); narrower (ViT-S): n = 4
@@ -155,9 +160,7 @@ class DinoLinear:
         probe = jax.ShapeDtypeStruct((1, size, size, channels), jnp.float32)
         dim = jax.eval_shape(self._features, params, probe).shape[-1]
         state = self.init(dim)
-        mean, std = self._mean_std
-        crops = dataclasses.replace(augment.train_transform(TRAIN_AUG, size, mean, std), uint8=True)
-        local = inputs.train_iterator(config, 0, jax.process_index(), jax.process_count(), AnyChannels(crops),
+        local = inputs.train_iterator(config, 0, jax.process_index(), jax.process_count(), self.train_views(),
                                       on_device=True)
         batches = device_input.device_batches(local, sharding.batch_sharding(self.ctx.mesh),
                                               device_input.device_prefetch(config))
@@ -169,6 +172,12 @@ class DinoLinear:
         finally:
             batches.close()
         return state["linear"], [float(v) for v in jax.device_get(losses)]
+
+    def train_views(self) -> AnyChannels:
+        """DINO's train transform at the model's input size, as uint8 (normalized on the device)."""
+        mean, std = self._mean_std
+        size = inputs.image_size(self.view.config)
+        return AnyChannels(dataclasses.replace(augment.train_transform(TRAIN_AUG, size, mean, std), uint8=True))
 
     def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
         linear, _ = self.train(params)
@@ -229,7 +238,7 @@ class DinoLinear:
         rgb = sources.dataset_info(ctx.config.dataset.name).image_shape[-1] == 3
         view = contexts.derived(ctx, f"config.evals.{name}", train_split=entry.get("train_split"),
                                 aug=dict(TRAIN_AUG) if rgb else None, crop_pct=TEST_CROP_PCT,
-                                batch_size=batch_size)
+                                batch_size=batch_size, **STREAM)
         return cls(name=name, ctx=ctx, view=view, n_last_blocks=n, avgpool=avgpool,
                    epochs=field(entry, "epochs", DEFAULTS["epochs"]), batch_size=batch_size,
                    lr=float(field(entry, "lr", DEFAULTS["lr"])), **common)

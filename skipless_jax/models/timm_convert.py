@@ -15,10 +15,11 @@ as `batch_stats`; the checkpoint holds the parameters only).
 
 Back to timm (`to_timm`, the exact inverse of `convert`):
 
-    python -m skipless_jax.models.timm_convert --reverse --input=WORKDIR --output=model.safetensors
+    python -m skipless_jax.models.timm_convert --reverse --input=WORKDIR --output=model.safetensors [--params=ema]
 
 reads the newest checkpoint of a workdir (or a folder written here) with its saved
-`config.model` and writes timm's state dict; `timm.create_model(...).load_state_dict(
+`config.model` (`--params=ema`: the run's model EMA instead of the trained weights) and writes
+timm's state dict; `timm.create_model(...).load_state_dict(
 safetensors.torch.load_file(path), strict=True)` takes it. A model timm cannot express (a
 residual switched off, Token Graying on, the tanh GELU, a ViT without the class token or with
 the fixed sin-cos table) is a one-line error naming the field.
@@ -525,10 +526,13 @@ def to_timm(family: str, params: Mapping[str, Any], model_config: Mapping[str, A
     return w.sd
 
 
-def read_checkpoint(path: str) -> tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+def read_checkpoint(
+    path: str, params: str = "model"
+) -> tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]:
     """(family, config.model, params, batch_stats or None) of the newest checkpoint at `path` (a
-    workdir, or a folder `write_checkpoint` wrote)."""
+    workdir, or a folder `write_checkpoint` wrote); `params='ema'`: those of the run's model EMA."""
     from skipless_jax import checkpoint
+    from skipless_jax.trainers import model_ema
 
     saved = checkpoint.saved_config(path)
     if saved is None or "model" not in saved:
@@ -537,7 +541,9 @@ def read_checkpoint(path: str) -> tuple[str, dict[str, Any], dict[str, Any], dic
     if "params" not in entries:
         raise ValueError(f"--input={path!r}: its checkpoint has no 'params' (it has {entries}); "
                          "a supervised or converted checkpoint is needed")
+    model_ema.check_params(params, entries, path)
     _, state = checkpoint.load_raw(path)
+    state = model_ema.weights(state, params)
     to_np = functools.partial(_tree_map, np.asarray)
     stats = to_np(state["batch_stats"]) if "batch_stats" in state else None
     return saved["model"].get("name") or "vit", dict(saved["model"]), to_np(state["params"]), stats
@@ -679,14 +685,16 @@ def _tree_map(fn: Callable[[Any], Any], tree: Mapping[str, Any]) -> dict[str, An
     return {k: _tree_map(fn, v) if isinstance(v, Mapping) else fn(v) for k, v in tree.items()}
 
 
-def reverse_main(input_path: str, output: str) -> None:
-    """`--reverse`: the checkpoint at `input_path` -> a timm state dict in `output` (.safetensors)."""
+def reverse_main(input_path: str, output: str, params: str = "model") -> None:
+    """`--reverse`: the checkpoint at `input_path` (its `params`: 'model' or 'ema') -> a timm
+    state dict in `output` (.safetensors; its metadata names the weights)."""
     try:
         if not output.endswith(".safetensors"):
             raise ValueError(f"--output={output!r}: --reverse writes a .safetensors file")
-        family, cfg, params, stats = read_checkpoint(input_path)
-        sd = to_timm(family, params, cfg, stats)
-        write_safetensors(sd, output, {"family": family, "config.model": json.dumps(cfg), "source": input_path})
+        family, cfg, weights, stats = read_checkpoint(input_path, params)
+        sd = to_timm(family, weights, cfg, stats)
+        write_safetensors(sd, output, {"family": family, "config.model": json.dumps(cfg), "source": input_path,
+                                       "params": params})
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     count = sum(int(v.size) for k, v in sd.items() if not k.endswith("num_batches_tracked"))
@@ -699,7 +707,7 @@ def main(argv: list[str]) -> None:
 
     f = flags.FLAGS
     if f.reverse:
-        return reverse_main(f.input, f.output)
+        return reverse_main(f.input, f.output, f.params)
     try:
         if f.family is None or f.variant is None:
             raise ValueError("--family and --variant are required (unless --reverse)")
@@ -724,6 +732,8 @@ if __name__ == "__main__":
                         "(--reverse: a workdir or converted checkpoint folder).")
     flags.DEFINE_string("output", None, "Checkpoint folder to write (for config.init_from); --reverse: a .safetensors.")
     flags.DEFINE_bool("reverse", False, "This project's checkpoint (--input) -> a timm state dict (--output).")
+    flags.DEFINE_string("params", "model", "--reverse: the weights converted, model (as trained) or ema (the run's "
+                        "model EMA).")
     flags.DEFINE_integer("num_classes", None, "Classifier size (default: the checkpoint's).")
     flags.DEFINE_integer("image_size", 224, "Image size the model is checked at (ViT/CaiT: the position table's).")
     flags.mark_flags_as_required(["input", "output"])

@@ -57,9 +57,11 @@ def device_batches(
     config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, train_iterator: Callable[..., Any], first_step: int
 ) -> Iterator[dict[str, jax.Array]]:
     """The global train batches from step `first_step + 1` on, on the devices: this process's share
-    from `train_iterator(config, first_step, process, processes, on_device=True)` (inputs' or
-    multicrop's), laid out over the mesh's data axes and prefetched (`config.input.device_prefetch`)."""
-    local = train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True)
+    from `train_iterator(config, first_step, process, processes, on_device=True, shards=S)` (inputs'
+    or multicrop's; S the mesh's data shards), laid out over the mesh's data axes and prefetched
+    (`config.input.device_prefetch`)."""
+    local = train_iterator(config, first_step, jax.process_index(), jax.process_count(), on_device=True,
+                           shards=sharding.num_data_shards(mesh))
     return device_input.device_batches(local, sharding.batch_sharding(mesh), device_input.device_prefetch(config))
 
 

@@ -4,6 +4,9 @@ the jitted step after every kept optimizer update and evaluated under its own pr
 
     config.model_ema = dict(decay=0.99996, warmup=False, warmup_gamma=1.0, warmup_power=2/3,
                             evals=None)     # None: every config.evals entry, also as 'ema_<prefix>'
+
+After training, `--params=ema` of evaluate, export, timm_convert --reverse and analyze reads the
+EMA in place of the trained weights (`weights`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import ml_collections
 FIELDS = ("decay", "warmup", "warmup_gamma", "warmup_power", "evals")
 TRACKED = ("params", "batch_stats")  # the state entries averaged (a model's float parameters and buffers)
 PREFIX = "ema_"
+PARAMS = ("model", "ema")  # --params: the trained weights, or their EMA
 
 
 def enabled(config: ml_collections.ConfigDict) -> bool:
@@ -48,6 +52,22 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         if name not in names:
             raise ValueError(
                 f"config.model_ema.evals names {name!r}, not a config.evals entry; allowed: {sorted(names)}")
+
+
+def check_params(params: str, entries: list[str], where: str) -> None:
+    """One-line ValueError for a bad `--params`, or `--params=ema` on a checkpoint (at `where`,
+    whose top-level state `entries` are given) that keeps no EMA."""
+    if params not in PARAMS:
+        raise ValueError(f"--params={params!r} is unknown; allowed: {', '.join(PARAMS)}")
+    if params == "ema" and "ema" not in entries:
+        raise ValueError(f"--params=ema: the checkpoint at {where!r} keeps no model EMA (its run had no "
+                         f"config.model_ema.decay; it has {entries}); use --params=model")
+
+
+def weights(state: Mapping[str, Any], params: str) -> Mapping[str, Any]:
+    """`state` as the evaluators read it: as saved (`params='model'`), or with the EMA's entries
+    (params[, batch_stats]) in place of the trained ones (`params='ema'`)."""
+    return {**state, **state["ema"]} if params == "ema" else state
 
 
 def init(state: Mapping[str, Any]) -> dict[str, Any]:
