@@ -78,6 +78,30 @@ GRIDS = {
     "bf16": ["seed=0,1,2", "skip_sab=True skip_ffn=True init=default opt=adamw seed=0,1,2"],
     # Is the central effect robust in depth? Table 1's four skipless cells at depths 8-24, 5 seeds.
     "depth": f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8,12,16,24 seed={_SEEDS}",
+    # The papers' claims in miniature (docs/results.md), 5 seeds; in priority order, each new
+    # knob an axis between depth and seed, written only where it is not the default, so that a
+    # run another grid has (Table 1's, the depth grid's) is the same folder under one root.
+    # 225 runs, 155 of them in no other grid.
+    "claims": [
+        # The runs of Table 1 and the depth grid at depths 8-16 that the claims compare.
+        f"skip_sab=True skip_ffn=True init=default opt=adamw,soap depth=8 seed={_SEEDS}",
+        f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8,12,16 seed={_SEEDS}",
+        # 1. With skips at every depth (ordering (ii): init + SOAP ≥ with skips).
+        f"skip_sab=True skip_ffn=True init=default opt=adamw,soap depth=12,16 seed={_SEEDS}",
+        # 2. AdamW's learning rate: the three AdamW cells at lr 3e-4, 1e-3 (the default, not
+        #    written), 2e-3 on train[:90%], chosen on val_accuracy.
+        f"skip_sab=True skip_ffn=True init=default opt=adamw depth=8,12 lr=3e-4,2e-3 val=True seed={_SEEDS}",
+        f"skip_sab=True skip_ffn=True init=default opt=adamw depth=8,12 val=True seed={_SEEDS}",
+        f"{_SKIPLESS} init=default,skipless opt=adamw depth=8,12 lr=3e-4,2e-3 val=True seed={_SEEDS}",
+        f"{_SKIPLESS} init=default,skipless opt=adamw depth=8,12 val=True seed={_SEEDS}",
+        # 3. 64 tokens, the skipless cells under AdamW: the paper's β, and β matched to ViT-B/16's
+        #    share, self_attention_share(ViT-B/16, 197 tokens) = 0.7605 (docs/method.md §3).
+        f"{_SKIPLESS} init=default,skipless opt=adamw depth=8 tokens=64 seed={_SEEDS}",
+        f"{_SKIPLESS} init=skipless opt=adamw depth=8 tokens=64 self_share=0.76 seed={_SEEDS}",
+        # 4. Label smoothing 0.1 on ordering (ii)'s cells.
+        f"{_SKIPLESS} init=skipless opt=soap depth=8,12,16 label_smoothing=0.1 seed={_SEEDS}",
+        f"skip_sab=True skip_ffn=True init=default opt=adamw depth=8,12,16 label_smoothing=0.1 seed={_SEEDS}",
+    ],
 }
 
 
