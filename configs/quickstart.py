@@ -27,6 +27,12 @@ the default init and 12.4 ± 2.7 for AdamW; use :depth=16 to show it.
 
 Args (same names in every config): skip_sab, skip_ffn, depth, seed, init, opt, tg, eps, e.g.
     --config=configs/quickstart.py:skip_sab=False,depth=8,seed=1
+The miniature's own knobs (none given: the recipe above, unchanged): lr (default 3e-3 with SOAP,
+1e-3 with AdamW), tokens (16, or 64: the digits upsampled bicubically to 16×16, still in 2×2
+patches; see TOKENS), label_smoothing (default 0), self_share (config.model.init_self_share: β
+set so that a token's attention on itself at init is that share, docs/method.md §3; this
+project's extension, not the paper's), val=True (train on train[:90%], report val_accuracy on
+train[90%:] beside test_accuracy).
 """
 
 import ml_collections
@@ -34,9 +40,18 @@ from ml_collections.config_dict import placeholder
 
 from skipless_jax import config_args, config_blocks
 
+# tokens -> the input size the digits are resized to (None: their own 8×8). 64 tokens: 2×2 patches
+# of the digits upsampled bicubically to 16×16, not 1×1 patches of the 8×8 ones, so that a token
+# keeps the 4 features of the 16-token default (a local intensity and its gradients; Token Graying
+# and the patch projection act on the same 4-feature patches) where a 1-pixel token would carry one
+# number and a rank-1 patch matrix; only the number of tokens changes.
+TOKENS = {16: None, 64: 16}
+VAL_TRAIN, VAL = "train[:90%]", "train[90%:]"  # val=True: the train split's last 10 % held out
+
 # Named grids for `python -m skipless_jax.sweep --config=configs/quickstart.py --grid=NAME`
 # (docs/results.md shows each as a table via `python -m skipless_jax.report`). A list is the
 # union of its grids: the variants that are not one product of axes.
+
 _SKIPLESS = "skip_sab=False skip_ffn=False"
 _SEEDS = "0,1,2,3,4"
 GRIDS = {
@@ -63,6 +78,30 @@ GRIDS = {
     "bf16": ["seed=0,1,2", "skip_sab=True skip_ffn=True init=default opt=adamw seed=0,1,2"],
     # Is the central effect robust in depth? Table 1's four skipless cells at depths 8-24, 5 seeds.
     "depth": f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8,12,16,24 seed={_SEEDS}",
+    # The papers' claims in miniature (docs/results.md), 5 seeds; in priority order, each new
+    # knob an axis between depth and seed, written only where it is not the default, so that a
+    # run another grid has (Table 1's, the depth grid's) is the same folder under one root.
+    # 225 runs, 155 of them in no other grid.
+    "claims": [
+        # The runs of Table 1 and the depth grid at depths 8-16 that the claims compare.
+        f"skip_sab=True skip_ffn=True init=default opt=adamw,soap depth=8 seed={_SEEDS}",
+        f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8,12,16 seed={_SEEDS}",
+        # 1. With skips at every depth (ordering (ii): init + SOAP ≥ with skips).
+        f"skip_sab=True skip_ffn=True init=default opt=adamw,soap depth=12,16 seed={_SEEDS}",
+        # 2. AdamW's learning rate: the three AdamW cells at lr 3e-4, 1e-3 (the default, not
+        #    written), 2e-3 on train[:90%], chosen on val_accuracy.
+        f"skip_sab=True skip_ffn=True init=default opt=adamw depth=8,12 lr=3e-4,2e-3 val=True seed={_SEEDS}",
+        f"skip_sab=True skip_ffn=True init=default opt=adamw depth=8,12 val=True seed={_SEEDS}",
+        f"{_SKIPLESS} init=default,skipless opt=adamw depth=8,12 lr=3e-4,2e-3 val=True seed={_SEEDS}",
+        f"{_SKIPLESS} init=default,skipless opt=adamw depth=8,12 val=True seed={_SEEDS}",
+        # 3. 64 tokens, the skipless cells under AdamW: the paper's β, and β matched to ViT-B/16's
+        #    share, self_attention_share(ViT-B/16, 197 tokens) = 0.7605 (docs/method.md §3).
+        f"{_SKIPLESS} init=default,skipless opt=adamw depth=8 tokens=64 seed={_SEEDS}",
+        f"{_SKIPLESS} init=skipless opt=adamw depth=8 tokens=64 self_share=0.76 seed={_SEEDS}",
+        # 4. Label smoothing 0.1 on ordering (ii)'s cells.
+        f"{_SKIPLESS} init=skipless opt=soap depth=8,12,16 label_smoothing=0.1 seed={_SEEDS}",
+        f"skip_sab=True skip_ffn=True init=default opt=adamw depth=8,12,16 label_smoothing=0.1 seed={_SEEDS}",
+    ],
 }
 
 # The papers' claims, judged over seeds by `python -m skipless_jax.report SRC --claims=configs/quickstart.py`
@@ -119,18 +158,29 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         tg="none",
         eps=0.95,
         epochs=40,
+        lr=None,
+        tokens=16,
+        label_smoothing=0.0,
+        self_share=None,
+        val=False,
     )
+    if a["tokens"] not in TOKENS:
+        raise ValueError(f"config arg tokens={a['tokens']!r} is not allowed; allowed: {' | '.join(map(str, TOKENS))}")
     c = ml_collections.ConfigDict()
     c.trainer = "supervised"
     c.seed = a["seed"]
 
     c.dataset = ml_collections.ConfigDict(
-        dict(name="digits", train_split="train", eval_split="test", data_dir=placeholder(str))
+        dict(name="digits", train_split=VAL_TRAIN if a["val"] else "train", eval_split="test",
+             data_dir=placeholder(str))
     )
     c.input = ml_collections.ConfigDict(
         dict(batch_size=64, eval_batch_size=128, image_size=placeholder(int), aug=None, num_workers=0,
              repeated_augmentation=1, drop_last=False)
     )
+    if TOKENS[a["tokens"]]:
+        c.input.image_size = TOKENS[a["tokens"]]
+        c.input.crop_pct = 1.0  # the whole upsampled digit, no centre crop
 
     # Skips, init (the ViT-B/16 constants of Cutting the Skip) and Token Graying from the args.
     c.model = config_blocks.vit_model(
@@ -141,20 +191,28 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         depth=a["depth"],
         num_heads=4,
         mlp_dim=128,
-        patch_size=2,  # 16 tokens of 2×2 pixels
+        patch_size=2,  # 16 tokens of 2×2 pixels (64 on the upsampled digits)
         pool="gap",
         drop_path=0.0,
     )
+    share = config_args.optional_number(a, "self_share")
+    if share is not None:
+        c.model.init_self_share = share  # β from this target (trainers/supervised.py)
 
     # AdamW (b2 0.999) or Cutting the Skip's SOAP (b1 0.9, b2 0.95, frequency 10).
-    c.optimizer = config_blocks.optimizer(a["opt"], lr=3e-3 if a["opt"] == "soap" else 1e-3, weight_decay=0.05)
+    lr = config_args.optional_number(a, "lr")
+    lr = lr if lr is not None else 3e-3 if a["opt"] == "soap" else 1e-3
+    c.optimizer = config_blocks.optimizer(a["opt"], lr=lr, weight_decay=0.05)
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=5, end_lr=1e-5))
     c.total_epochs = a["epochs"]
     c.grad_clip_norm = 1.0
-    c.label_smoothing = 0.0
+    c.label_smoothing = a["label_smoothing"]
     c.skip_nonfinite_steps = False
     c.model_ema = config_blocks.model_ema(decay=0.0)  # off; docs/results.md measures it on
 
     config_blocks.runtime(c, eval_every=0, checkpoint_every=500, log_every=50)  # eval at the end only
     c.keep_checkpoints = 2
+    if a["val"]:
+        c.evals = ml_collections.ConfigDict(dict(test=dict(type="classification"),
+                                                 val=dict(type="classification", split=VAL)))
     return c

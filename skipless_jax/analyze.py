@@ -9,7 +9,8 @@ Prints a table of per-layer log κ (natural log, docs/method.md §2) of the toke
 `log_kappa.json` to `--output_dir` (the paths are printed) (default: `<workdir>/analysis`, else `./analysis`).
 With `--jacobian` (small models only, n·d ≤ 4096) it adds, per layer at the first probe image,
 log κ of the attention Jacobian K_ℓ, of B_ℓ = Σ_h A_h ⊗ (Wⱽ_h Wᴼ_h)ᵀ, ‖K−B‖/‖K‖ and log κ of
-the whole skipless block's Jacobian, all in float64, drawn in `jacobian.png`.
+the whole skipless block's Jacobian, all in float64, drawn in `jacobian.png`. For a ViT it also
+prints the self-attention share at init of the config's init (docs/method.md §3).
 
 Parameters come from the newest readable checkpoint in `--workdir`; without one (or without a
 workdir) they are the trainer's own initialization for `config.seed`; `--params=ema`: the
@@ -295,6 +296,7 @@ def analyze(
 
     config = config_of_workdir(config, workdir)
     models.check_config(config.model, inputs.image_size(config))
+    models.apply_init_self_share(config.model, inputs.image_size(config))  # β from its target share, if set
     num_images = num_images or config.get("analysis", {}).get("probe_size", 32)
     model, image_shape = build(config)
     weights = params
@@ -308,6 +310,11 @@ def analyze(
     )
     if jacobian:
         result["jacobian"] = jacobian_rows(model, params, images)
+    if (config.model.get("name") or "vit") == "vit":  # docs/method.md §3
+        from skipless_jax.models import init as init_lib
+
+        result["num_tokens"] = models.num_tokens(config.model, image_shape[0])
+        result["self_attention_share"] = init_lib.self_attention_share(config.model, result["num_tokens"])
     output_dir = output_dir or os.path.join(workdir or ".", "analysis")
     os.makedirs(output_dir, exist_ok=True)
     plot_log_kappa(result["log_kappa"], os.path.join(output_dir, "log_kappa.png"),
@@ -320,6 +327,10 @@ def analyze(
     with open(written[1], "w") as f:
         json.dump(result, f, indent=2)
     print(format_table(result), flush=True)
+    if "self_attention_share" in result:
+        print(f"Self-attention share at init: {result['self_attention_share']:.4f} (a token's mean attention on "
+              f"itself over heads and blocks, {result['num_tokens']} N(0, I) tokens; uniform "
+              f"{1 / result['num_tokens']:.4f}; docs/method.md §3)", flush=True)
     print(f"Wrote {', '.join(written)}", flush=True)
     return result
 

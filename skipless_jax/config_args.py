@@ -43,6 +43,17 @@ def parse(arg: str | None, **defaults: Any) -> dict[str, Any]:
     return values
 
 
+def optional_number(values: dict[str, Any], key: str) -> float | None:
+    """`parse`'s value of an arg whose default is None (unset) as a float, or None; one-line error."""
+    text = values[key]
+    if text is None or isinstance(text, float):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"config arg {key}={text!r} must be a number (or None: unset)") from None
+
+
 def to_arg(values: dict[str, Any]) -> str:
     """The inverse of `parse`: {'a': 1, 'b': 'x'} -> 'a=1,b=x' (to hand args to another config)."""
     return ",".join(f"{k}={v}" for k, v in values.items())

@@ -206,6 +206,9 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
 
     # Model.
     model_image_checks(config.model, image_size)
+    require(config.model.get("init_self_share") is None or trainer == "supervised",
+             f"config.model.init_self_share is applied by the supervised trainer only; config.trainer={trainer!r} "
+             "(set init_beta instead)")
 
     # Optimizer and schedule.
     from skipless_jax.optim import OPTIMIZERS

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from skipless_jax import analyze, checkpoint, conditioning
+from skipless_jax.models import init
 
 from util import ROOT, tiny_config
 
@@ -44,6 +45,9 @@ def test_analyze_at_init_writes_table_plot_and_json(tmp_path, capsys):
     table = capsys.readouterr().out
     assert f"quickstart.py:{arg}" in table and "①" in table and "③+④" in table
     assert len([line for line in table.splitlines() if line.strip()[:1].isdigit()]) == config.model.depth
+    share = init.self_attention_share(config.model, 16)  # docs/method.md §3, 16 tokens of 2×2 pixels
+    assert result["self_attention_share"] == share and result["num_tokens"] == 16
+    assert f"Self-attention share at init: {share:.4f} (" in table and "16 N(0, I) tokens" in table
 
     model, shape = analyze.build(config)
     want = _np_embedding_kappa(model, analyze.init_params(model, config, shape),

@@ -121,6 +121,11 @@ ARG_FIELDS = {
     "dense": lambda c: "all" if set(_dense_names()) <= set(c.evals) else "+".join(n for n in _dense_names()
                                                                               if n in c.evals) or "none",
     "dense_root": lambda c: {e.data_dir for n, e in c.evals.items() if n in _dense_names()}.pop(),
+    # The quickstart's miniature knobs.
+    "lr": lambda c: c.optimizer.lr, "label_smoothing": lambda c: c.label_smoothing,
+    "tokens": lambda c: (inputs.image_size(c) // c.model.patch_size) ** 2,
+    "self_share": lambda c: c.model.get("init_self_share"),
+    "val": lambda c: c.dataset.train_split == "train[:90%]" and "val" in c.get("evals", {}),
 }
 
 
@@ -394,3 +399,75 @@ def test_dino_vits_dense_evaluations_run_on_its_checkpoint(tmp_path, monkeypatch
             assert 0.0 <= metrics[f"{name}_{metric}"] <= 1.0, (name, metric)
     with pytest.raises(ValueError, match=r"^config arg dense='voc': 'voc' is unknown; allowed: 'none', 'all'"):
         _module("dino_vits_skipless").get_config("dense=voc")
+
+
+# ------------------------------------------------------------------------------------------
+# The quickstart's miniature knobs (lr, tokens, label_smoothing, self_share, val).
+
+# Configs of configs/quickstart.py as the commit before its knobs resolved them (the `table1`,
+# `depth`, skip-ablation and `tg_eps` grids' runs are of these kinds): runs of those grids resume
+# only while their config trains the same thing (pretrained.check_saved_config).
+QUICKSTART_BEFORE_KNOBS = os.path.join(ROOT, "tests", "configs", "quickstart_configs.json")
+
+
+def test_quickstart_without_its_knobs_trains_as_before():
+    import json
+
+    from skipless_jax import pretrained
+
+    with open(QUICKSTART_BEFORE_KNOBS) as f:
+        before = json.load(f)
+    module = _module("quickstart")
+    assert len(before) == 5
+    for arg, saved in before.items():
+        config = module.get_config(arg or None)
+        assert pretrained.config_differences(saved, config.to_dict()) == [], arg
+        assert json.loads(config.to_json()) == saved, arg  # the runtime fields too
+    c = module.get_config()
+    assert (c.optimizer.lr, module.get_config("opt=adamw").optimizer.lr) == (3e-3, 1e-3)
+    assert (c.model.patch_size, c.input.image_size, c.label_smoothing) == (2, None, 0.0)
+    assert (c.dataset.train_split, c.dataset.eval_split, c.get("evals")) == ("train", "test", None)
+    assert "init_self_share" not in c.model and "crop_pct" not in c.input
+    # The knobs at their default values are the same config.
+    same = module.get_config("opt=adamw,lr=1e-3,tokens=16,label_smoothing=0,val=False")
+    assert same.to_dict() == module.get_config("opt=adamw").to_dict()
+
+
+def test_quickstart_knobs_resolve_and_bad_values_are_one_line_errors():
+    from skipless_jax import validate
+    from skipless_jax.data import transforms
+
+    module = _module("quickstart")
+    c = module.get_config("opt=adamw,lr=3e-4,label_smoothing=0.1,self_share=0.76")
+    assert (c.optimizer.lr, c.label_smoothing, c.model.init_self_share) == (3e-4, 0.1, 0.76)
+    validate.validate_config(c)
+
+    # 64 tokens: the digit upsampled bicubically to 16×16 (PIL on the 8×8 image), 2×2 patches.
+    c = module.get_config("tokens=64")
+    assert (inputs.image_size(c) // c.model.patch_size) ** 2 == 64 and c.input.crop_pct == 1.0
+    _, evaluate = inputs.image_transforms(c, on_device=True)
+    digit = sources.get_source("digits", "train")[5]["image"]
+    want = np.asarray(Image.fromarray(digit[..., 0]).resize((16, 16), Image.Resampling.BICUBIC))
+    np.testing.assert_array_equal(evaluate(digit), want[..., None])
+    assert transforms.resize_shorter_side(np.zeros((4, 6, 3), np.uint8), 8).shape == (8, 12, 3)
+
+    # val=True: train on the first 90 % of train, validate on the rest (disjoint, the whole split).
+    c = module.get_config("val=True")
+    train, val = (sources.get_source("digits", s) for s in (c.dataset.train_split, c.evals.val.split))
+    full = sources.get_source("digits", "train")
+    assert (len(train), len(val)) == (1293, 144) and len(train) + len(val) == len(full) == 1437
+    np.testing.assert_array_equal(val[0]["image"], full[1293]["image"])
+    assert dict(c.evals.test) == {"type": "classification"}
+    assert _total_steps(c) == math.ceil(40 * 1293 / 64)
+
+    for arg, match in [("tokens=32", r"config arg tokens=32 is not allowed; allowed: 16 \| 64"),
+                       ("lr=fast", r"config arg lr='fast' must be a number"),
+                       ("self_share=x", r"config arg self_share='x' must be a number"),
+                       ("val=maybe", r"config arg val='maybe' must be True or False")]:
+        with pytest.raises(ValueError, match=match):
+            module.get_config(arg)
+    for arg, match in [("lr=-1", r"config.optimizer.lr=-1.0 must be a finite number > 0"),
+                       ("label_smoothing=1", r"config.label_smoothing=1.0 must be in \[0, 1\)"),
+                       ("self_share=1.5", r"config.model.init_self_share=1.5 must be a number in \(0, 1\)")]:
+        with pytest.raises(ValueError, match=match):
+            validate.validate_config(module.get_config(arg))

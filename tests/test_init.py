@@ -243,3 +243,127 @@ def test_low_level_errors():
         init.mimetic_vo(jax.random.key(0), 8, 0.0, 0.4)
     with pytest.raises(ValueError, match=">= 2 axes"):
         init.scaled_uniform_orthogonal(jax.random.key(0), (8,))
+
+
+# ---------------------------------------------------------------- self-attention share (method.md §3)
+
+
+def _np_kernel_share(x: np.ndarray, w_q: np.ndarray, w_k: np.ndarray, num_heads: int) -> float:
+    """Mean over samples, tokens and heads of diag softmax(X Wᵠ_h (X Wᴷ_h)ᵀ/√d_h), float64;
+    x (S, n, d), kernels (d, h·d_h) with heads as column groups."""
+    s, n, _ = x.shape
+    dh = w_q.shape[1] // num_heads
+    q, k = ((x @ _np64(w)).reshape(s, n, num_heads, dh) for w in (w_q, w_k))
+    logits = np.einsum("sqhe,skhe->shqk", q, k) / np.sqrt(dh)
+    a = np.exp(logits - logits.max(-1, keepdims=True))
+    return float(np.diagonal(a / a.sum(-1, keepdims=True), axis1=-2, axis2=-1).mean())
+
+
+def _np_share(model: dict, num_tokens: int, num_samples: int, seed: int = 0) -> float:
+    """float64 numpy reading of the share: the same random draws (jax's, by the documented keys),
+    then M_h = αZ_h + βI, its SVD, the rank-d_h factors and the softmax rebuilt here."""
+    d, h, depth = model["width"], model["num_heads"], model["depth"]
+    alpha, beta, dh = model["init_alpha"], model["init_beta"], model["width"] // model["num_heads"]
+    keys = jax.random.split(jax.random.PRNGKey(seed), depth + 1)
+    x = _np64(jax.random.normal(keys[0], (num_samples, num_tokens, d), jnp.float32))
+    shares = []
+    for layer in range(depth):
+        qk_key = jax.random.split(keys[1 + layer])[0]  # attention_kernels' Q/K half
+        for head_key in jax.random.split(qk_key, h):
+            z = _np64(jax.random.normal(head_key, (d, d), jnp.float32)) / np.sqrt(d)
+            u, s, vt = np.linalg.svd(alpha * z + beta * np.eye(d))
+            shares.append(_np_kernel_share(x, u[:, :dh] * np.sqrt(s[:dh]), vt[:dh].T * np.sqrt(s[:dh]), 1))
+    return float(np.mean(shares))
+
+
+def _model_config(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
+    from util import load_config
+
+    return load_config(name, arg).model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,num_tokens,sizes", [
+    ("quickstart", 16, {}),  # d 64, 4 heads, 4 blocks, α 2, β 0.6
+    # ViT-B/16's blocks (d 768, 12 heads, α 2, β 0.6) at 197 tokens; one block keeps the float64
+    # reference's 12 SVDs of 768×768 to seconds (the function averages 12 such blocks).
+    ("vitb_skipless", 197, dict(variant=None, width=768, num_heads=12, depth=1, patch_size=16)),
+])
+def test_self_attention_share_matches_float64_numpy(name, num_tokens, sizes):
+    model = _model_config(name)
+    model.update(sizes)
+    samples = 8 if sizes else 64
+    got = init.self_attention_share(model, num_tokens, num_samples=samples)
+    want = _np_share(model.to_dict(), num_tokens, samples)
+    assert abs(got - want) < 1e-5, (got, want)
+    assert got > 3 / num_tokens  # far above uniform attention
+    if not sizes:  # and a wrong β is seen
+        model.init_beta = 0.3
+        assert abs(init.self_attention_share(model, num_tokens, num_samples=samples) - want) > 0.02
+
+
+def test_self_attention_share_of_the_other_inits_is_near_uniform():
+    """The default (Xavier) and reference (timm) inits attend almost uniformly at init: the
+    skipless init's identity term is what raises a token's attention on itself."""
+    shares = {}
+    for method in ("default", "timm", "skipless"):
+        model = _model_config("quickstart", f"init={method}")
+        shares[method] = init.self_attention_share(model, 16, num_samples=16)
+    assert abs(shares["default"] - 1 / 16) < 0.01 and abs(shares["timm"] - 1 / 16) < 0.005
+    assert shares["skipless"] > 0.3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arg,num_tokens,target", [("", 16, 0.8), ("depth=8,tokens=64", 64, 0.76)])
+def test_init_self_share_reaches_its_target(arg, num_tokens, target):
+    """β from `init_self_share` gives the target share: with the search's own draws, with other
+    draws (seed 1), and in the kernels of the model the trainer builds (its own init keys)."""
+    from skipless_jax import models
+    from skipless_jax.data import inputs
+
+    from util import load_config
+
+    config = load_config("quickstart", f"{arg},self_share={target}".strip(","))
+    image_size = inputs.image_size(config)
+    assert models.num_tokens(config.model, image_size) == num_tokens
+    beta = models.apply_init_self_share(config.model, image_size)
+    assert config.model.init_beta == beta != 0.6
+    assert abs(init.self_attention_share(config.model, num_tokens) - target) < 1e-3
+    assert abs(init.self_attention_share(config.model, num_tokens, seed=1) - target) < 0.01
+
+    model = models.build(config.model, 10)
+    params = model.init(jax.random.PRNGKey(3), jnp.zeros((1, image_size, image_size, 1)), train=False)["params"]
+    x = _np64(jax.random.normal(jax.random.PRNGKey(4), (32, num_tokens, 64), jnp.float32))
+    shares = [_np_kernel_share(x, kernels["query"], kernels["key"], config.model.num_heads)
+              for kernels in (params[f"block_{layer}"]["MultiHeadAttention_0"] for layer in range(config.model.depth))]
+    assert abs(np.mean(shares) - target) < 0.01, np.mean(shares)
+
+
+def test_init_self_share_errors_are_one_line():
+    from skipless_jax import models, validate
+
+    from util import load_config
+
+    model = _model_config("quickstart")
+    for bad in (0.0, 1.0, 1.5, -0.2, True, "0.5", float("nan")):
+        with pytest.raises(ValueError, match=r"init_self_share=.* must be a number in \(0, 1\)"):
+            init.self_share_beta(model, 16, bad)
+    at_zero = ml_collections.ConfigDict({**model.to_dict(), "init_beta": 0.0})
+    assert init.self_attention_share(at_zero, 16) > 0.02  # so 0.02 is below every β's share
+    with pytest.raises(ValueError, match=r"init_self_share=0.02 is not reachable at 16 tokens: β in \[0, 1024\] "
+                                         r"gives shares from 0\.\d{4} to 0\.\d{4}$"):
+        init.self_share_beta(model, 16, 0.02)
+    with pytest.raises(ValueError, match=r"sets the β of init='skipless' or 'mimetic'; config.model.init='default'"):
+        init.self_share_beta(_model_config("quickstart", "init=default"), 16, 0.5)
+    config = load_config("quickstart", "init=default,self_share=0.5")
+    with pytest.raises(ValueError, match=r"config.model.init='default' has none"):
+        validate.validate_config(config)
+    config = load_config("quickstart", "self_share=0.5")
+    config.trainer = "dino"
+    with pytest.raises(ValueError, match=r"applied by the supervised trainer only; config.trainer='dino'"):
+        validate.validate_config(config)
+    swin = ml_collections.ConfigDict(dict(name="swin", init="skipless", init_self_share=0.5))
+    with pytest.raises(ValueError, match=r"defined for the 'vit' family; config.model.name='swin'"):
+        models.check_config(swin, 8)
+    with pytest.raises(ValueError, match=r"num_tokens=0 must be a positive int"):
+        init.self_attention_share(model, 0)

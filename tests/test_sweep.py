@@ -88,8 +88,31 @@ def test_expand_names_runs_by_their_args_and_adds_them_to_the_config_args(setup)
     assert sweep.expand(config, "mode=a/b")[0].name == "mode=a_b"
 
 
+def test_claims_grid_expands_and_shares_the_other_grids_folders():
+    """`claims`: 225 runs, 70 of them Table 1's and the depth grid's runs under their own folder
+    names (trained once under one root), 155 new: 20 with skips at depths 12-16, 90 of the
+    learning-rate study, 15 at 64 tokens, 30 with label smoothing (configs/quickstart.py)."""
+    runs = sweep.expand("configs/quickstart.py", "claims")
+    names = [r.name for r in runs]
+    assert len(names) == len(set(names)) == 225
+    others = {r.name for g in ("table1", "depth") for r in sweep.expand("configs/quickstart.py", g)}
+    new = [n for n in names if n not in others]
+    assert len(new) == 155
+    count = lambda part: sum(part in n for n in new)
+    assert (count("val=True"), count("tokens=64"), count("label_smoothing=0.1")) == (90, 15, 30)
+    assert count("self_share=0.76") == 5 and count("lr=") == 60 and count("lr=1e-3") == 0
+    with_skips = [n for n in new if n.startswith("skip_sab=True") and n.count("=") == 6]
+    assert len(with_skips) == 20 and {n.split(",")[4] for n in with_skips} == {"depth=12", "depth=16"}
+    # Shared runs keep the other grids' names; new axes sit between depth and seed.
+    assert "skip_sab=False,skip_ffn=False,init=skipless,opt=soap,depth=16,seed=3" in names
+    for name in names:
+        keys = [item.split("=")[0] for item in name.split(",")]
+        assert keys[:5] == ["skip_sab", "skip_ffn", "init", "opt", "depth"] and keys[-1] == "seed", name
+    assert "skip_sab=False,skip_ffn=False,init=skipless,opt=adamw,depth=8,tokens=64,self_share=0.76,seed=4" in names
+
+
 def test_papers_grids_are_named_grids():
-    sizes = {"table1": 30, "skip_ablation": 50, "tg_eps": 15, "depth": 80, "bf16": 6}
+    sizes = {"table1": 30, "skip_ablation": 50, "tg_eps": 15, "depth": 80, "bf16": 6, "claims": 225}
     for name, size in sizes.items():
         runs = sweep.expand("configs/quickstart.py", name)
         assert len(runs) == size, name

@@ -272,6 +272,27 @@ def test_several_evaluation_splits_report_under_their_prefixes(tmp_path):
 
 
 @pytest.mark.slow
+def test_quickstart_val_split_and_init_self_share_reach_the_final_metrics(tmp_path, caplog):
+    """`val=True` adds val_accuracy (train[90%:]) beside test_accuracy; `self_share` sets β by its
+    target before the model is built: in the log, in final_metrics.json and in the saved config;
+    a rerun of the finished run finds the same β and the same config."""
+    from skipless_jax.models import init
+
+    config = tiny_config("init=skipless,self_share=0.7,val=True", total_steps=2)
+    beta = init.self_share_beta(tiny_config("init=skipless").model, 16, 0.7)
+    with caplog.at_level("INFO"):
+        metrics = supervised.train_and_evaluate(config, str(tmp_path))
+    assert f"init_self_share=0.7 at 16 tokens: init_beta={beta:g}" in caplog.text
+    final = json.loads((tmp_path / "final_metrics.json").read_text())
+    assert final["init_beta"] == metrics["init_beta"] == beta != 0.6
+    assert 0.0 <= final["val_accuracy"] <= 1.0 and "test_accuracy" in final
+    assert checkpoint.saved_config(str(tmp_path))["model"]["init_beta"] == beta
+    again = supervised.train_and_evaluate(tiny_config("init=skipless,self_share=0.7,val=True", total_steps=2),
+                                          str(tmp_path))
+    assert again == final
+
+
+@pytest.mark.slow
 def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_path):
     """config.init_from with init_from_key='teacher': block and embedding weights are the DINO
     teacher's backbone, the new classifier head keeps its initialization."""

@@ -39,7 +39,7 @@ def image_transforms(config: Any, on_device: bool = False) -> tuple[Any, Any]:
     aug = config.input.get("aug")
     crop_pct = config.input.get("crop_pct", 0.875)
     # Stored at the model's size: only normalized, unless an augmented config asks for a centre crop
-    # (crop_pct < 1 resizes up and crops); the resize is also 3-channel only (digits has 1).
+    # (crop_pct < 1 resizes up and crops). Another size is resized (bicubic; RGB or one channel).
     if info.fixed_size and size == info.image_shape[0] and (aug is None or crop_pct == 1.0):
         evaluate = np.asarray if on_device else functools.partial(pipeline.normalize, mean=info.mean, std=info.std)
         if aug is None:

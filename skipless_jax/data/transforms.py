@@ -27,13 +27,15 @@ _BICUBIC = Image.Resampling.BICUBIC
 INTERPOLATIONS = {"bicubic": _BICUBIC, "bilinear": Image.Resampling.BILINEAR}
 
 
-def check_uint8_image(image: np.ndarray, name: str) -> None:
-    """One-line ValueError unless `image` is a uint8 (H, W, 3) numpy array; `name`: the caller."""
+def check_uint8_image(image: np.ndarray, name: str, channels: tuple[int, ...] = (3,)) -> None:
+    """One-line ValueError unless `image` is a uint8 (H, W, C) numpy array with C in `channels`;
+    `name`: the caller."""
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
         kind = getattr(image, "dtype", type(image).__name__)
         raise ValueError(f"{name}: expected a uint8 numpy image, got {kind}")
-    if image.ndim != 3 or image.shape[-1] != 3 or min(image.shape[:2]) < 1:
-        raise ValueError(f"{name}: expected shape (H, W, 3), got {image.shape}")
+    if image.ndim != 3 or image.shape[-1] not in channels or min(image.shape[:2]) < 1:
+        shapes = " or ".join(f"(H, W, {c})" for c in channels)
+        raise ValueError(f"{name}: expected shape {shapes}, got {image.shape}")
 
 
 def check_size(size: int, name: str) -> None:
@@ -134,18 +136,21 @@ def random_flip(image: np.ndarray, rng: np.random.Generator, prob: float = 0.5) 
 
 
 def resize_shorter_side(image: np.ndarray, size: int) -> np.ndarray:
-    """Bicubic resize so the shorter side is `size`; the longer is int(size·long/short).
+    """Bicubic resize so the shorter side is `size`; the longer is int(size·long/short). RGB or
+    one channel (grayscale digits: PIL's 'L' mode), the channels kept.
 
     The rounding down of the longer side is torchvision's `Resize(int)` rule.
     """
-    check_uint8_image(image, "resize_shorter_side")
+    check_uint8_image(image, "resize_shorter_side", channels=(1, 3))
     check_size(size, "resize_shorter_side")
     height, width = image.shape[:2]
     if height <= width:
         new_h, new_w = size, int(size * width / height)
     else:
         new_h, new_w = int(size * height / width), size
-    return np.asarray(Image.fromarray(image).resize((new_w, new_h), _BICUBIC))
+    gray = image.shape[-1] == 1
+    resized = np.asarray(Image.fromarray(image[..., 0] if gray else image).resize((new_w, new_h), _BICUBIC))
+    return resized[..., None] if gray else resized
 
 
 def center_crop(image: np.ndarray, size: int) -> np.ndarray:

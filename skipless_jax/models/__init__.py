@@ -9,7 +9,8 @@ outside a family module reads its own config fields); a family whose model keeps
 statistics (ConvMixer's BatchNorm, collection `batch_stats`) sets `RUNNING_STATS = True`.
 Shared parts: `stem.py`
 (patchify → Token Graying → projection), `attention.py`, `blocks.py` (the residual switches),
-`common.py` (DropPath, MLP, position embeddings), `init.py` (the skipless init).
+`common.py` (DropPath, MLP, position embeddings), `init.py` (the skipless init). `apply_init_self_share`
+sets a config's β from its target self-attention share (docs/method.md §3).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import flax.linen as nn
 
+from skipless_jax.models import init as init_lib
 from skipless_jax.models import init_schemes
 
 FAMILIES = {
@@ -81,6 +83,23 @@ def describe(model_config: Any) -> ModelDescription:
     return family(model_config).describe(model_config)
 
 
+def num_tokens(model_config: Any, image_size: int) -> int:
+    """Tokens the first block attends over on `image_size` inputs: the class tokens, then the grid."""
+    description = describe(model_config)
+    return description.prefix_tokens + (image_size // description.patch_size) ** 2
+
+
+def apply_init_self_share(model_config: Any, image_size: int) -> float | None:
+    """With `config.model.init_self_share` set (docs/method.md §3, this project's extension):
+    sets `config.model.init_beta` to the β whose self-attention share at init is that target for
+    this model's tokens on `image_size` inputs, and returns it; None (nothing changed) without."""
+    target = model_config.get("init_self_share")
+    if target is None:
+        return None
+    model_config.init_beta = init_lib.self_share_beta(model_config, num_tokens(model_config, image_size), target)
+    return model_config.init_beta
+
+
 def has_running_stats(model_config: Any) -> bool:
     """Whether the model keeps a `batch_stats` collection (running BatchNorm statistics) that the
     supervised trainer updates during training and evaluates with."""
@@ -90,5 +109,8 @@ def has_running_stats(model_config: Any) -> bool:
 def check_config(model_config: Any, image_size: int) -> None:
     """The family's own config check (one-line ValueError for the first bad field), then
     whether a reference init ('timm', 'mae') is defined for the family."""
+    name = model_config.get("name", "vit") or "vit"
+    if name != "vit" and model_config.get("init_self_share") is not None:
+        raise ValueError(f"config.model.init_self_share is defined for the 'vit' family; config.model.name={name!r}")
     family(model_config).check_config(model_config, image_size)
-    init_schemes.check(model_config.get("init", "default"), model_config.get("name", "vit") or "vit")
+    init_schemes.check(model_config.get("init", "default"), name)

@@ -10,12 +10,16 @@ Python floats before anything is traced.
 - `scaled_uniform_orthogonal`: the DKS/TAT MLP kernel initializer (flax `kernel_init` style),
   built on `haar_orthogonal`.
 - `attention_kernels`: the four attention kernels for a method name, as `vit.py` consumes them.
+- `self_attention_share`: the mean attention of a token on itself at init (docs/method.md §3),
+  and `self_share_beta`, the β that sets it (`config.model.init_self_share`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import re
 from typing import Any
 
 import jax
@@ -67,7 +71,8 @@ def validate_init(
 
 
 def validate_init_config(model_config: Any) -> None:
-    """Validates `config.model`'s init fields: init, init_alpha, init_beta, init_c, width, num_heads.
+    """Validates `config.model`'s init fields: init, init_alpha, init_beta, init_c, init_self_share
+    (a target in (0, 1) of init='skipless' or 'mimetic', or None), width, num_heads.
 
     Width/heads are checked only without a `variant` (whose standard sizes replace them).
     """
@@ -84,6 +89,11 @@ def validate_init_config(model_config: Any) -> None:
         _check_nonnegative("model.init_beta", get("init_beta", None))
     if method == "skipless":
         _check_positive("model.init_c", get("init_c", None))
+    if get("init_self_share", None) is not None:
+        check_self_share(get("init_self_share", None))
+        if method not in SHARE_METHODS:
+            raise ValueError(f"config.model.init_self_share sets the β of init="
+                             f"{' or '.join(map(repr, SHARE_METHODS))}; config.model.init={method!r} has none")
 
 
 def scaled_orthogonal_vo(key: jax.Array, d: int, c: float) -> tuple[jax.Array, jax.Array]:
@@ -122,8 +132,13 @@ def mimetic_qk(
     _check_heads(d, num_heads)
     _check_positive("alpha", alpha)
     _check_nonnegative("beta", beta)
-    dh = d // num_heads
-    m = mimetic_qk_targets(key, d, num_heads, alpha, beta)
+    return _truncated_qk(mimetic_qk_targets(key, d, num_heads, alpha, beta))
+
+
+def _truncated_qk(m: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(h, d, d) targets M_h -> (w_q, w_k), both (d, d): each head the rank-d_h factors of M_h."""
+    h, d, _ = m.shape
+    dh = d // h
     u, s, vt = linalg.svd(m)  # (h, d, d), (h, d), (h, d, d)
     root = jnp.sqrt(s[:, None, :dh])  # (h, 1, d_h)
     w_q = u[:, :, :dh] * root  # (h, d, d_h)
@@ -193,3 +208,124 @@ def attention_kernels(
     else:
         w_v, w_o = mimetic_vo(k_vo, d, MIMETIC_VO_ALPHA, MIMETIC_VO_BETA)
     return dict(query=w_q, key=w_k, value=w_v, out=w_o)
+
+
+# `self_share_beta` searches β in [0, SHARE_BETA_MAX] to SHARE_BETA_TOL (docs/method.md §3).
+SHARE_BETA_MAX = 1024.0
+SHARE_BETA_TOL = 1e-4
+SHARE_METHODS = ("skipless", "mimetic")  # the inits whose β `init_self_share` sets
+
+
+def query_key_kernels(
+    key: jax.Array, method: str, d: int, num_heads: int, alpha: float, beta: float
+) -> tuple[jax.Array, jax.Array]:
+    """(w_q, w_k), both (d, d), of one attention layer drawn from the layer's `key` as `method`
+    draws them (docs/method.md §3): the Q/K half of `attention_kernels` for 'skipless' and
+    'mimetic' (traceable in alpha, beta); Xavier uniform for 'default'; the reference table's
+    rule (models/init_schemes.py) for 'timm' and 'mae'."""
+    if method in SHARE_METHODS:
+        return _truncated_qk(mimetic_qk_targets(jax.random.split(key)[0], d, num_heads, alpha, beta))
+    keys = jax.random.split(key)
+    if method == "default":
+        draw = jax.nn.initializers.xavier_uniform()
+        return draw(keys[0], (d, d), jnp.float32), draw(keys[1], (d, d), jnp.float32)
+    from skipless_jax.models import init_schemes  # it builds on this module
+
+    table = init_schemes.RULES[method, "vit"]
+    rules = [next(r for pattern, r in table if re.search(pattern, f"block/attention/{name}"))
+             for name in ("query", "key")]
+    return tuple(rule(k, (d, d), (d, d)) for rule, k in zip(rules, keys))
+
+
+@functools.partial(jax.jit, static_argnames=("method", "d", "num_heads", "depth", "num_tokens", "num_samples"))
+def _share(key: jax.Array, alpha: jax.Array, beta: jax.Array, *, method: str, d: int, num_heads: int,
+           depth: int, num_tokens: int, num_samples: int) -> jax.Array:
+    """The mean of diag softmax(X Wᵠ_h (X Wᴷ_h)ᵀ/√d_h) over samples, tokens, heads and layers
+    (docs/method.md §3); split(key, depth + 1): [0] the tokens X, [1 + l] layer l's kernels."""
+    keys = jax.random.split(key, depth + 1)
+    x = jax.random.normal(keys[0], (num_samples, num_tokens, d), jnp.float32)
+    dh = d // num_heads
+
+    def layer_share(layer_key: jax.Array) -> jax.Array:
+        w_q, w_k = query_key_kernels(layer_key, method, d, num_heads, alpha, beta)
+        q, k = ((x @ w).reshape(num_samples, num_tokens, num_heads, dh) for w in (w_q, w_k))
+        attention = jax.nn.softmax(jnp.einsum("sqhe,skhe->shqk", q, k) / math.sqrt(dh), axis=-1)
+        return jnp.diagonal(attention, axis1=-2, axis2=-1).mean()
+
+    return jax.lax.map(layer_share, keys[1:]).mean()
+
+
+def _share_fields(model_config: Any) -> dict[str, Any]:
+    """The init method, sizes and α, β of a ViT `config.model` (its variant resolved), validated."""
+    from skipless_jax.models import vit  # it builds on this module
+
+    name = model_config.get("name", "vit") or "vit"
+    if name != "vit":
+        raise ValueError(f"the self-attention share is defined for the 'vit' family; config.model.name={name!r}")
+    sizes = vit.resolve_sizes(model_config)
+    get = lambda k, v: v if sizes.get(k) is None else sizes[k]
+    fields = dict(method=get("init", "default"), d=sizes.get("width"), num_heads=sizes.get("num_heads"),
+                  depth=sizes.get("depth"), alpha=get("init_alpha", 1.0), beta=get("init_beta", 1.0))
+    validate_init(fields["method"], fields["d"], fields["num_heads"], fields["alpha"], fields["beta"], 1.0)
+    if not (isinstance(fields["depth"], int) and fields["depth"] > 0):
+        raise ValueError(f"config.model.depth={fields['depth']!r} must be a positive int")
+    return fields
+
+
+def _share_of_beta(model_config: Any, num_tokens: int, num_samples: int, seed: int) -> Any:
+    """(beta -> the share with that β, the config's fields), computed on the host CPU in float32
+    whatever the default backend, so that every process and platform finds the same numbers."""
+    for name, value in (("num_tokens", num_tokens), ("num_samples", num_samples)):
+        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            raise ValueError(f"{name}={value!r} must be a positive int")
+    fields = _share_fields(model_config)
+    static = dict(method=fields["method"], d=fields["d"], num_heads=fields["num_heads"], depth=fields["depth"],
+                  num_tokens=num_tokens, num_samples=num_samples)
+    cpu = jax.devices("cpu")[0]
+
+    def share(beta: float) -> float:
+        with jax.default_device(cpu):
+            return float(_share(jax.random.PRNGKey(seed), jnp.float32(fields["alpha"]), jnp.float32(beta), **static))
+
+    return share, fields
+
+
+def self_attention_share(model_config: Any, num_tokens: int, *, num_samples: int = 64, seed: int = 0) -> float:
+    """The mean attention weight of a token on itself at init (docs/method.md §3), over the heads
+    and blocks of the ViT `config.model` (its init, α, β; biases zero as at init), for
+    `num_samples` draws of `num_tokens` N(0, I_d) tokens (what LayerNorm feeds the attention).
+
+    Layer l's kernels are drawn by `query_key_kernels` from split(PRNGKey(seed), depth + 1)[1 + l],
+    the tokens from [0], the same tokens for every layer. 1/num_tokens is uniform attention.
+    """
+    share, fields = _share_of_beta(model_config, num_tokens, num_samples, seed)
+    return share(fields["beta"])
+
+
+def check_self_share(target: Any) -> None:
+    """One-line ValueError unless `config.model.init_self_share` is a number in (0, 1)."""
+    if not (isinstance(target, numbers.Real) and not isinstance(target, bool) and 0.0 < target < 1.0):
+        raise ValueError(f"config.model.init_self_share={target!r} must be a number in (0, 1) (None: the config's β)")
+
+
+def self_share_beta(model_config: Any, num_tokens: int, target: float, *, num_samples: int = 64,
+                    seed: int = 0) -> float:
+    """The β (rounded to 4 decimals) at which `self_attention_share` of `config.model` equals
+    `target` at `num_tokens` tokens (docs/method.md §3, this project's `init_self_share`): the
+    upper end doubles from 1 until its share exceeds the target, then bisection to SHARE_BETA_TOL.
+    One-line ValueError for a target outside (0, 1), an init without β, or a target the shares at
+    β = 0 and β = SHARE_BETA_MAX do not bracket."""
+    validate_init_config({**dict(model_config), "init_self_share": target})
+    share, _ = _share_of_beta(model_config, num_tokens, num_samples, seed)
+    lo, hi = 0.0, 1.0
+    low, high = share(lo), share(hi)
+    while high < target and hi < SHARE_BETA_MAX:
+        lo, hi = hi, 2 * hi
+        high = share(hi)
+    if not low < target <= high:
+        raise ValueError(f"config.model.init_self_share={target!r} is not reachable at {num_tokens} tokens: "
+                         f"β in [0, {SHARE_BETA_MAX:g}] gives shares from {low:.4f} to {high:.4f}")
+    while hi - lo > SHARE_BETA_TOL:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if share(mid) < target else (lo, mid)
+    return round((lo + hi) / 2, 4)

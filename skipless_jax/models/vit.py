@@ -287,6 +287,7 @@ def model_kwargs(model_config: Any, num_classes: int) -> dict[str, Any]:
     kwargs.pop("name", None)  # the registry's family name
     kwargs["dtype"] = jnp.dtype(kwargs.get("dtype", "float32"))
     kwargs["init_scheme"] = kwargs.pop("init", "default")  # `init` would shadow Module.init
+    kwargs.pop("init_self_share", None)  # a target for init_beta, set from it (models.apply_init_self_share)
     gelu = kwargs.pop("gelu", "tanh")
     kwargs["gelu_approximate"] = gelu == "tanh"
     return dict(num_classes=num_classes, **kwargs)

@@ -204,6 +204,10 @@ def train_and_evaluate(
     mesh, _ = common.setup(config, devices)
     info = sources.dataset_info(config.dataset.name)
     image_size = inputs.image_size(config)
+    init_beta = models.apply_init_self_share(config.model, image_size)  # β from its target share, if set
+    if init_beta is not None:
+        logging.info("config.model.init_self_share=%g at %d tokens: init_beta=%g (docs/method.md §3).",
+                     config.model.init_self_share, models.num_tokens(config.model, image_size), init_beta)
     steps_per_epoch = inputs.steps_per_epoch(config)
     total_steps = common.train_steps(config, steps_per_epoch)
 
@@ -252,6 +256,8 @@ def train_and_evaluate(
         train_step, state, inputs.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
     run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
               cost, config.input.batch_size)
+    if init_beta is not None:  # the chosen β beside the run's results
+        run.metrics["init_beta"] = init_beta
     data = common.device_batches(config, mesh, inputs.train_iterator, first_step)
 
     def results_at(step: int, state: dict[str, Any]) -> Any:
