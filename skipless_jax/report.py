@@ -118,8 +118,8 @@ def rows(roots: Sequence[str], metrics: Sequence[str] | None = None) -> tuple[li
             arg_names = set(columns([run_args(r["run"]) for r in out]))
             known = ", ".join(c for c in have if c not in ("run", "status") and c not in arg_names)
             raise ValueError(f"--metrics: {unknown[0]!r} is not a final metric of the runs; they have: {known}")
-        keep = {"run", "status", *metrics}
-        out = [{k: v for k, v in r.items() if k in keep or k in run_args(r["run"])} for r in out]
+        out = [{**{k: v for k, v in r.items() if k in ("run", "status") or k in run_args(r["run"])},
+                **{m: r[m] for m in metrics if m in r}} for r in out]  # the metrics in --metrics' order
     return out, folders
 
 
