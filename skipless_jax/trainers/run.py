@@ -305,9 +305,14 @@ class Run:
         self.last_saved = step
 
     def end_of_step(self, step: int, state: Any, results: Iterable[tuple[str, str, float]]) -> None:
-        """After the step's own logging: the evaluators due (`results`), the checkpoint, the preemption rule."""
-        self.evaluate(step, results)
+        """After the step's own logging: the checkpoint, the evaluators due (`results`, evaluated
+        as they are read), the preemption rule. The last step's checkpoint is on disk before its
+        final evaluation starts: a crash, SIGKILL or second Ctrl-C during it loses no step (the
+        rerun evaluates that checkpoint again, `final_evaluation`)."""
         self.save(step, state)
+        if step == self.total_steps:
+            self.wait_for_saves()
+        self.evaluate(step, results)
         self.stop_if_preempted(step, state)
 
     def stop_if_preempted(self, step: int, state: Any) -> None:
