@@ -26,7 +26,9 @@ Launchers:
   a bucket (gs://...) that every worker sees.
 
 Exit status: 0 every run finished; 1 a run failed (a summary names each with its exit status
-and the last line of its log); 75 a run was preempted (rerun the same command); 2 bad usage.
+and the last line of its log), or another sweep holds --root (local: one sweep per root, and
+each run's main holds its workdir; skipless_jax/workdir_lock.py); 75 a run was preempted (rerun
+the same command); 2 bad usage.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from skipless_jax import workdir_lock
 from skipless_jax.trainers.run import EXIT_PREEMPTED, FINAL_METRICS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -310,7 +313,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     root = os.path.abspath(args.root) if "://" not in args.root else args.root.rstrip("/")
     if args.launcher == "local":
-        return run_local(runs, root, overrides, args.workers)
+        try:  # one sweep per root (each run's main locks its own workdir too)
+            workdir_lock.acquire(root, "--root")
+        except workdir_lock.WorkdirBusy as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return 1
+        try:
+            return run_local(runs, root, overrides, args.workers)
+        finally:
+            workdir_lock.release(root)
     todo = [r for r in runs if not is_finished(os.path.join(root, r.name), r, overrides)]
     if not todo:
         print(f"sweep: all {len(runs)} runs under {root} already finished", flush=True)

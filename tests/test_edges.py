@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
-from skipless_jax import evaluators
+from skipless_jax import evaluators, workdir_lock
 from skipless_jax.trainers import supervised
 
 import subprocess_runs as sr
@@ -42,7 +48,94 @@ def test_the_last_step_is_on_disk_before_the_final_evaluation(tmp_path, monkeypa
     assert len(records) == len(set(records)), records  # no step trained twice
 
 
+# ---- 1. One run per workdir, one sweep per root.
+
+TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def environ(tmp_path_factory):
+    return sr.env(1, cache_dir=os.path.join(sr.session_dir(tmp_path_factory), "jax_cache"))
+
+
 def _history_records(workdir: str) -> list[tuple[int, tuple[str, ...]]]:
     """(step, its fields) of each record of history.jsonl (a train and an eval record may share a step)."""
     with open(os.path.join(workdir, "history.jsonl")) as f:
         return [(r["step"], tuple(sorted(r))) for r in map(json.loads, f)]
+
+
+@pytest.mark.slow
+def test_a_second_main_on_a_workdir_is_refused_and_a_killed_ones_lock_is_taken_over(tmp_path, environ):
+    workdir, progress, log = str(tmp_path / "run"), str(tmp_path / "progress"), str(tmp_path / "first.log")
+    overrides = ["--config.total_steps=8", "--config.checkpoint_every_steps=2"]
+    first = sr.start(sr.command(workdir, overrides), dict(environ, SKIPLESS_STEP_DELAY="0.5",
+                                                          SKIPLESS_PROGRESS=progress), log)
+    try:
+        sr.wait_until(lambda: sr.read_progress(progress) >= 2, [first], log, TIMEOUT)
+        second = subprocess.run(sr.command(workdir, overrides), env=environ, cwd=sr.ROOT, capture_output=True,
+                                text=True, timeout=TIMEOUT)
+        lines = [line for line in (second.stdout + second.stderr).splitlines() if line.strip()]
+        assert second.returncode == 1, second.stderr[-3000:]
+        assert len(lines) == 1, lines
+        assert re.fullmatch(
+            rf"error: --workdir={re.escape(workdir)} is in use by another run \(host {re.escape(socket.gethostname())}"
+            rf", pid {first.pid}, started \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC; lock {re.escape(workdir)}/\.lock\): "
+            "wait for it to end, or use another folder", lines[0]), lines[0]
+        assert first.poll() is None  # the first run goes on
+        first.send_signal(signal.SIGKILL)  # its lock stays behind, stale
+        assert sr.finish(first, log, TIMEOUT) == -signal.SIGKILL
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert os.path.exists(os.path.join(workdir, ".lock"))
+    out = sr.run(sr.command(workdir, overrides), environ, str(tmp_path / "rerun.log"), TIMEOUT)
+    taken = [line for line in out.splitlines() if "taking over the lock" in line]
+    assert len(taken) == 1 and f"pid {first.pid}," in taken[0], out[-3000:]
+    records = _history_records(workdir)
+    assert len(records) == len(set(records)) and records[-1][0] == 8, records  # every record once
+    assert not os.path.exists(os.path.join(workdir, ".lock"))  # released at the end
+
+
+def test_a_lock_is_stale_when_its_holder_is_gone_not_while_it_runs(tmp_path):
+    folder = str(tmp_path / "w")
+    me = workdir_lock.holder_record()
+    assert not workdir_lock.is_stale(me, time.time())
+    assert workdir_lock.is_stale({**me, "process_start": me["process_start"] + 1}, time.time())  # a reused pid
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert workdir_lock.is_stale({**me, "pid": child.pid}, time.time())
+    elsewhere = {**me, "host": "another-host"}  # judged by the heartbeat (mtime)
+    assert not workdir_lock.is_stale(elsewhere, time.time() - workdir_lock.STALE_S / 2)
+    assert workdir_lock.is_stale(elsewhere, time.time() - workdir_lock.STALE_S - 1)
+    os.makedirs(folder)
+    path = os.path.join(folder, workdir_lock.LOCK)
+    with open(path, "w") as f:
+        json.dump(elsewhere, f)
+    with pytest.raises(workdir_lock.WorkdirBusy, match=r"in use by another run \(host another-host, pid"):
+        workdir_lock.acquire(folder)
+    old = time.time() - workdir_lock.STALE_S - 5
+    os.utime(path, (old, old))
+    with workdir_lock.held(folder), open(path) as f:
+        assert json.load(f)["token"] == workdir_lock._held[path]
+    assert not os.path.exists(path)
+
+
+@pytest.mark.slow
+def test_a_second_sweep_on_a_root_is_refused(tmp_path, environ):
+    root = str(tmp_path / "root")
+    cmd = [sys.executable, "-m", "skipless_jax.sweep", f"--config={sr.TINY}", "--grid=seed=0", f"--root={root}",
+           "--config.total_steps=100000"]
+    with open(tmp_path / "first.log", "wb") as log:
+        first = subprocess.Popen(cmd, env=environ, cwd=sr.ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    try:
+        sr.wait_until(lambda: os.path.exists(os.path.join(root, "seed=0", "sweep_run.json")), [first],
+                      str(tmp_path / "first.log"), TIMEOUT)
+        second = subprocess.run(cmd, env=environ, cwd=sr.ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    lines = [line for line in (second.stdout + second.stderr).splitlines() if line.strip()]
+    assert second.returncode == 1, lines
+    assert lines[-1].startswith(f"error: --root={root} is in use by another run (host {socket.gethostname()}, "
+                               f"pid {first.pid}, started "), lines[-1]

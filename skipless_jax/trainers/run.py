@@ -26,7 +26,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from skipless_jax import checkpoint
+from skipless_jax import checkpoint, workdir_lock
 from skipless_jax.nested import flatten
 from skipless_jax.pretrained import check_saved_config
 from skipless_jax.trainers import perf, wandb_writer, writers
@@ -156,6 +156,7 @@ class SignalFlag:
     def _handler(self, signum, frame):
         if signum == signal.SIGINT and self.interrupted:
             print("Interrupted again: exiting now, without saving (exit status 130).", file=sys.stderr, flush=True)
+            workdir_lock.release_held()
             os._exit(EXIT_INTERRUPTED)  # at once: no pending save or writer is waited for
         if signum == signal.SIGINT:
             self.interrupted = True
