@@ -64,16 +64,21 @@ def natural_key(text: str) -> list[tuple[int, float, str]]:
 
 def rows(roots: Sequence[str], metrics: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """(one dict per run: run, its args (strings), its final metrics as in the file; its folders)."""
-    out, folders = [], []
+    out, folders, have = [], [], {}
     for root in roots:
         for folder in find_runs(root):
             run = os.path.relpath(folder, root)
             with open(os.path.join(folder, FINAL_METRICS)) as f:
                 final = json.load(f)
+            have.update(dict.fromkeys(final))
             if metrics is not None:
                 final = {k: final[k] for k in metrics if k in final}
             out.append({"run": run, **run_args(run), **final})
             folders.append(folder)
+    unknown = [m for m in metrics or () if m not in have]
+    if out and unknown:
+        raise ValueError(f"--metrics: {', '.join(map(repr, unknown))} is in no run's {FINAL_METRICS}; "
+                         f"the runs have: {', '.join(sorted(have))}")
     return out, folders
 
 

@@ -13,8 +13,9 @@ import sys
 import time
 
 import pytest
+from test_report import make_runs
 
-from skipless_jax import evaluators, workdir_lock
+from skipless_jax import evaluators, report, workdir_lock
 from skipless_jax.trainers import supervised
 
 import subprocess_runs as sr
@@ -139,3 +140,16 @@ def test_a_second_sweep_on_a_root_is_refused(tmp_path, environ):
     assert second.returncode == 1, lines
     assert lines[-1].startswith(f"error: --root={root} is in use by another run (host {socket.gethostname()}, "
                                f"pid {first.pid}, started "), lines[-1]
+
+
+# ---- 8. report --metrics names metrics the runs have.
+
+
+def test_report_metrics_that_no_run_has_is_one_line_listing_theirs(tmp_path, capsys):
+    make_runs(str(tmp_path))
+    assert report.main([str(tmp_path), "--metrics=test_acuracy,train_loss"]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.splitlines() == ["error: --metrics: 'test_acuracy' is in no run's final_metrics.json; "
+                                    "the runs have: step, test_accuracy, train_loss"], out.err
+    assert report.main([str(tmp_path), "--metrics=train_loss"]) == 0
