@@ -273,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             plot_final(table, args.plot, args.plot_metric, args.plot_x, group_by or arg_names)
         elif args.plot:
             plot(table, folders, args.plot, args.plot_metric, group_by)
+        if args.plot:
+            print(f"report: wrote {args.plot}", file=sys.stderr, flush=True)  # stdout: the table
         if args.mean_over:
             table = mean_over(table, args.mean_over, arg_names)
     except ValueError as err:

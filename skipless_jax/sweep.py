@@ -68,9 +68,11 @@ def parse_grid(grid: str) -> list[list[tuple[str, str]]]:
     names: list[str] = []
     for axis in grid.split():
         name, sep, values = axis.partition("=")
-        items = [v for v in values.split(",") if v]
-        if not sep or not name or not items:
+        items = values.split(",")
+        if not sep or not name or not values:
             raise ValueError(f"grid axis {axis!r} must be name=value[,value...]; grid {grid!r}")
+        if "" in items:
+            raise ValueError(f"grid axis {axis!r} has an empty value (',,' or a ',' at an end); grid {grid!r}")
         if name in names:
             raise ValueError(f"grid axis {name!r} appears twice in grid {grid!r}")
         names.append(name)
@@ -115,9 +117,13 @@ def expand(config: str, grid: str, module: Any | None = None) -> list[SweepRun]:
         for combo in parse_grid(g):
             args = ",".join(f"{k}={v}" for k, v in combo)
             name = "".join(c if c in _SAFE else "_" for c in args)
-            if name in runs:
-                continue
             spec = f"{path}:{','.join(filter(None, (base, args)))}"
+            if name in runs:
+                if runs[name].config != spec:  # two args that the folder name cannot tell apart
+                    raise ValueError(f"runs {runs[name].config.partition(':')[2]!r} and {spec.partition(':')[2]!r} "
+                                     f"would share the folder {name!r}; give them values that differ in "
+                                     "letters, digits or =,.-_+")
+                continue
             try:
                 module.get_config(spec.partition(":")[2])
             except ValueError as err:

@@ -120,7 +120,10 @@ def _check_warmup(config: Any) -> None:
     require(
         warmup <= total,
         f"{_steps_field(config, 'warmup')} is a warm-up of {warmup} steps, longer than the run's {total} steps "
-        f"({_steps_field(config, 'total')}); allowed: at most {total} steps",
+        f"({_steps_field(config, 'total')}); allowed: at most {total} steps"
+        + ("" if config.schedule.get("warmup_steps") is not None else
+           f", e.g. add --config.schedule.warmup_epochs={(config.get('total_epochs') or total / spe) / 8:.3g} "
+           "(an eighth of the run)"),
     )
 
 

@@ -15,11 +15,11 @@ import time
 import pytest
 from test_report import make_runs
 
-from skipless_jax import evaluators, report, workdir_lock
+from skipless_jax import evaluators, report, sweep, workdir_lock
 from skipless_jax.trainers import supervised
 
 import subprocess_runs as sr
-from util import tiny_config
+from util import load_config, tiny_config
 
 
 @pytest.mark.slow
@@ -153,3 +153,55 @@ def test_report_metrics_that_no_run_has_is_one_line_listing_theirs(tmp_path, cap
     assert out.err.splitlines() == ["error: --metrics: 'test_acuracy' is in no run's final_metrics.json; "
                                     "the runs have: step, test_accuracy, train_loss"], out.err
     assert report.main([str(tmp_path), "--metrics=train_loss"]) == 0
+
+
+# ---- 10. The smaller ones.
+
+
+def test_grid_with_an_empty_value_or_two_values_in_one_folder_is_one_line(tmp_path):
+    config = str(tmp_path / "cfg.py")
+    with open(config, "w") as f:
+        f.write("import ml_collections\nfrom skipless_jax import config_args\n\n"
+                "def get_config(arg=None):\n"
+                "    return ml_collections.ConfigDict(config_args.parse(arg, depth=4, tag='x'))\n")
+    for grid in ("depth=8,,12", "depth=8,12,", "depth=,8"):
+        with pytest.raises(ValueError, match=re.escape(f"grid axis {grid!r} has an empty value")):
+            sweep.expand(config, grid)
+    with pytest.raises(ValueError, match=r"runs 'tag=a/b' and 'tag=a:b' would share the folder 'tag=a_b'"):
+        sweep.expand(config, "tag=a/b,a:b")
+    assert [r.name for r in sweep.expand(config, "depth=8,12")] == ["depth=8", "depth=12"]
+
+
+def test_report_plot_says_where_it_wrote(tmp_path, capsys):
+    make_runs(str(tmp_path / "runs"))
+    png = str(tmp_path / "curves.png")
+    assert report.main([str(tmp_path / "runs"), "--format=csv", f"--plot={png}"]) == 0
+    out = capsys.readouterr()
+    assert out.err.splitlines() == [f"report: wrote {png}"] and os.path.getsize(png) > 0
+    assert out.out.startswith("run,")  # the table alone on stdout
+
+
+def test_warmup_longer_than_the_run_names_the_arg_to_add():
+    with pytest.raises(ValueError, match=re.escape(
+            "config.schedule.warmup_epochs=5 is a warm-up of 113 steps, longer than the run's 68 steps "
+            "(config.total_epochs=3); allowed: at most 68 steps, e.g. add --config.schedule.warmup_epochs=0.375 "
+            "(an eighth of the run)")):
+        supervised.check_config(load_config("quickstart", "epochs=3"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_the_final_evaluation_says_what_happens(signum, caplog):
+    from skipless_jax.trainers.run import SignalFlag
+
+    flag = SignalFlag()
+    try:
+        flag.final = True
+        with caplog.at_level("WARNING"):
+            os.kill(os.getpid(), signum)
+            time.sleep(0.05)
+    finally:
+        flag.close()
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "during the final evaluation: the last step is saved; the evaluation finishes, then the run ends " \
+        "(exit status 0)" in message, message
+    assert "will checkpoint and stop" not in message

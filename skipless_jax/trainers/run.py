@@ -148,6 +148,7 @@ class SignalFlag:
 
     def __init__(self):
         self.raised = self.interrupted = False
+        self.final = False  # the last step is saved and its final evaluation runs (Run.end_of_step)
         self._previous = {}
         with contextlib.suppress(ValueError):  # not the main thread (e.g. a test runner thread)
             for signum in (signal.SIGTERM, signal.SIGINT):
@@ -160,6 +161,12 @@ class SignalFlag:
             os._exit(EXIT_INTERRUPTED)  # at once: no pending save or writer is waited for
         if signum == signal.SIGINT:
             self.interrupted = True
+        if self.final:
+            logging.warning("%s during the final evaluation: the last step is saved; the evaluation finishes, "
+                            "then the run ends (exit status 0)%s.", "Ctrl-C" if signum == signal.SIGINT else
+                            f"Received signal {signum}", ", Ctrl-C again exits at once (rerun to evaluate again)"
+                            if signum == signal.SIGINT else "")
+        elif signum == signal.SIGINT:
             logging.warning("Ctrl-C: saving this step, then stopping (Ctrl-C again exits at once, without saving).")
         else:
             logging.warning("Received signal %d: will checkpoint and stop after this step.", signum)
@@ -313,6 +320,8 @@ class Run:
         self.save(step, state)
         if step == self.total_steps:
             self.wait_for_saves()
+            if self.signals is not None:
+                self.signals.final = True
         self.evaluate(step, results)
         self.stop_if_preempted(step, state)
 
