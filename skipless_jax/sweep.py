@@ -18,14 +18,16 @@ Launchers:
   `final_metrics.json`, which a trainer writes only at its last step, and the same command in
   `<run>/sweep_run.json`) is skipped without starting a process; a preempted one (exit 75)
   resumes from its checkpoint when the sweep is rerun; a re-run of a finished sweep trains
-  nothing. SIGTERM to the sweep is passed on to its runs (they save and exit 75).
+  nothing. SIGTERM to the sweep is passed on to its runs (they save and exit 75); so is Ctrl-C
+  (SIGINT to the process group: the runs save and exit 130, counted resumable), after which the
+  sweep waits for them, prints its summary and exits 130; a second Ctrl-C stops them at once.
 - slurm: writes `<root>/sweep_slurm.sh`, an sbatch array job of the unfinished runs; task i
   runs launch/slurm_multinode.sh for run i inside its allocation. `--submit` submits it.
 - tpu: writes `<root>/sweep_tpu.sh`, one `launch/tpu_vm.sh run` per unfinished run on the
   slice $TPU_NAME in $TPU_ZONE (create and install it first; docs/launch.md); --root should be
   a bucket (gs://...) that every worker sees.
 
-Exit status: 0 every run finished; 1 a run failed (a summary names each with its exit status
+Exit status: 0 every run finished; 130 interrupted by Ctrl-C; 1 a run failed (a summary names each with its exit status
 and the last line of its log), or another sweep holds --root (local: one sweep per root, and
 each run's main holds its workdir; skipless_jax/workdir_lock.py); 75 a run was preempted (rerun
 the same command); 2 bad usage.
@@ -34,6 +36,7 @@ the same command); 2 bad usage.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -47,7 +50,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from skipless_jax import workdir_lock
-from skipless_jax.trainers.run import EXIT_PREEMPTED, FINAL_METRICS
+from skipless_jax.trainers.run import EXIT_INTERRUPTED, EXIT_PREEMPTED, FINAL_METRICS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_RECORD = "sweep_run.json"  # the command a run folder was last trained with
@@ -184,7 +187,21 @@ def run_local(
         for _, proc in active:
             proc.send_signal(signal.SIGTERM)
 
+    def interrupt(signum, frame):  # Ctrl-C: a preemption (the runs save and exit 130 or 75); again: at once
+        if signal.SIGINT in stopping:
+            print("sweep: interrupted again: stopping the runs now, without saving (exit status 130)", flush=True)
+            for _, proc in active:
+                proc.kill()
+            for _, proc in active:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)  # reaped: no zombie left behind
+            workdir_lock.release_held()
+            os._exit(EXIT_INTERRUPTED)
+        print("sweep: Ctrl-C: the runs save their step and stop (Ctrl-C again stops them at once)", flush=True)
+        forward(signum, frame)
+
     previous = signal.signal(signal.SIGTERM, forward)
+    previous_int = signal.signal(signal.SIGINT, interrupt)
     try:
         queue = list(todo)
         while queue or active:
@@ -207,17 +224,24 @@ def run_local(
             for item in [a for a in active if a[1].poll() is not None]:
                 active.remove(item)
                 run, proc = item
-                outcome[run.name] = proc.returncode
+                # A run stopped by the signal before its handler was set is resumable too.
+                stopped = bool(stopping) and proc.returncode in (-signal.SIGINT, -signal.SIGTERM)
+                outcome[run.name] = EXIT_PREEMPTED if stopped else proc.returncode
                 print(f"sweep: {run.name} exited {proc.returncode}", flush=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return summarize(runs, root, outcome, skipped)
+        signal.signal(signal.SIGINT, previous_int)
+    status = summarize(runs, root, outcome, skipped)
+    if signal.SIGINT in stopping:
+        print("sweep: interrupted (Ctrl-C): rerun the same command to resume (exit status 130)", flush=True)
+        return EXIT_INTERRUPTED
+    return status
 
 
 def summarize(runs: Sequence[SweepRun], root: str, outcome: dict[str, int], skipped: int) -> int:
     """One line of counts, then one line per run that did not finish; the sweep's exit status."""
-    failed = {n: c for n, c in outcome.items() if c not in (0, EXIT_PREEMPTED)}
-    preempted = [n for n, c in outcome.items() if c == EXIT_PREEMPTED]
+    failed = {n: c for n, c in outcome.items() if c not in (0, EXIT_PREEMPTED, EXIT_INTERRUPTED)}
+    preempted = [n for n, c in outcome.items() if c in (EXIT_PREEMPTED, EXIT_INTERRUPTED)]  # both resumable
     trained = sum(c == 0 for c in outcome.values())
     print(f"sweep: {len(runs)} runs: {trained} trained, {skipped} already finished, "
           f"{len(preempted)} preempted, {len(failed)} failed", flush=True)

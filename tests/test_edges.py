@@ -205,3 +205,47 @@ def test_a_signal_during_the_final_evaluation_says_what_happens(signum, caplog):
     assert "during the final evaluation: the last step is saved; the evaluation finishes, then the run ends " \
         "(exit status 0)" in message, message
     assert "will checkpoint and stop" not in message
+
+
+# ---- 4. Ctrl-C on a sweep is a preemption.
+
+
+def _sweep_in_its_loop(tmp_path, environ) -> tuple[subprocess.Popen, str, str]:
+    """A real sweep of two tiny runs, one at a time, in its own process group (as a terminal
+    starts it), once its first run is training (its first history record is written)."""
+    root, log = str(tmp_path / "root"), str(tmp_path / "sweep.log")
+    cmd = [sys.executable, "-m", "skipless_jax.sweep", f"--config={sr.TINY}", "--grid=seed=0,1", f"--root={root}",
+           "--config.total_steps=100000"]
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, env=environ, cwd=sr.ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    sr.wait_until(lambda: os.path.exists(os.path.join(root, "seed=0", "history.jsonl")), [proc], log, TIMEOUT)
+    return proc, root, log
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_sweep_saves_its_runs_summarizes_and_exits_130(tmp_path, environ):
+    proc, root, log = _sweep_in_its_loop(tmp_path, environ)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
+    assert sr.finish(proc, log, TIMEOUT) == 130, sr.tail(log)
+    lines = [line for line in sr.tail(log, 10**6).splitlines() if line.strip()]
+    assert "Traceback" not in "\n".join(lines) and "KeyboardInterrupt" not in "\n".join(lines), lines
+    assert "sweep: 2 runs: 0 trained, 0 already finished, 2 preempted, 0 failed" in lines, lines
+    assert "sweep: preempted seed=0: rerun the same command to resume" in lines
+    assert lines[-1] == "sweep: interrupted (Ctrl-C): rerun the same command to resume (exit status 130)"
+    assert sr.steps_on_disk(os.path.join(root, "seed=0")), "the run saved its step"
+    with open(os.path.join(root, "seed=0", "train.log")) as f:
+        assert "rerun the same command to resume (exit status 130)." in f.read()
+    assert not os.path.exists(os.path.join(root, "seed=1"))  # never started
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_a_sweep_at_once(tmp_path, environ):
+    proc, root, log = _sweep_in_its_loop(tmp_path, environ)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert sr.finish(proc, log, 30) == 130, sr.tail(log)
+    assert "sweep: interrupted again: stopping the runs now, without saving (exit status 130)" in sr.tail(log)
+    with pytest.raises(ProcessLookupError):  # no run of the group is left, nor a zombie
+        os.killpg(proc.pid, 0)
