@@ -140,6 +140,9 @@ def main(argv: Sequence[str]) -> None:
     del argv
     from absl import flags
 
+    from skipless_jax import cli
+
+    cli.quiet_console(tensorflow=False)  # main's console: orbax's bookkeeping at --verbosity=1 only
     f = flags.FLAGS
     try:
         meta = export(f.workdir, f.examples, parse_platforms(f.platforms))
@@ -159,4 +162,6 @@ if __name__ == "__main__":
     flags.DEFINE_string("platforms", ",".join(DEFAULT_PLATFORMS),
                         f"Platforms the artifact is lowered for ({', '.join(PLATFORMS)}).")
     flags.mark_flags_as_required(["workdir"])
-    app.run(main)
+    from skipless_jax.cli import parse_flags  # --help exits 0, flag errors are one line (status 2)
+
+    app.run(main, flags_parser=parse_flags)

@@ -35,7 +35,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from skipless_jax.trainers.run import FINAL_METRICS, HISTORY
+from skipless_jax.trainers.outcome import FINAL_METRICS, HISTORY
 
 FORMATS = ("md", "csv")
 

@@ -137,9 +137,9 @@ def test_a_second_sweep_on_a_root_is_refused(tmp_path, environ):
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     lines = [line for line in (second.stdout + second.stderr).splitlines() if line.strip()]
-    assert second.returncode == 1, lines
-    assert lines[-1].startswith(f"error: --root={root} is in use by another run (host {socket.gethostname()}, "
-                               f"pid {first.pid}, started "), lines[-1]
+    assert second.returncode == 1 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: --root={root} is in use by another run (host {socket.gethostname()}, "
+                               f"pid {first.pid}, started "), lines[0]
 
 
 # ---- 8. report --metrics names metrics the runs have.
@@ -249,3 +249,40 @@ def test_a_second_ctrl_c_stops_a_sweep_at_once(tmp_path, environ):
     assert "sweep: interrupted again: stopping the runs now, without saving (exit status 130)" in sr.tail(log)
     with pytest.raises(ProcessLookupError):  # no run of the group is left, nor a zombie
         os.killpg(proc.pid, 0)
+
+
+# ---- 7. Quiet tools: main's console for every command.
+
+
+def _tool(*args: str, module: str) -> tuple[int, list[str]]:
+    """(exit status, the non-empty lines of stdout and stderr together) of `python -m module args`."""
+    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=TIMEOUT,
+                          cwd=sr.ROOT, env=sr.env(1))
+    return done.returncode, [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> str:
+    workdir = str(tmp_path_factory.mktemp("quiet") / "run")
+    supervised.train_and_evaluate(tiny_config(total_steps=2, log_every_steps=2), workdir)
+    return workdir
+
+
+@pytest.mark.slow
+def test_export_and_timm_convert_print_their_one_line(trained, tmp_path):
+    code, lines = _tool(f"--workdir={trained}", module="skipless_jax.export")
+    assert code == 0 and len(lines) == 1 and lines[0].startswith(f"wrote {trained}/export: step 2, logits"), lines
+    code, lines = _tool(f"--workdir={trained}", "--verbosity=1", module="skipless_jax.export")
+    assert code == 0 and len(lines) > 1 and lines[0].startswith("wrote "), lines  # the libraries' lines are back
+    code, lines = _tool("--reverse", f"--input={trained}", f"--output={tmp_path / 'back.safetensors'}",
+                        module="skipless_jax.models.timm_convert")
+    assert code == 1 and lines == ["error: config.model.gelu='tanh': timm's vit cannot express it (it needs "
+                                   "gelu='exact')"], lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["skipless_jax.sweep", "skipless_jax.report", "skipless_jax.export",
+                                    "skipless_jax.models.timm_convert"])
+def test_no_tool_prints_orbaxs_type_handler_warning(module):
+    code, lines = _tool("--help", module=module)
+    assert code == 0 and not [line for line in lines if "Type handler registry" in line or "WARNING" in line], lines

@@ -697,6 +697,9 @@ def main(argv: list[str]) -> None:
     del argv
     from absl import flags
 
+    from skipless_jax import cli
+
+    cli.quiet_console(tensorflow=False)  # main's console: orbax's bookkeeping at --verbosity=1 only
     f = flags.FLAGS
     if f.reverse:
         return reverse_main(f.input, f.output)

@@ -31,16 +31,7 @@ from skipless_jax.nested import flatten
 from skipless_jax.pretrained import check_saved_config
 from skipless_jax.trainers import perf, wandb_writer, writers
 from skipless_jax.trainers.nonfinite import NonFiniteError, all_finite, inexact_names, nonfinite_error
-
-# A run stopped by SIGTERM or a preemption notice saved its state and is not finished:
-# the entry point exits with this status (EX_TEMPFAIL) so schedulers and retry loops rerun it.
-EXIT_PREEMPTED = 75
-# A single-process run stopped by a first Ctrl-C saved its state too; 130 = 128 + SIGINT, as shells report it.
-EXIT_INTERRUPTED = 130
-
-
-FINAL_METRICS = "final_metrics.json"
-HISTORY = "history.jsonl"  # one JSON line per record: {"step": s, "<prefix>_<name>": value, ...}
+from skipless_jax.trainers.outcome import EXIT_INTERRUPTED, EXIT_PREEMPTED, FINAL_METRICS, HISTORY  # noqa: F401
 
 
 class Preempted(Exception):
