@@ -178,6 +178,11 @@ def train(module, config: ml_collections.ConfigDict) -> dict:
     except KeyboardInterrupt:  # Ctrl-C before the loop watches for it (or in a multi-process run)
         print("Interrupted before anything was saved (exit status 130).", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
+    except Exception as err:  # a full disk under another write: the trace, history, event files, final metrics
+        full = checkpoint.disk_full_write(err, flags.FLAGS.workdir)
+        if full is None:
+            raise
+        sys.exit(f"error: {full}")
     return metrics
 
 

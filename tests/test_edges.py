@@ -286,3 +286,21 @@ def test_export_and_timm_convert_print_their_one_line(trained, tmp_path):
 def test_no_tool_prints_orbaxs_type_handler_warning(module):
     code, lines = _tool("--help", module=module)
     assert code == 0 and not [line for line in lines if "Type handler registry" in line or "WARNING" in line], lines
+
+
+# ---- 2. The default trace: small, once per run (the full-disk lines: tests/test_lifecycle.py).
+
+
+def test_the_trace_is_taken_once_per_run_without_python_events_or_hlo(tmp_path):
+    import ml_collections
+
+    from skipless_jax.trainers import perf
+
+    config = ml_collections.ConfigDict(dict(profile_steps=None))
+    first = perf.Profiler(config, str(tmp_path), first_step=0, total_steps=100)
+    assert first.enabled and (first.start, first.stop) == (3, 6)  # 3 steps after 2 of warm-up
+    assert first.options.python_tracer_level == 0 and not first.options.enable_hlo_proto
+    os.makedirs(tmp_path / "plugins" / "profile" / "2026_01_01_00_00_00")
+    assert not perf.Profiler(config, str(tmp_path), first_step=40, total_steps=100).enabled  # a resume
+    config.profile_hlo = True
+    assert perf.Profiler(config, str(tmp_path / "other"), 0, 100).options.enable_hlo_proto
