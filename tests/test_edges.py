@@ -304,3 +304,49 @@ def test_the_trace_is_taken_once_per_run_without_python_events_or_hlo(tmp_path):
     assert not perf.Profiler(config, str(tmp_path), first_step=40, total_steps=100).enabled  # a resume
     config.profile_hlo = True
     assert perf.Profiler(config, str(tmp_path / "other"), 0, 100).options.enable_hlo_proto
+
+
+# ---- 6. The converters' bad inputs: one line each.
+
+
+@pytest.mark.slow
+def test_truncated_or_unreadable_converter_inputs_are_one_line(tmp_path):
+    import numpy as np
+
+    from skipless_jax.models import timm_convert
+
+    npz = str(tmp_path / "sd.npz")
+    np.savez(npz, **{"cls_token": np.zeros((1, 1, 8), np.float32), "pos_embed": np.zeros((1, 5, 8), np.float32)})
+    os.truncate(npz, os.path.getsize(npz) // 2)
+    with pytest.raises(ValueError, match=rf"^--input='{re.escape(npz)}' is not a readable \.npz \(BadZipFile: .*\); "
+                       r"is the file complete\? Write it again with numpy\.savez$"):
+        timm_convert.load_state_dict(npz)
+    code, lines = _tool("--family=vit", "--variant=Ti/16", f"--input={npz}", f"--output={tmp_path / 'out'}",
+                        module="skipless_jax.models.timm_convert")
+    assert code == 1 and len(lines) == 1 and lines[0].startswith(f"error: --input='{npz}' is not a readable"), lines
+
+    st = str(tmp_path / "sd.safetensors")
+    with open(st, "wb") as f:
+        f.write(b"\x40\x00\x00\x00\x00\x00\x00\x00{\"cls_token\"")  # a header cut short
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        with pytest.raises(ValueError, match=r"is a \.safetensors file; reading it needs the safetensors package "
+                           r"\(pip install safetensors, or 'skipless_jax\[timm\]'\)"):
+            timm_convert.load_state_dict(st)
+    else:
+        with pytest.raises(ValueError, match=r"is not a readable \.safetensors file .*Download it again$"):
+            timm_convert.load_state_dict(st)
+
+
+def test_reverse_of_a_dino_workdir_says_it_is_not_supported(tmp_path):
+    import numpy as np
+
+    from skipless_jax.models import timm_convert
+
+    folder = str(tmp_path / "dino")
+    timm_convert.save_state(folder, {"params": {"w": np.zeros((2,), np.float32)}},
+                            json.dumps({"trainer": "dino", "model": {"name": "vit", "depth": 2}}))
+    with pytest.raises(ValueError, match=r"is a dino workdir: its backbone .* has no timm counterpart that --reverse "
+                       r"writes; reverse a supervised run, or fine-tune this one first"):
+        timm_convert.read_checkpoint(folder)
