@@ -350,3 +350,28 @@ def test_reverse_of_a_dino_workdir_says_it_is_not_supported(tmp_path):
     with pytest.raises(ValueError, match=r"is a dino workdir: its backbone .* has no timm counterpart that --reverse "
                        r"writes; reverse a supervised run, or fine-tune this one first"):
         timm_convert.read_checkpoint(folder)
+
+
+# ---- 5. evaluate on a timm-converted checkpoint.
+
+
+def test_evaluate_runs_on_a_converted_checkpoint_with_the_dataset_of_config(tmp_path):
+    import numpy as np
+    from test_timm_convert import VIT_CFG, vit_state_dict
+
+    from skipless_jax import evaluate
+    from skipless_jax.models import timm_convert
+
+    sd = vit_state_dict(channels=1)  # digits: 8×8 grey images, 10 classes
+    rng = np.random.default_rng(0)
+    sd["head.weight"], sd["head.bias"] = rng.normal(size=(10, 8)).astype(np.float32), np.zeros(10, np.float32)
+    folder = str(tmp_path / "converted")
+    result = timm_convert.convert("vit", sd, VIT_CFG, num_classes=10, image_size=8)
+    timm_convert.write_checkpoint(result["params"], folder, VIT_CFG, "synthetic.npz")
+    with pytest.raises(ValueError, match=r"holds a converted checkpoint \(from synthetic\.npz\), whose saved config "
+                       r"is its model only and names no dataset; pass --config=configs/X\.py"):
+        evaluate.evaluate(folder)
+    metrics = evaluate.evaluate(folder, tiny_config())
+    assert metrics["step"] == 0 and 0.0 <= metrics["test_accuracy"] <= 1.0, metrics
+    with open(os.path.join(folder, "evaluation.json")) as f:
+        assert json.load(f) == metrics
