@@ -14,7 +14,7 @@ folder path, comma-separated in each part as `python -m skipless_jax.sweep` name
 `<metric>_std` (the sample std, ddof=1; docs/method.md §19) and `n`, the group's runs.
 Rows are in natural order of their folders (`depth=8` before `depth=12`).
 `--plot` draws each run's `--plot_metric` from its `history.jsonl` against the step (matplotlib,
-Agg; with --mean_over, one colour per group). With `--plot_x=ARG` it draws instead the final
+saved; with --mean_over, one colour per group). With `--plot_x=ARG` it draws instead the final
 `--plot_metric` (from `final_metrics.json`) against that numeric arg: each run a dot, and per
 group of the other args (--mean_over's excluded) a line through the means with ± std bars, e.g.
 
@@ -162,12 +162,10 @@ def plot(
     table: list[dict[str, Any]], folders: Sequence[str], path: str, metric: str, group_by: Sequence[str]
 ) -> None:
     """Each run's `metric` over steps from its history.jsonl into the PNG `path`."""
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend (a notebook's) is left alone
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
     colors: dict[tuple, Any] = {}
     drawn = 0
     for r, folder in zip(table, folders):
@@ -191,7 +189,6 @@ def plot(
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_final(
@@ -200,10 +197,7 @@ def plot_final(
     """Each run's final `metric` against its numeric arg `x` into the PNG `path`: a dot per run, a
     line through each group's means (groups: the args `group_by` other than `x`) with ± std bars
     (ddof=1, as --mean_over; 0 for one run). Returns {group label: (xs, means, stds)} as drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend (a notebook's) is left alone
 
     bad = [r["run"] for r in table if not _is_float(r.get(x))]
     if bad:
@@ -215,7 +209,8 @@ def plot_final(
             groups.setdefault(tuple(r.get(a, "") for a in keys), {}).setdefault(float(r[x]), []).append(r[metric])
     if not groups:
         raise ValueError(f"--plot: no run's {FINAL_METRICS} has {metric!r}")
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
     drawn = {}
     for i, (group, by_x) in enumerate(sorted(groups.items())):
         color, xs = f"C{i % 10}", sorted(by_x)
@@ -233,7 +228,6 @@ def plot_final(
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return drawn
 
 

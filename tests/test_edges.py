@@ -375,3 +375,33 @@ def test_evaluate_runs_on_a_converted_checkpoint_with_the_dataset_of_config(tmp_
     assert metrics["step"] == 0 and 0.0 <= metrics["test_accuracy"] <= 1.0, metrics
     with open(os.path.join(folder, "evaluation.json")) as f:
         assert json.load(f) == metrics
+
+
+# ---- 9. No library code sets matplotlib's backend.
+
+_DRAW_EVERYTHING = """
+import os, sys
+import matplotlib
+matplotlib.use("svg")  # stands for a notebook's inline backend: whatever the user chose
+import numpy as np
+from skipless_jax import analyze, pictures, report
+out = sys.argv[1]
+analyze.plot_log_kappa({"sab": [1.0, 2.0], "sab_skip": [0.5, 1.0]}, f"{out}/k.png", "t", {"ref": 1.0}, ("sab_skip",))
+analyze.plot_jacobian([{"log_kappa_K": 1.0, "log_kappa_B": 1.1, "log_kappa_block": 2.0, "rel_diff_K_B": 0.1}] * 2,
+                      f"{out}/j.png", "t")
+pictures.image_grid(f"{out}/g.png", [("a", np.zeros((2, 4, 4, 1)))], "t")
+table = [{"run": "seed=0", "seed": "0", "depth": "8", "test_accuracy": 0.5}]
+report.plot_final(table, f"{out}/f.png", "test_accuracy", "depth", ["seed", "depth"])
+print(matplotlib.get_backend(), "pyplot" in " ".join(sys.modules))
+"""
+
+
+@pytest.mark.slow
+def test_the_figures_are_saved_and_the_callers_backend_is_left_alone(tmp_path):
+    done = subprocess.run([sys.executable, "-c", _DRAW_EVERYTHING, str(tmp_path)], capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=sr.ROOT, env=sr.env(1))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["svg", "False"], done.stdout  # backend unchanged, pyplot never imported
+    for name in "kjgf":
+        with open(tmp_path / f"{name}.png", "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
