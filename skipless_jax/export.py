@@ -8,7 +8,8 @@ writes
                                eval pipeline delivers them (after resize and crop), → float32
                                logits (B, K), or the pooled features (B, d) of a backbone-only
                                (DINO, MAE) workdir; B is symbolic, the weights are constants
-    DIR/export/model.json      image_size, channels, mean/std, num_classes, output, step, config
+    DIR/export/model.json      image_size, channels, mean/std, output, num_classes (logits only),
+                               step, config
     DIR/export/examples.npz    with --examples: `images` (N, H, W, C) uint8 and `labels` (N,)
                                int64 of the first N examples of the eval split
 
@@ -88,7 +89,8 @@ def forward(workdir: str) -> tuple[Any, dict[str, Any]]:
     info = sources.dataset_info(config.dataset.name)
     meta = {
         "image_size": inputs.image_size(config), "channels": int(info.image_shape[-1]),
-        "mean": list(mean), "std": list(std), "num_classes": int(info.num_classes), "output": output,
+        "mean": list(mean), "std": list(std), "output": output,
+        **({"num_classes": int(info.num_classes)} if output == "logits" else {}),  # a backbone has no classes
         "step": int(step), "dataset": config.dataset.name, "eval_split": config.dataset.eval_split,
         "config": saved,
     }

@@ -405,3 +405,16 @@ def test_the_figures_are_saved_and_the_callers_backend_is_left_alone(tmp_path):
     for name in "kjgf":
         with open(tmp_path / f"{name}.png", "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
+
+
+@pytest.mark.slow
+def test_a_dino_export_describes_features_without_num_classes(tmp_path):
+    from test_dino import tiny_dino_config
+
+    from skipless_jax import export
+    from skipless_jax.trainers import dino
+
+    workdir = str(tmp_path / "dino")
+    dino.train_and_evaluate(tiny_dino_config(total_steps=2, checkpoint_every_steps=0), workdir)
+    _, meta = export.forward(workdir)
+    assert meta["output"] == "features" and "num_classes" not in meta, sorted(meta)
