@@ -23,6 +23,7 @@ import hashlib
 import itertools
 import json
 import os
+import pprint
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -79,14 +80,15 @@ class MultiWriter(MetricWriter):
 
 class LoggingWriter(MetricWriter):
     """Scalars and hyperparameters to absl's INFO log, as clu's LoggingWriter: '[step] a=1, b=2'
-    (the quiet console hides these, cli.ConsoleFilter) and '[Hyperparameters] {...}' (kept)."""
+    (the quiet console hides these, cli.ConsoleFilter) and '[Hyperparameters] {...}' (kept, wrapped)."""
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
         values = [f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(scalars.items())]
         logging.info("[%d] %s", step, ", ".join(values))
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        logging.info("[Hyperparameters] %s", hparams)
+        """The settings once, wrapped at 100 columns (a Python dict literal over several lines)."""
+        logging.info("[Hyperparameters] %s", pprint.pformat(dict(hparams), width=100, compact=True, sort_dicts=False))
 
     def flush(self) -> None:
         logging.flush()
