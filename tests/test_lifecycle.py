@@ -312,9 +312,10 @@ def _full_disk_run(tmp_path, size: str, overrides: list[str], then: str = "") ->
 
 def _fault_lines(err: str) -> list[str]:
     """The lines of `err` that are not the run's own progress (this project's INFO and WARNING
-    records): orbax's errors, tracebacks (tensorstore's late 'Event loop is closed' ones too), ours."""
+    records, and the settings' wrapped lines): orbax's errors, tracebacks (their first and last
+    lines; tensorstore's late 'Event loop is closed' ones too), ours."""
     own = re.compile(r"[IW]\d{4} [\d:.]+ +\d+ \w+\.py:\d+\] ")
-    return [line for line in err.splitlines() if line.strip() and not own.match(line)]
+    return [line for line in err.splitlines() if line.strip() and not own.match(line) and not line.startswith(" ")]
 
 
 @pytest.mark.slow

@@ -274,7 +274,8 @@ def test_cli_run_imports_no_tensorflow_and_its_tensorboard_holds_the_history_and
     (first,) = [i for i, line in enumerate(lines) if "] [Hyperparameters] " in line]
     end = next(i for i in range(first + 1, len(lines)) if not lines[i].startswith(" "))  # wrapped lines
     assert max(len(line) for line in lines[first + 1:end]) <= 100 and end - first > 1
-    logged = ast.literal_eval(" ".join([lines[first].split("] [Hyperparameters] ", 1)[1], *lines[first + 1:end]]))
+    logged = ast.literal_eval(" ".join([lines[first].split("] [Hyperparameters] ", 1)[1],
+                                        *(line.strip() for line in lines[first + 1:end])]))
     assert _hparams(acc) == logged
     assert logged["total_steps"] == "12" and logged["model.width"] == "32"
     assert not re.search(r"\] \[\d+\] ", log), "the scalar dumps stay off the quiet console"

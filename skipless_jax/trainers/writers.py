@@ -23,8 +23,8 @@ import hashlib
 import itertools
 import json
 import os
-import pprint
 import socket
+import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -87,8 +87,11 @@ class LoggingWriter(MetricWriter):
         logging.info("[%d] %s", step, ", ".join(values))
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        """The settings once, wrapped at 100 columns (a Python dict literal over several lines)."""
-        logging.info("[Hyperparameters] %s", pprint.pformat(dict(hparams), width=100, compact=True, sort_dicts=False))
+        """The settings once, wrapped at 100 columns: a Python dict literal over several lines, each
+        next one indented (joined with single spaces, they are the literal again)."""
+        lines = textwrap.wrap(repr(dict(hparams)), width=100, subsequent_indent="    ", break_long_words=False,
+                              break_on_hyphens=False)
+        logging.info("[Hyperparameters] %s", "\n".join(lines))
 
     def flush(self) -> None:
         logging.flush()
