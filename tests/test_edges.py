@@ -184,8 +184,8 @@ def test_report_plot_says_where_it_wrote(tmp_path, capsys):
 def test_warmup_longer_than_the_run_names_the_arg_to_add():
     with pytest.raises(ValueError, match=re.escape(
             "config.schedule.warmup_epochs=5 is a warm-up of 113 steps, longer than the run's 68 steps "
-            "(config.total_epochs=3); allowed: at most 68 steps, e.g. add --config.schedule.warmup_epochs=0.375 "
-            "(an eighth of the run)")):
+            "(config.total_epochs=3); allowed: at most 68 steps, e.g. add --config.schedule.warmup_epochs=1 "
+            "(whole epochs; about an eighth of the run)")):
         supervised.check_config(load_config("quickstart", "epochs=3"))
 
 
