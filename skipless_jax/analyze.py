@@ -208,12 +208,10 @@ def plot_log_kappa(
 
     Points in `unused` (a sum the model does not form because its skip is off) are dotted.
     """
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend (a notebook's) is left alone
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     markers = dict(sab="o", sab_skip="s", ffn="^", ffn_skip="D")
     for point, values in curves.items():
         label = conditioning.POINT_LABELS.get(point, point)
@@ -232,19 +230,16 @@ def plot_log_kappa(
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_jacobian(rows: Sequence[dict[str, float]], path: str, title: str) -> None:
     """PNG of the `--jacobian` columns per layer: log κ of K_ℓ, of B_ℓ and of the block's Jacobian,
     and ‖K−B‖/‖K‖ on its own axis."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend (a notebook's) is left alone
 
     layers = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for key, label, marker in (("log_kappa_K", "K_l (attention Jacobian)", "o"),
                                ("log_kappa_B", "B_l = Σ_h A_h ⊗ (W^V_h W^O_h)^T", "s"),
                                ("log_kappa_block", "whole block", "^")):
@@ -263,7 +258,6 @@ def plot_jacobian(rows: Sequence[dict[str, float]], path: str, title: str) -> No
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def describe(config: ml_collections.ConfigDict, config_name: str) -> str:

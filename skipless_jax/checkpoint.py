@@ -39,6 +39,7 @@ import errno
 import functools
 import json
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,6 +81,26 @@ def _disk_full(err: BaseException) -> bool:
     return False
 
 
+def disk_full_write(err: BaseException, workdir: str) -> DiskFullError | None:
+    """A write in `workdir` other than a checkpoint save (the profiler trace, history.jsonl, the
+    event files, the final metrics) that failed for lack of space, as one DiskFullError naming the
+    file and the last good checkpoint; None for any other error (ENOSPC or 'No space left on
+    device' only: a bare RESOURCE_EXHAUSTED may be a device's memory)."""
+    seen = 0
+    while err is not None and seen < 20:
+        text = str(err)
+        if getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in text:
+            found = re.search(r"(\S+?);? No space left on device", text)
+            what = getattr(err, "filename", None) or (found.group(1) if found else f"in {workdir}")
+            good = _finished_in(os.path.join(_abs(workdir), "checkpoints"))
+            return DiskFullError(
+                f"the disk is full: writing {what} failed (No space left on device); "
+                f"{f'the last good checkpoint is step {max(good)}, kept' if good else 'no checkpoint was saved yet'}; "
+                "free space and rerun the same command to resume")
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
+
+
 @contextlib.contextmanager
 def disk_full_as_one_error(mngr: ocp.CheckpointManager, step: int | None) -> Iterator[None]:
     """Turns a full disk under `mngr` (a save, or its async completion) into DiskFullError: one line
@@ -99,7 +120,11 @@ def disk_full_as_one_error(mngr: ocp.CheckpointManager, step: int | None) -> Ite
 
 def _finished_steps(mngr: ocp.CheckpointManager) -> list[int]:
     """The step folders on disk that orbax finished (renamed to their number)."""
-    directory = epath.Path(mngr.directory)
+    return _finished_in(mngr.directory)
+
+
+def _finished_in(checkpoints: str) -> list[int]:
+    directory = epath.Path(checkpoints)
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
 
 

@@ -6,10 +6,12 @@
 
 The console at the default verbosity keeps this project's own lines (settings, progress with
 ETA, evaluations, checkpoint saves) and the warnings and errors of other libraries, except
-orbax's bookkeeping (its warnings: at --verbosity=1); the logging writer's scalar dumps
-(trainers/writers.py) and TensorFlow's C++ notices at import (when something loads it: a tfds
-dataset, clu's writer of a remote workdir) appear only with `--verbosity=1` (absl's `-v 1`),
-which shows everything. Imports absl only, so that `--help` answers before JAX or TensorFlow load.
+orbax's bookkeeping (its warnings: at --verbosity=1) and what libraries say after a full disk
+(the run ends with its own one line; tensorstore's late "Event loop is closed" tracebacks too);
+the logging writer's scalar dumps (trainers/writers.py) and TensorFlow's C++ notices at import
+(when something loads it: a tfds dataset, clu's writer of a remote workdir) appear only with
+`--verbosity=1` (absl's `-v 1`), which shows everything. Imports absl only, so that `--help`
+answers before JAX or TensorFlow load.
 """
 
 from __future__ import annotations
@@ -150,9 +152,17 @@ _LIBRARY_MIN_LEVEL = {"orbax": std_logging.ERROR}  # other libraries: WARNING
 _SCALARS = "/skipless_jax/trainers/writers.py"
 
 
+# A library's record that says the disk is full: the run stops with its own one line
+# (checkpoint.DiskFullError), so the libraries' records from then on are not shown.
+_DISK_FULL = ("No space left on device", "RESOURCE_EXHAUSTED: Error writing")
+
+
 class ConsoleFilter:
     """This project's records (but the scalar dumps), the settings and progress lines, other
-    libraries' warnings and errors (orbax's errors only)."""
+    libraries' warnings and errors (orbax's errors only; none after one that says the disk is full)."""
+
+    def __init__(self):
+        self.disk_full = False
 
     def filter(self, record: std_logging.LogRecord) -> bool:
         path = record.pathname.replace(os.sep, "/")
@@ -160,6 +170,9 @@ class ConsoleFilter:
             return False
         if "/skipless_jax/" in path:
             return True
+        if self.disk_full or any(k in record.getMessage() for k in _DISK_FULL):
+            self.disk_full = True
+            return False
         level = next((v for k, v in _LIBRARY_MIN_LEVEL.items() if f"/{k}/" in path), std_logging.WARNING)
         if record.levelno < level:
             return False
@@ -205,6 +218,21 @@ class _MutedTensorFlowImport(importlib.abc.MetaPathFinder, importlib.abc.Loader)
         module.__spec__ = self._spec  # importlib set it to this loader's spec: the real one again
 
 
+class _LateLoopCallbacks:
+    """sys.unraisablehook without the `RuntimeError: Event loop is closed` tracebacks of
+    tensorstore's callbacks that reach orbax's event loop after it closed (a failed save, e.g.
+    a full disk, which the run reports in its own line); anything else goes to `previous`."""
+
+    def __init__(self, previous: Any):
+        self.previous = previous
+
+    def __call__(self, unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+            return
+        self.previous(unraisable)
+
+
 def quiet_console(tensorflow: bool = True) -> None:
     """The default console (module docstring); call it after the flags are parsed. With
     `tensorflow` (a command that may load it: a tfds dataset, clu's writer of a remote workdir),
@@ -217,6 +245,8 @@ def quiet_console(tensorflow: bool = True) -> None:
     handler = logging.get_absl_handler()
     if not any(isinstance(f, ConsoleFilter) for f in handler.filters):
         handler.addFilter(ConsoleFilter())
+    if not isinstance(sys.unraisablehook, _LateLoopCallbacks):
+        sys.unraisablehook = _LateLoopCallbacks(sys.unraisablehook)
     if tensorflow and "tensorflow" not in sys.modules and not any(
         isinstance(f, _MutedTensorFlowImport) for f in sys.meta_path
     ):

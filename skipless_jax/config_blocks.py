@@ -91,7 +91,8 @@ def runtime(
     c.checkpoint_every_steps = checkpoint_every
     c.keep_checkpoints = 3
     c.compilation_cache_dir = placeholder(str)
-    c.profile_steps = 5  # steps traced after warm-up into <workdir>/plugins/profile/ (0: off; trainers/perf.py)
+    c.profile_steps = 3  # steps traced after warm-up into <workdir>/plugins/profile/ (0: off; trainers/perf.py)
+    c.profile_hlo = False  # the compiled programs' HLO in that trace (op profile, memory viewer; MBs)
     c.peak_tflops = placeholder(float)  # per-device peak for perf/mfu; None: trainers/perf.py's table by device
     # Hosted tracking next to TensorBoard: off unless a project is named (trainers/wandb_writer.py).
     c.wandb = ml_collections.ConfigDict(

@@ -5,7 +5,9 @@ r"""Evaluate a finished (or pretrained) checkpoint without training.
 
 The config is the one saved with the workdir's checkpoint (what its parameters are); a
 `--config` adds or replaces the evaluators (`config.evals`) and data settings, and a config that
-trains another model than the saved one is refused in one line. The trainer's evaluators run
+trains another model than the saved one is refused in one line. A checkpoint converted from
+timm (models/timm_convert.py) saved its model only: `--config` gives the rest (dataset,
+evaluators), the model is the checkpoint's. The trainer's evaluators run
 on the state entry the trainer evaluates (a classifier's parameters, DINO's EMA teacher); the
 metrics are printed and written to `DIR/evaluation[_step<N>].json`, and each evaluator's to
 `DIR/eval/<name>[_step<N>].json`; `--only=voc_lin,voc07_tokencut` runs the named entries of
@@ -38,6 +40,8 @@ def resolve_config(workdir: str, config: ml_collections.ConfigDict | None) -> ml
     from skipless_jax import checkpoint, pretrained
 
     saved = checkpoint.saved_config(workdir)
+    if saved is not None and "converted_from" in saved:
+        return converted_config(workdir, saved, config)
     resolved = pretrained.saved_or_given(saved, config, workdir)
     if saved is not None and config is not None:
         diffs = pretrained.config_differences(saved, config.to_dict())
@@ -51,6 +55,20 @@ def resolve_config(workdir: str, config: ml_collections.ConfigDict | None) -> ml
             if field in config:
                 resolved[field] = config[field]
         resolved.input.eval_batch_size = config.input.get("eval_batch_size")
+    return resolved
+
+
+def converted_config(workdir: str, saved: dict[str, Any], config: ml_collections.ConfigDict | None
+                     ) -> ml_collections.ConfigDict:
+    """A converted checkpoint (models/timm_convert.py; its saved config is its model only): `config`
+    (the dataset, evaluators, data and mesh settings) with the checkpoint's model; without a
+    `config`, the one-line ValueError saying to name one."""
+    if config is None:
+        raise ValueError(f"--workdir={workdir} holds a converted checkpoint (from {saved['converted_from']}), whose "
+                         "saved config is its model only and names no dataset; pass --config=configs/X.py[:args] "
+                         "(or its --config.dataset.* flags) for the dataset and evaluators")
+    resolved = ml_collections.ConfigDict(config.to_dict())
+    resolved.model = ml_collections.ConfigDict(saved["model"])
     return resolved
 
 

@@ -9,8 +9,8 @@ writes
                                eval pipeline delivers them (after resize and crop), → float32
                                logits (B, K), or the pooled features (B, d) of a backbone-only
                                (DINO, MAE) workdir; B is symbolic, the weights are constants
-    DIR/export/model.json      image_size, channels, mean/std, num_classes, output, step, config,
-                               params (model: as trained, ema: the run's model EMA),
+    DIR/export/model.json      image_size, channels, mean/std, output, num_classes (logits only),
+                               step, config, params (model: as trained, ema: the run's model EMA),
                                weights_dtype, built_with (the model's attention_impl and remat)
     DIR/export/examples.npz    with --examples: `images` (N, H, W, C) uint8 and `labels` (N,)
                                int64 of the first N examples of the eval split
@@ -116,7 +116,8 @@ def forward(workdir: str, params: str = "model", weights_dtype: str = "float32")
     info = sources.dataset_info(config.dataset.name)
     meta = {
         "image_size": inputs.image_size(config), "channels": int(info.image_shape[-1]),
-        "mean": list(mean), "std": list(std), "num_classes": int(info.num_classes), "output": output,
+        "mean": list(mean), "std": list(std), "output": output,
+        **({"num_classes": int(info.num_classes)} if output == "logits" else {}),  # a backbone has no classes
         "step": int(step), "dataset": config.dataset.name, "eval_split": config.dataset.eval_split,
         "params": params, "weights_dtype": weights_dtype,
         "weights_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))),
@@ -196,6 +197,9 @@ def main(argv: Sequence[str]) -> None:
     del argv
     from absl import flags
 
+    from skipless_jax import cli
+
+    cli.quiet_console(tensorflow=False)  # main's console: orbax's bookkeeping at --verbosity=1 only
     f = flags.FLAGS
     try:
         meta = export(f.workdir, f.examples, parse_platforms(f.platforms), f.params, f.weights_dtype)
@@ -217,4 +221,6 @@ if __name__ == "__main__":
     flags.DEFINE_string("params", "model", "The weights exported: model (as trained) or ema (the run's model EMA).")
     flags.DEFINE_string("weights_dtype", "float32", f"dtype of the stored weights ({', '.join(WEIGHTS_DTYPES)}).")
     flags.mark_flags_as_required(["workdir"])
-    app.run(main)
+    from skipless_jax.cli import parse_flags  # --help exits 0, flag errors are one line (status 2)
+
+    app.run(main, flags_parser=parse_flags)

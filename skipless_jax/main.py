@@ -7,7 +7,9 @@ SLURM, Cloud TPU VMs).
 A workdir resumes from its newest checkpoint, which must have been written by the same config;
 `--allow_config_change` resumes it under a deliberately changed config (e.g. a longer schedule).
 
-Exit status: 0 finished; 1 a bad config or data, or a checkpoint written by another config;
+Exit status: 0 finished; 1 a bad config or data, a checkpoint written by another config, or a
+workdir another run holds (one line naming its host, pid and start time; a lock whose holder is
+gone is taken over, skipless_jax/workdir_lock.py);
 2 a bad command line (flags, config file, `:args`, overrides), one `error: ...` line each;
 75 preempted (SIGTERM or a preemption notice): the step was saved, rerun the same command;
 130 interrupted (Ctrl-C): the first saves the step it is at and exits 130 (rerun to resume), a
@@ -27,6 +29,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from skipless_jax import workdir_lock
 from skipless_jax.cli import cause_chain, config_file_error, one_line, parse_flags, quiet_console, usage_error
 
 config_flags.DEFINE_config_file("config", None, "Config file, optionally with ':args'.", lock_config=False)
@@ -103,10 +106,7 @@ def main(argv: list[str]) -> None:
         usage_error(str(err))
     import jax
 
-    from skipless_jax import checkpoint, compilation_cache, trainers
-    from skipless_jax.trainers.nonfinite import NonFiniteError
-    from skipless_jax.trainers.perf import DoesNotFit
-    from skipless_jax.trainers.run import EXIT_INTERRUPTED, EXIT_PREEMPTED, Preempted
+    from skipless_jax import compilation_cache, trainers
 
     config = flags.FLAGS.config
     trainer = config.get("trainer", "supervised")
@@ -116,8 +116,48 @@ def main(argv: list[str]) -> None:
         module.check_config(config)
         check_sources(config)
         distributed.check_shared_workdir(flags.FLAGS.workdir)  # multi-process: one line, not a hang
-    except (ValueError, FileNotFoundError) as err:
+        lock_workdir(flags.FLAGS.workdir)
+    except (ValueError, FileNotFoundError, workdir_lock.WorkdirBusy) as err:
         sys.exit(f"error: {err}")
+    try:
+        metrics = train(module, config)
+    finally:
+        workdir_lock.release(flags.FLAGS.workdir)
+    if jax.process_index() == 0:
+        summary = ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())
+                            if not k.startswith("train_") and k != "step" and isinstance(v, (int, float)))
+        print(f"Final ({trainer}, step {metrics.get('step')}): {summary}", flush=True)
+    logging.info("Done.")
+
+
+def lock_workdir(workdir: str) -> None:
+    """Process 0 takes the workdir's lock (skipless_jax/workdir_lock.py; the processes of one run
+    share the workdir); every process raises the same WorkdirBusy when another run holds it.
+    A bucket URL is not locked."""
+    import jax
+
+    from skipless_jax.trainers.run import agreed
+
+    if "://" in workdir:
+        return
+    busy = None
+    if jax.process_index() == 0:
+        try:
+            workdir_lock.acquire(workdir)
+        except workdir_lock.WorkdirBusy as err:
+            busy = {"error": str(err)}
+    busy = agreed(busy)
+    if busy is not None:
+        raise workdir_lock.WorkdirBusy(busy["error"])
+
+
+def train(module, config: ml_collections.ConfigDict) -> dict:
+    """The trainer's run, with every way it stops (but a finish) as one line and its exit status."""
+    from skipless_jax import checkpoint
+    from skipless_jax.trainers.nonfinite import NonFiniteError
+    from skipless_jax.trainers.perf import DoesNotFit
+    from skipless_jax.trainers.run import EXIT_INTERRUPTED, EXIT_PREEMPTED, Preempted
+
     try:
         metrics = module.train_and_evaluate(
             config, flags.FLAGS.workdir, allow_config_change=flags.FLAGS.allow_config_change
@@ -138,11 +178,12 @@ def main(argv: list[str]) -> None:
     except KeyboardInterrupt:  # Ctrl-C before the loop watches for it (or in a multi-process run)
         print("Interrupted before anything was saved (exit status 130).", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
-    if jax.process_index() == 0:
-        summary = ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())
-                            if not k.startswith("train_") and k != "step" and isinstance(v, (int, float)))
-        print(f"Final ({trainer}, step {metrics.get('step')}): {summary}", flush=True)
-    logging.info("Done.")
+    except Exception as err:  # a full disk under another write: the trace, history, event files, final metrics
+        full = checkpoint.disk_full_write(err, flags.FLAGS.workdir)
+        if full is None:
+            raise
+        sys.exit(f"error: {full}")
+    return metrics
 
 
 def run() -> None:

@@ -1,6 +1,6 @@
-"""Pictures the trainers and evaluators write as PNGs (matplotlib, Agg): a grid of images with
-optional boxes, the PCA colouring of patch features (docs/method.md §8), and the display of
-normalized images.
+"""Pictures the trainers and evaluators write as PNGs (matplotlib Figures, saved; no pyplot): a
+grid of images with optional boxes, the PCA colouring of patch features (docs/method.md §8), and
+the display of normalized images.
 """
 
 from __future__ import annotations
@@ -59,14 +59,13 @@ def image_grid(
     NaN pixels are shown as a flat blue-grey. `boxes[r][i]`: (box, colour) pairs drawn on image i
     of row r."""
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend (a notebook's) is left alone
     from matplotlib.patches import Rectangle
 
     n = rows[0][1].shape[0]
-    fig, axes = plt.subplots(len(rows), n, figsize=(1.2 * n, 1.3 * len(rows) + 0.3), squeeze=False)
-    cmap = plt.get_cmap("gray").with_extremes(bad="#7f7fbf")
+    fig = Figure(figsize=(1.2 * n, 1.3 * len(rows) + 0.3))
+    axes = fig.subplots(len(rows), n, squeeze=False)
+    cmap = matplotlib.colormaps["gray"].with_extremes(bad="#7f7fbf")
     for r, (label, images) in enumerate(rows):
         for i in range(n):
             ax = axes[r][i]
@@ -83,4 +82,3 @@ def image_grid(
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
-    plt.close(fig)

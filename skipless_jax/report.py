@@ -34,7 +34,7 @@ A Markdown file's report blocks — `<!-- report: ARGS -->`, the output of `repo
 `<!-- /report -->` — are rewritten from their args by `--refresh=FILE.md` (tests/test_results_docs.py
 checks that docs/results.md's blocks equal their commands' output).
 `--plot` draws each run's `--plot_metric` from its `history.jsonl` against the step (matplotlib,
-Agg; with --mean_over, one colour per group). With `--plot_x=ARG` it draws instead the final
+saved; with --mean_over, one colour per group). With `--plot_x=ARG` it draws instead the final
 `--plot_metric` (from `final_metrics.json`) against that numeric arg: each run a dot, and per
 group of the other args (--mean_over's excluded) a line through the means with ± std bars, e.g.
 
@@ -59,7 +59,7 @@ from typing import Any
 
 from skipless_jax import claims as claims_lib
 from skipless_jax import stats
-from skipless_jax.trainers.run import FINAL_METRICS, HISTORY
+from skipless_jax.trainers.outcome import FINAL_METRICS, HISTORY
 
 RUN_RECORD = "sweep_run.json"  # sweep.RUN_RECORD: a folder the sweep started a run in
 
@@ -116,8 +116,9 @@ def rows(roots: Sequence[str], metrics: Sequence[str] | None = None) -> tuple[li
         unknown = [m for m in metrics if m not in have]
         if unknown:
             arg_names = set(columns([run_args(r["run"]) for r in out]))
-            known = ", ".join(c for c in have if c not in ("run", "status") and c not in arg_names)
-            raise ValueError(f"--metrics: {unknown[0]!r} is not a final metric of the runs; they have: {known}")
+            known = ", ".join(sorted(c for c in have if c not in ("run", "status") and c not in arg_names))
+            raise ValueError(f"--metrics: {', '.join(map(repr, unknown))} is in no run's {FINAL_METRICS}; "
+                             f"the runs have: {known}")
         out = [{**{k: v for k, v in r.items() if k in ("run", "status") or k in run_args(r["run"])},
                 **{m: r[m] for m in metrics if m in r}} for r in out]  # the metrics in --metrics' order
     return out, folders
@@ -220,12 +221,10 @@ def plot(
     table: list[dict[str, Any]], folders: Sequence[str], path: str, metric: str, group_by: Sequence[str]
 ) -> None:
     """Each run's `metric` over steps from its history.jsonl into the PNG `path`."""
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend (a notebook's) is left alone
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
     colors: dict[tuple, Any] = {}
     drawn = 0
     for r, folder in zip(table, folders):
@@ -249,7 +248,6 @@ def plot(
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_final(
@@ -258,10 +256,7 @@ def plot_final(
     """Each run's final `metric` against its numeric arg `x` into the PNG `path`: a dot per run, a
     line through each group's means (groups: the args `group_by` other than `x`) with ± std bars
     (ddof=1, as --mean_over; 0 for one run). Returns {group label: (xs, means, stds)} as drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend (a notebook's) is left alone
 
     bad = [r["run"] for r in table if not _is_float(r.get(x))]
     if bad:
@@ -273,7 +268,8 @@ def plot_final(
             groups.setdefault(tuple(r.get(a, "") for a in keys), {}).setdefault(float(r[x]), []).append(r[metric])
     if not groups:
         raise ValueError(f"--plot: no run's {FINAL_METRICS} has {metric!r}")
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
     drawn = {}
     for i, (group, by_x) in enumerate(sorted(groups.items())):
         color, xs = f"C{i % 10}", sorted(by_x)
@@ -291,7 +287,6 @@ def plot_final(
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return drawn
 
 
@@ -425,6 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             plot_final(table, args.plot, args.plot_metric, args.plot_x, group_by or arg_names)
         elif args.plot:
             plot(table, folders, args.plot, args.plot_metric, group_by)
+        if args.plot:
+            print(f"report: wrote {args.plot}", file=sys.stderr, flush=True)  # stdout: the table
         if args.mean_over:
             table = mean_over(table, args.mean_over, arg_names)
     except ValueError as err:

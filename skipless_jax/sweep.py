@@ -21,20 +21,25 @@ Launchers:
   `final_metrics.json`, which a trainer writes only at its last step, and the same command in
   `<run>/sweep_run.json`) is skipped without starting a process; a preempted one (exit 75)
   resumes from its checkpoint when the sweep is rerun; a re-run of a finished sweep trains
-  nothing. SIGTERM to the sweep is passed on to its runs (they save and exit 75).
+  nothing. SIGTERM to the sweep is passed on to its runs (they save and exit 75); so is Ctrl-C
+  (SIGINT to the process group: the runs save and exit 130, counted resumable), after which the
+  sweep waits for them, prints its summary and exits 130; a second Ctrl-C stops them at once.
 - slurm: writes `<root>/sweep_slurm.sh`, an sbatch array job of the unfinished runs; task i
   runs launch/slurm_multinode.sh for run i inside its allocation. `--submit` submits it.
 - tpu: writes `<root>/sweep_tpu.sh`, one `launch/tpu_vm.sh run` per unfinished run on the
   slice $TPU_NAME in $TPU_ZONE (create and install it first; docs/launch.md); --root should be
   a bucket (gs://...) that every worker sees.
 
-Exit status: 0 every run finished; 1 a run failed (a summary names each with its exit status
-and the last line of its log); 75 a run was preempted (rerun the same command); 2 bad usage.
+Exit status: 0 every run finished; 130 interrupted by Ctrl-C; 1 a run failed (a summary names each with its exit status
+and the last line of its log), or another sweep holds --root (local: one sweep per root, and
+each run's main holds its workdir; skipless_jax/workdir_lock.py); 75 a run was preempted (rerun
+the same command); 2 bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -48,7 +53,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from skipless_jax.trainers.run import EXIT_PREEMPTED, FINAL_METRICS
+from skipless_jax import workdir_lock
+from skipless_jax.trainers.outcome import EXIT_INTERRUPTED, EXIT_PREEMPTED, FINAL_METRICS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_RECORD = "sweep_run.json"  # the command a run folder was last trained with
@@ -69,9 +75,11 @@ def parse_grid(grid: str) -> list[list[tuple[str, str]]]:
     names: list[str] = []
     for axis in grid.split():
         name, sep, values = axis.partition("=")
-        items = [v for v in values.split(",") if v]
-        if not sep or not name or not items:
+        items = values.split(",")
+        if not sep or not name or not values:
             raise ValueError(f"grid axis {axis!r} must be name=value[,value...]; grid {grid!r}")
+        if "" in items:
+            raise ValueError(f"grid axis {axis!r} has an empty value (',,' or a ',' at an end); grid {grid!r}")
         if name in names:
             raise ValueError(f"grid axis {name!r} appears twice in grid {grid!r}")
         names.append(name)
@@ -116,9 +124,13 @@ def expand(config: str, grid: str, module: Any | None = None) -> list[SweepRun]:
         for combo in parse_grid(g):
             args = ",".join(f"{k}={v}" for k, v in combo)
             name = "".join(c if c in _SAFE else "_" for c in args)
-            if name in runs:
-                continue
             spec = f"{path}:{','.join(filter(None, (base, args)))}"
+            if name in runs:
+                if runs[name].config != spec:  # two args that the folder name cannot tell apart
+                    raise ValueError(f"runs {runs[name].config.partition(':')[2]!r} and {spec.partition(':')[2]!r} "
+                                     f"would share the folder {name!r}; give them values that differ in "
+                                     "letters, digits or =,.-_+")
+                continue
             try:
                 module.get_config(spec.partition(":")[2])
             except ValueError as err:
@@ -274,7 +286,21 @@ def run_local(
         for _, proc in active:
             proc.send_signal(signal.SIGTERM)
 
+    def interrupt(signum, frame):  # Ctrl-C: a preemption (the runs save and exit 130 or 75); again: at once
+        if signal.SIGINT in stopping:
+            print("sweep: interrupted again: stopping the runs now, without saving (exit status 130)", flush=True)
+            for _, proc in active:
+                proc.kill()
+            for _, proc in active:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)  # reaped: no zombie left behind
+            workdir_lock.release_held()
+            os._exit(EXIT_INTERRUPTED)
+        print("sweep: Ctrl-C: the runs save their step and stop (Ctrl-C again stops them at once)", flush=True)
+        forward(signum, frame)
+
     previous = signal.signal(signal.SIGTERM, forward)
+    previous_int = signal.signal(signal.SIGINT, interrupt)
     try:
         queue = list(todo)
         while queue or active:
@@ -302,17 +328,24 @@ def run_local(
                 active.remove(item)
                 run, proc = item
                 slots.pop(proc.pid)
-                outcome[run.name] = proc.returncode
+                # A run stopped by the signal before its handler was set is resumable too.
+                stopped = bool(stopping) and proc.returncode in (-signal.SIGINT, -signal.SIGTERM)
+                outcome[run.name] = EXIT_PREEMPTED if stopped else proc.returncode
                 print(f"sweep: {run.name} exited {proc.returncode}", flush=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return summarize(runs, root, outcome, skipped)
+        signal.signal(signal.SIGINT, previous_int)
+    status = summarize(runs, root, outcome, skipped)
+    if signal.SIGINT in stopping:
+        print("sweep: interrupted (Ctrl-C): rerun the same command to resume (exit status 130)", flush=True)
+        return EXIT_INTERRUPTED
+    return status
 
 
 def summarize(runs: Sequence[SweepRun], root: str, outcome: dict[str, int], skipped: int) -> int:
     """One line of counts, then one line per run that did not finish; the sweep's exit status."""
-    failed = {n: c for n, c in outcome.items() if c not in (0, EXIT_PREEMPTED)}
-    preempted = [n for n, c in outcome.items() if c == EXIT_PREEMPTED]
+    failed = {n: c for n, c in outcome.items() if c not in (0, EXIT_PREEMPTED, EXIT_INTERRUPTED)}
+    preempted = [n for n, c in outcome.items() if c in (EXIT_PREEMPTED, EXIT_INTERRUPTED)]  # both resumable
     trained = sum(c == 0 for c in outcome.values())
     print(f"sweep: {len(runs)} runs: {trained} trained, {skipped} already finished, "
           f"{len(preempted)} preempted, {len(failed)} failed", flush=True)
@@ -420,7 +453,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr, flush=True)
             return 2
-        return run_local(runs, root, overrides, args.workers, devices=devices)
+        try:  # one sweep per root (each run's main locks its own workdir too)
+            workdir_lock.acquire(root, "--root")
+        except workdir_lock.WorkdirBusy as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return 1
+        try:
+            return run_local(runs, root, overrides, args.workers, devices=devices)
+        finally:
+            workdir_lock.release(root)
     todo = [r for r in runs if not is_finished(os.path.join(root, r.name), r, overrides)]
     if not todo:
         print(f"sweep: all {len(runs)} runs under {root} already finished", flush=True)

@@ -120,8 +120,19 @@ def _check_warmup(config: Any) -> None:
     require(
         warmup <= total,
         f"{_steps_field(config, 'warmup')} is a warm-up of {warmup} steps, longer than the run's {total} steps "
-        f"({_steps_field(config, 'total')}); allowed: at most {total} steps",
+        f"({_steps_field(config, 'total')}); allowed: at most {total} steps"
+        + ("" if config.schedule.get("warmup_steps") is not None else
+           f", e.g. add --config.schedule.warmup_epochs={_shorter_warmup(config, total / spe)}"),
     )
+
+
+def _shorter_warmup(config: Any, run_epochs: float) -> str:
+    """A warm-up of an eighth of the run, in the type the config's field holds (an int field: at
+    least 1 epoch, at most the run's whole epochs)."""
+    epochs = config.get("total_epochs") or run_epochs
+    if isinstance(config.schedule.get("warmup_epochs"), int):
+        return f"{min(max(1, int(epochs // 8)), max(int(epochs), 0))} (whole epochs; about an eighth of the run)"
+    return f"{epochs / 8:.3g} (an eighth of the run)"
 
 
 def model_image_checks(model: Any, image_size: int) -> None:

@@ -1,7 +1,8 @@
 """The notebooks in examples/ run top to bottom on the embedded digits (CPU, tiny configs) with
 nbclient and an ipykernel (requirements-test.txt pins both); each checks its own numbers in
-`assert` cells and shows its pictures. The test runs them with SKIPLESS_EXAMPLES_QUICK=1 (a few
-training steps each, every cell as written) on one CPU device, as a user's kernel has."""
+`assert` cells and shows its pictures (each cell that shows one has it in its outputs). The test
+runs them with SKIPLESS_EXAMPLES_QUICK=1 (a few training steps each, every cell as written) on one
+CPU device, as a user's kernel has."""
 
 import os
 
@@ -32,3 +33,10 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "the notebook shows no picture"
+    # Each cell that shows a figure (pyplot's, or a PNG the library wrote) has it in its outputs:
+    # no library switches the notebook's inline backend off.
+    for i, cell in enumerate(nb.cells):
+        shows = cell.source.count("plt.show()") + cell.source.count("display(Image(")
+        if cell.cell_type == "code" and shows:
+            pngs = [o for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+            assert pngs, f"cell {i} of {name} shows a figure that is not in its outputs:\n{cell.source[:300]}"

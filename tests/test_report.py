@@ -88,13 +88,6 @@ def test_a_csv_is_read_back_as_the_runs(tmp_path, capsys):
         assert capsys.readouterr().out == from_folders
 
 
-def test_an_unknown_metric_is_one_line_listing_the_metrics(tmp_path, capsys):
-    make_runs(str(tmp_path))
-    assert report.main([str(tmp_path), "--metrics=test_acuracy"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "'test_acuracy'" in err and "test_accuracy, train_loss, step" in err
-
-
 def test_markdown_and_errors(tmp_path, capsys):
     make_runs(str(tmp_path))
     assert report.main([str(tmp_path), "--mean_over=seed", "--metrics=test_accuracy"]) == 0

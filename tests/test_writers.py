@@ -270,8 +270,12 @@ def test_cli_run_imports_no_tensorflow_and_its_tensorboard_holds_the_history_and
     assert scalars == expected
     assert {tag: sorted(v) for tag, v in progress.items()} == {"steps_per_sec": [4, 8, 12], "uptime": [4, 8, 12]}
     assert all(v > 0 for v in progress["steps_per_sec"].values())
-    (settings,) = [line for line in log.splitlines() if "] [Hyperparameters] " in line]
-    logged = ast.literal_eval(settings.split("] [Hyperparameters] ", 1)[1])
+    lines = log.splitlines()
+    (first,) = [i for i, line in enumerate(lines) if "] [Hyperparameters] " in line]
+    end = next(i for i in range(first + 1, len(lines)) if not lines[i].startswith(" "))  # wrapped lines
+    assert max(len(line) for line in lines[first + 1:end]) <= 100 and end - first > 1
+    logged = ast.literal_eval(" ".join([lines[first].split("] [Hyperparameters] ", 1)[1],
+                                        *(line.strip() for line in lines[first + 1:end])]))
     assert _hparams(acc) == logged
     assert logged["total_steps"] == "12" and logged["model.width"] == "32"
     assert not re.search(r"\] \[\d+\] ", log), "the scalar dumps stay off the quiet console"

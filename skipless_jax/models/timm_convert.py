@@ -537,6 +537,11 @@ def read_checkpoint(
     saved = checkpoint.saved_config(path)
     if saved is None or "model" not in saved:
         raise ValueError(f"--input={path!r} has no checkpoint with a saved config.model")
+    trainer = saved.get("trainer", "supervised")
+    if trainer != "supervised":
+        raise ValueError(f"--input={path!r} is a {trainer} workdir: its backbone ({trainer}'s parameters, no "
+                         "classifier) has no timm counterpart that --reverse writes; reverse a supervised run, or "
+                         "fine-tune this one first (config.init_from) and reverse that")
     entries = checkpoint.state_entries(path)
     if "params" not in entries:
         raise ValueError(f"--input={path!r}: its checkpoint has no 'params' (it has {entries}); "
@@ -637,15 +642,35 @@ def _input_channels(family: str, reader: Reader) -> int:
     return int(reader.sd["stem.0.weight" if family == "convmixer" else "patch_embed.proj.weight"].shape[1])
 
 
-def load_state_dict(path: str) -> dict[str, np.ndarray]:
-    """A timm state dict from .pth/.pt/.bin (torch), .safetensors or .npz."""
-    if path.endswith(".npz"):
-        with np.load(path) as f:
-            return {k: f[k] for k in f.files}
-    if path.endswith(".safetensors"):
-        from safetensors.numpy import load_file
+def _line(err: BaseException) -> str:
+    return " ".join(str(err).split())
 
-        return load_file(path)
+
+def load_state_dict(path: str) -> dict[str, np.ndarray]:
+    """A timm state dict from .pth/.pt/.bin (torch), .safetensors or .npz; a missing reader
+    package or a file that cannot be read (e.g. a download cut short) is one ValueError."""
+    if path.endswith((".npz", ".safetensors")) and not os.path.isfile(path):
+        raise FileNotFoundError(f"--input={path!r}: no such file")
+    if path.endswith(".npz"):
+        try:
+            with np.load(path) as f:
+                return {k: f[k] for k in f.files}
+        except Exception as err:  # zipfile.BadZipFile, EOFError, ValueError, OSError: one line
+            raise ValueError(f"--input={path!r} is not a readable .npz ({type(err).__name__}: {_line(err)}); "
+                             "is the file complete? Write it again with numpy.savez") from None
+    if path.endswith(".safetensors"):
+        try:
+            from safetensors.numpy import load_file
+        except ImportError:
+            raise ValueError(f"--input={path!r} is a .safetensors file; reading it needs the safetensors package "
+                             "(pip install safetensors, or 'skipless_jax[timm]'), or pass an .npz of name -> array"
+                             ) from None
+        try:
+            return load_file(path)
+        except Exception as err:  # safetensors' SafetensorError (e.g. incomplete metadata), OSError
+            raise ValueError(f"--input={path!r} is not a readable .safetensors file ({type(err).__name__}: "
+                             f"{_line(err)}); "
+                             "is the file complete? Download it again") from None
     try:
         import torch
     except ImportError:
@@ -705,6 +730,9 @@ def main(argv: list[str]) -> None:
     del argv
     from absl import flags
 
+    from skipless_jax import cli
+
+    cli.quiet_console(tensorflow=False)  # main's console: orbax's bookkeeping at --verbosity=1 only
     f = flags.FLAGS
     if f.reverse:
         return reverse_main(f.input, f.output, f.params)

@@ -26,21 +26,12 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from skipless_jax import checkpoint, evaluators
+from skipless_jax import checkpoint, evaluators, workdir_lock
 from skipless_jax.nested import flatten
 from skipless_jax.pretrained import check_saved_config
 from skipless_jax.trainers import perf, wandb_writer, writers
 from skipless_jax.trainers.nonfinite import NonFiniteError, all_finite, inexact_names, nonfinite_error
-
-# A run stopped by SIGTERM or a preemption notice saved its state and is not finished:
-# the entry point exits with this status (EX_TEMPFAIL) so schedulers and retry loops rerun it.
-EXIT_PREEMPTED = 75
-# A single-process run stopped by a first Ctrl-C saved its state too; 130 = 128 + SIGINT, as shells report it.
-EXIT_INTERRUPTED = 130
-
-
-FINAL_METRICS = "final_metrics.json"
-HISTORY = "history.jsonl"  # one JSON line per record: {"step": s, "<prefix>_<name>": value, ...}
+from skipless_jax.trainers.outcome import EXIT_INTERRUPTED, EXIT_PREEMPTED, FINAL_METRICS, HISTORY  # noqa: F401
 
 
 class Preempted(Exception):
@@ -148,6 +139,7 @@ class SignalFlag:
 
     def __init__(self):
         self.raised = self.interrupted = False
+        self.final = False  # the last step is saved and its final evaluation runs (Run.end_of_step)
         self._previous = {}
         with contextlib.suppress(ValueError):  # not the main thread (e.g. a test runner thread)
             for signum in (signal.SIGTERM, signal.SIGINT):
@@ -156,9 +148,16 @@ class SignalFlag:
     def _handler(self, signum, frame):
         if signum == signal.SIGINT and self.interrupted:
             print("Interrupted again: exiting now, without saving (exit status 130).", file=sys.stderr, flush=True)
+            workdir_lock.release_held()
             os._exit(EXIT_INTERRUPTED)  # at once: no pending save or writer is waited for
         if signum == signal.SIGINT:
             self.interrupted = True
+        if self.final:
+            logging.warning("%s during the final evaluation: the last step is saved; the evaluation finishes, "
+                            "then the run ends (exit status 0)%s.", "Ctrl-C" if signum == signal.SIGINT else
+                            f"Received signal {signum}", ", Ctrl-C again exits at once (rerun to evaluate again)"
+                            if signum == signal.SIGINT else "")
+        elif signum == signal.SIGINT:
             logging.warning("Ctrl-C: saving this step, then stopping (Ctrl-C again exits at once, without saving).")
         else:
             logging.warning("Received signal %d: will checkpoint and stop after this step.", signum)
@@ -324,11 +323,19 @@ class Run:
         self.last_saved = step
 
     def end_of_step(self, step: int, state: Any, results: Iterable[tuple[str, str, float]]) -> None:
-        """After the step's own logging: the evaluators due (`results`), the checkpoint, the preemption rule."""
+        """After the step's own logging: the checkpoint, the evaluators due (`results`, evaluated
+        as they are read), the preemption rule. The last step's checkpoint is on disk before its
+        final evaluation starts: a crash, SIGKILL or second Ctrl-C during it loses no step (the
+        rerun evaluates that checkpoint again, `final_evaluation`)."""
+        self.save(step, state)
+        if step == self.total_steps:
+            with self.excluded():
+                self.wait_for_saves()
+            if self.signals is not None:
+                self.signals.final = True
         due = any(every(step, period, self.total_steps) for period in self._eval_periods)
         with self.excluded(state if due else None):
             self.evaluate(step, results)
-        self.save(step, state)
         self.stop_if_preempted(step, state)
 
     def stop_if_preempted(self, step: int, state: Any) -> None:

@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import socket
+import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -79,14 +80,18 @@ class MultiWriter(MetricWriter):
 
 class LoggingWriter(MetricWriter):
     """Scalars and hyperparameters to absl's INFO log, as clu's LoggingWriter: '[step] a=1, b=2'
-    (the quiet console hides these, cli.ConsoleFilter) and '[Hyperparameters] {...}' (kept)."""
+    (the quiet console hides these, cli.ConsoleFilter) and '[Hyperparameters] {...}' (kept, wrapped)."""
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
         values = [f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(scalars.items())]
         logging.info("[%d] %s", step, ", ".join(values))
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        logging.info("[Hyperparameters] %s", hparams)
+        """The settings once, wrapped at 100 columns: a Python dict literal over several lines, each
+        next one indented (joined with single spaces, they are the literal again)."""
+        lines = textwrap.wrap(repr(dict(hparams)), width=100, subsequent_indent="    ", break_long_words=False,
+                              break_on_hyphens=False)
+        logging.info("[Hyperparameters] %s", "\n".join(lines))
 
     def flush(self) -> None:
         logging.flush()
