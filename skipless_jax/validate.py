@@ -14,7 +14,7 @@ from skipless_jax import sharding
 from skipless_jax.checks import is_finite, is_int, is_number, require
 from skipless_jax.data import sources
 
-TRAINERS = ("supervised", "dino", "mae")
+TRAINERS = ("supervised", "dino", "mae", "lm")
 
 
 def _get(config: Any, field: str) -> Any:
@@ -197,7 +197,17 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
 
     # Model.
     model_image_checks(config.model, image_size)
+    aug = config.input.get("aug")
+    if aug is not None:
+        from skipless_jax.data import augment
 
+        augment.validate_aug_config(aug)
+    validate_training(config)
+
+
+def validate_training(config: Any) -> None:
+    """The fields every trainer reads alike: optimizer, schedule, steps, clipping, label smoothing,
+    logging, evaluation and checkpoint periods (one-line ValueError for the first bad one)."""
     # Optimizer and schedule.
     from skipless_jax.optim import OPTIMIZERS
 
@@ -253,8 +263,3 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
         f"config.keep_checkpoints={keep!r} must be a positive integer "
         "(the newest checkpoints kept; 0 would end a run with none)",
     )
-    aug = config.input.get("aug")
-    if aug is not None:
-        from skipless_jax.data import augment
-
-        augment.validate_aug_config(aug)
