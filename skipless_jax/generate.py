@@ -112,8 +112,9 @@ def generate(model: Any, params: Any, context: Sequence[int], max_new_tokens: in
         return cache, sample(logits, jax.random.fold_in(key, i), temperature, top_k)
 
     logits, cache = jax.jit(forward)(cache, jnp.asarray([list(context)], jnp.int32))
-    token = sample(logits, jax.random.fold_in(key, 0), temperature, top_k)
-    out = [int(token[0])]
+    out: list[int] = []
+    token = sample(logits, jax.random.fold_in(key, len(out)), temperature, top_k)  # token 0
+    out.append(int(token[0]))
     for i in range(1, max_new_tokens):
         cache, token = step(cache, token, i)
         out.append(int(token[0]))
