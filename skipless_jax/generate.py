@@ -4,12 +4,13 @@ r"""Text from a trained language model (the lm trainer's workdir), with a KV cac
         [--temperature=0.8 --top_k=40 --seed=0]
 
 The model and its parameters are the newest checkpoint's (its saved config). The context is
-END_OF_DOCUMENT followed by the prompt's UTF-8 bytes (a document starts after that token in the
-training stream). The prompt goes through the model once, filling each attention's cache; then
-each new token is one call of one compiled step that attends over the cache (no recompute of
-the prefix). Sampling: softmax(logits / temperature) over the `top_k` most likely tokens (0: all);
-temperature 0 is greedy. The text (prompt + continuation) is printed. Bad flags and a workdir
-without an lm checkpoint are one `error: ...` line, exit status 2.
+END_OF_DOCUMENT followed by the prompt's tokens (its UTF-8 bytes, or the run's SentencePiece
+ids): a document starts after that token in the training stream. The prompt goes through the
+model once, filling each attention's cache; then each new token is one call of one compiled
+step that attends over the cache (no recompute of the prefix). Sampling: softmax(logits /
+temperature) over the `top_k` most likely tokens (0: all); temperature 0 is greedy. The text
+(prompt + continuation) is printed. Bad flags and a workdir without an lm checkpoint are one
+`error: ...` line, exit status 2.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int) -> None:
 
 
 def load(workdir: str) -> tuple[Any, Any]:
-    """(the saved `config.model`, the newest checkpoint's parameters, unrolled) of an lm workdir;
-    a one-line ValueError when it holds no lm checkpoint."""
+    """(the saved config, the newest checkpoint's parameters, unrolled) of an lm workdir; a
+    one-line ValueError when it holds no lm checkpoint."""
     import ml_collections
 
     from skipless_jax import checkpoint
@@ -59,7 +60,7 @@ def load(workdir: str) -> tuple[Any, Any]:
         raise ValueError(f"--workdir={workdir} is a {saved.get('trainer', 'supervised')!r} run; "
                          "generation needs an lm run (config.trainer='lm')")
     _, state = checkpoint.load_raw(workdir)
-    return ml_collections.ConfigDict(saved["model"]), vit.unstack_blocks(state["params"])
+    return ml_collections.ConfigDict(saved), vit.unstack_blocks(state["params"])
 
 
 def decoder(model_config: Any, vocab_size: int, decode: bool = True) -> Any:
@@ -152,13 +153,14 @@ def main(argv: Sequence[str]) -> None:
     from skipless_jax.data import text
 
     try:
-        model_config, params = load(f.workdir)
-        context = [text.END_OF_DOCUMENT, *text.encode(f.prompt).tolist()]
-        new = generate(decoder(model_config, text.VOCAB_SIZE), params, context, f.max_new_tokens, f.temperature,
+        config, params = load(f.workdir)
+        tok = text.tokenizer(config)  # the run's: bytes, or its SentencePiece model
+        context = [tok.end_of_document, *tok.encode(f.prompt.encode("utf-8")).tolist()]
+        new = generate(decoder(config.model, tok.vocab_size), params, context, f.max_new_tokens, f.temperature,
                        f.top_k, f.seed)
     except (ValueError, FileNotFoundError) as err:
         cli.usage_error(str(err))
-    print(f.prompt + text.decode(new), flush=True)
+    print(f.prompt + tok.decode(new), flush=True)
     sys.stdout.flush()
 
 

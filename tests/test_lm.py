@@ -334,3 +334,53 @@ def test_lm_config_trains_one_step(name, tmp_path):
     metrics = lm.train_and_evaluate(c, str(tmp_path / "workdir"))
     assert metrics["step"] == 1 and np.isfinite(metrics["val_loss"])
     assert abs(metrics["val_loss"] - math.log(257)) < 0.5 * math.log(257)  # near a uniform guess after one step
+
+
+# ------------------------------------------------------------------------------------------
+# TFDS text datasets and a SentencePiece tokenizer.
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_model(tmp_path_factory):
+    """A 600-piece SentencePiece model (byte fallback) trained on a few standard-library files."""
+    import sentencepiece
+
+    folder = tmp_path_factory.mktemp("sp")
+    with open(folder / "corpus.txt", "wb") as f:
+        for name in text.stdlib_files()[:40]:
+            with open(os.path.join(text.stdlib_root(), name), "rb") as source:
+                f.write(source.read())
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(folder / "corpus.txt"), model_prefix=str(folder / "sp"), vocab_size=600, byte_fallback=True,
+        character_coverage=0.995, minloglevel=2)
+    return str(folder / "sp.model")
+
+
+@pytest.mark.slow
+def test_sentencepiece_tokens_their_byte_lengths_and_a_tfds_run(sentencepiece_model, tmp_path, monkeypatch):
+    import tensorflow_datasets as tfds
+
+    c = tiny_config()
+    c.dataset.update(dict(name="lm1b", train_split="train", eval_split="test", tokenizer=sentencepiece_model,
+                          max_documents=16, eval_windows=4))
+    tok = text.tokenizer(c)
+    assert (tok.vocab_size, tok.end_of_document) == (601, 600)
+    sentence = "the value of the list is returned"
+    ids = tok.encode(sentence.encode())
+    assert tok.decode(ids) == sentence
+    # Every piece's bytes, '▁' a space: the sentence and the one leading space SentencePiece adds.
+    assert tok.bytes_per_token[ids].sum() == len(sentence) + 1
+    with tfds.testing.mock_data(num_examples=16, policy=tfds.testing.MockPolicy.USE_CODE):
+        monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
+        lm.check_config(c)
+        stream = text.stream(c, "train")
+        assert int((stream == 600).sum()) == 16  # 16 documents, each ended
+        c.total_steps, c.schedule.warmup_steps = 1, 0
+        metrics = lm.train_and_evaluate(c, str(tmp_path / "workdir"))
+        batches, targets = text.eval_batches(text.stream(c, "test"), 16, 8, 4, bytes_per_token=tok.bytes_per_token)
+    num_bytes = sum(float(b["bytes"].sum()) for b in batches)
+    assert metrics["corpus_tfds"] == "lm1b" and len(metrics["corpus_tokenizer_sha256"]) == 64
+    # Bits per byte: the total nats over the targets' bytes / ln 2, not the loss / ln 2.
+    assert metrics["val_bits_per_byte"] == pytest.approx(metrics["val_loss"] * targets / num_bytes / math.log(2),
+                                                         rel=1e-5)
+    assert "train_bits_per_byte" not in metrics

@@ -84,7 +84,8 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
 
 
 def vocab_size(config: ml_collections.ConfigDict) -> int:
-    return text.VOCAB_SIZE
+    """The tokenizer's symbols and END_OF_DOCUMENT (bytes: 257)."""
+    return text.tokenizer(config).vocab_size
 
 
 def token_losses(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -101,9 +102,10 @@ def next_token_loss(logits: jax.Array, tokens: jax.Array, mask: jax.Array | None
     return (losses * mask).sum(), mask.sum()
 
 
-def bits_per_byte(loss_nats: float) -> float:
-    """Bits per byte of byte-level tokens: the mean loss per target in nats / ln 2 (§25)."""
-    return loss_nats / LN2
+def bits_per_byte(loss_nats: float, num_bytes: float | None = None) -> float:
+    """Bits per byte (§25): the mean loss per target in nats / ln 2 (byte tokens); with
+    `num_bytes`, `loss_nats` is the total over targets of that many bytes: total / bytes / ln 2."""
+    return loss_nats / (num_bytes or 1.0) / LN2
 
 
 def make_init_state(model: Any, tx: optax.GradientTransformation, seq_len: int):
@@ -124,6 +126,7 @@ def make_train_step(model: Any, tx: optax.GradientTransformation, schedule: opta
     accumulation over `config.grad_accum_steps` strided micro-batches (`common.microbatches`),
     the non-finite guard."""
     k = config.get("grad_accum_steps") or 1
+    byte_tokens = not config.dataset.get("tokenizer")  # train bits per byte: the loss / ln 2, bytes only
 
     def loss_fn(params, tokens, rng):
         logits, _ = model.apply({"params": params}, tokens[:, :-1], train=True, rngs={"dropout": rng})
@@ -146,7 +149,8 @@ def make_train_step(model: Any, tx: optax.GradientTransformation, schedule: opta
             zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, state["params"]))
             sums, _ = jax.lax.scan(accumulate, zeros, (jnp.arange(k), common.microbatches(tokens, k)))
             loss, grads = jax.tree.map(lambda x: x / k, sums)
-        return nonfinite.guarded_update(state, loss, grads, tx, schedule, bits_per_byte=loss / LN2)
+        extra = {"bits_per_byte": loss / LN2} if byte_tokens else {}
+        return nonfinite.guarded_update(state, loss, grads, tx, schedule, **extra)
 
     return train_step
 
@@ -157,22 +161,23 @@ def make_evaluate(model: Any, config: ml_collections.ConfigDict, mesh: jax.shard
     batch_size = config.input.get("eval_batch_size") or config.input.batch_size
     local, targets = text.eval_batches(text.stream(config, config.dataset.eval_split), config.model.seq_len,
                                        batch_size, config.dataset.get("eval_windows"), jax.process_index(),
-                                       jax.process_count())
+                                       jax.process_count(), text.tokenizer(config).bytes_per_token)
     batch_sharding = sharding.batch_sharding(mesh)
 
     @jax.jit
     def sums(params, batch):
         logits, _ = model.apply({"params": params}, batch["tokens"][:, :-1], train=False)
-        return next_token_loss(logits, batch["tokens"], batch["mask"])
+        total, count = next_token_loss(logits, batch["tokens"], batch["mask"])
+        return total, count, batch["bytes"].sum()
 
     def evaluate(params: Any) -> list[tuple[str, str, float]]:
-        total = count = 0.0
+        total = count = num_bytes = 0.0
         for batch in local:
-            s, n = jax.device_get(sums(params, device_input.global_batch(batch, batch_sharding)))
-            total, count = total + float(s), count + float(n)
+            s, n, b = jax.device_get(sums(params, device_input.global_batch(batch, batch_sharding)))
+            total, count, num_bytes = total + float(s), count + float(n), num_bytes + float(b)
         assert round(count) == targets, (count, targets)  # every validation target exactly once
         loss = total / count
-        return [("val", "loss", loss), ("val", "bits_per_byte", bits_per_byte(loss)),
+        return [("val", "loss", loss), ("val", "bits_per_byte", bits_per_byte(total, num_bytes)),
                 ("val", "perplexity", math.exp(min(loss, 700.0)))]
 
     return evaluate
