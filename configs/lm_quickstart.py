@@ -7,7 +7,7 @@ on byte-level tokens of the embedded `stdlib` corpus (the `.py` files of the run
 standard library, one file in 20 held out for validation; data/text.py). The model: width 128,
 depth 4, 4 heads, MLP 512, context 128 tokens, tied head. Batch 32 windows of 128 tokens, 200
 steps (0.8M tokens), lr 0.003 for SOAP (0.001 for AdamW), warm-up 20 steps, cosine to 1e-05,
-gradient clipping 1.0; validation on the first 256 validation windows (32,768 bytes) at the end.
+gradient clipping 1.0; validation on 256 windows (32,768 bytes) spread over the validation split, at the end.
 Hardware: any CPU; on this project's 2-core CPU, shared with other jobs, the step ran at 0.5
 steps/s and compiled in 40 s (measured on a 40-step run), so a run takes about 8 minutes.
 Expected validation bits per byte: not measured over seeds yet (after 40 steps: 6.13).

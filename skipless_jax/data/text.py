@@ -27,8 +27,8 @@ Train: global position i of the example stream reads window order_e[i mod W] of 
 e = i // W, order_e a permutation drawn from (seed, e); step s holds positions [s·B, (s+1)·B)
 and process p of P reads its contiguous slice of each global batch, as the image pipelines
 (data/pipeline.py): the window at a position depends only on (seed, position), so a resumed run
-reads what the uninterrupted one would have. Validation: the first `config.dataset.eval_windows`
-windows (None: all) in order, the last batch padded; `mask` (B, T) is 1 on real targets, so
+reads what the uninterrupted one would have. Validation: `config.dataset.eval_windows` windows
+spread evenly over the split (None: all), in order, the last batch padded; `mask` (B, T) is 1 on real targets, so
 every token of those windows counts exactly once.
 """
 
@@ -275,26 +275,28 @@ def eval_batches(tokens: np.ndarray, seq_len: int, global_batch_size: int, max_w
                  process_index: int = 0, process_count: int = 1,
                  bytes_per_token: np.ndarray | None = None) -> tuple[list[dict[str, np.ndarray]], int]:
     """(process-local validation batches {'tokens': (b, T + 1), 'mask': (b, T), 'bytes': (b, T)},
-    targets counted): the first `max_windows` windows (None: every window, the last one short) in
-    order; padding (rows past the end, the short window's tail) has mask 0; `bytes` is each
-    counted target's byte length (`bytes_per_token`, default 1 each)."""
+    targets counted): `max_windows` windows spread evenly over the split, window ⌊j·W/max_windows⌋
+    for j = 0 … max_windows − 1 (None: all W windows, the last one short), in order; padding
+    (rows past the end, the short window's tail) has mask 0; `bytes` is each counted target's
+    byte length (`bytes_per_token`, default 1 each)."""
     total = -(-(len(tokens) - 1) // seq_len)  # the last window may be short
     count = total if max_windows is None else min(total, max_windows)
+    chosen = np.arange(count) * total // count  # spread evenly over the split (all of them: 0 … total-1)
     offset, local = _local_slice(global_batch_size, process_index, process_count)
     batches, targets = [], 0
     for start in range(0, count, global_batch_size):
         rows, masks = [], []
         for k in range(local):
             w = start + offset + k
-            piece = window(tokens, w, seq_len) if w < count else np.zeros((0,), np.int32)
+            piece = window(tokens, int(chosen[w]), seq_len) if w < count else np.zeros((0,), np.int32)
             real = max(len(piece) - 1, 0)
             rows.append(np.pad(piece, (0, seq_len + 1 - len(piece)), constant_values=END_OF_DOCUMENT))
             masks.append(np.arange(seq_len) < real)
         rows_, mask = np.stack(rows), np.stack(masks).astype(np.float32)
         lengths = np.ones((), np.float32) if bytes_per_token is None else bytes_per_token[rows_[:, 1:]]
         batches.append({"tokens": rows_, "mask": mask, "bytes": mask * lengths})
-    for w in range(count):
-        targets += len(window(tokens, w, seq_len)) - 1
+    for w in chosen:
+        targets += len(window(tokens, int(w), seq_len)) - 1
     return batches, targets
 
 

@@ -7,8 +7,8 @@ The model is the `gpt` family (models/gpt.py: the ViT's blocks with their switch
 causal); the data the packed byte-level windows of data/text.py (the embedded `stdlib` corpus).
 The loss is the mean next-token cross-entropy over the batch's targets. Validation (at
 `config.eval_every_steps` and at the end): `val_loss` (nats per target token), `val_bits_per_byte`
-(byte tokens: val_loss / ln 2) and `val_perplexity` (exp val_loss), over the first
-`config.dataset.eval_windows` validation windows, every target once. `config.analysis.every_steps`
+(byte tokens: val_loss / ln 2) and `val_perplexity` (exp val_loss), over
+`config.dataset.eval_windows` validation windows spread over the split, every target once. `config.analysis.every_steps`
 logs the live per-layer log κ of the token matrices (①, ①+②, ③, ③+④; docs/method.md §2) of a
 probe batch of validation windows. The final metrics also record the corpus (`corpus_*`: the
 Python version, files, bytes, SHA-256). The perf records count sequences as `perf/img_per_sec`.
@@ -184,8 +184,8 @@ def make_evaluate(model: Any, config: ml_collections.ConfigDict, mesh: jax.shard
 
 
 def make_kappa_probe(model: Any, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
-    """params -> {'log_kappa/<point>/layer_l': value} on the first `config.analysis.probe_size`
-    validation windows (config.analysis.every_steps > 0), else None."""
+    """params -> {'log_kappa/<point>/layer_l': value} on `config.analysis.probe_size` validation
+    windows spread over the split (config.analysis.every_steps > 0), else None."""
     if not (config.get("analysis") and config.analysis.get("every_steps")):
         return None
     from skipless_jax import conditioning
