@@ -328,7 +328,7 @@ def test_generate_cli_prints_text_and_errors_in_one_line(reference, environ, tmp
 @pytest.mark.parametrize("name", ["lm_quickstart", "lm_gpt2s"])
 def test_lm_config_trains_one_step(name, tmp_path):
     c = load_config(name)
-    c.model.update(dict(width=32, depth=1, num_heads=2, mlp_dim=64, seq_len=16, dtype="float32"))
+    c.model.update(dict(width=32, depth=1, num_heads=2, mlp_dim=64, seq_len=16))  # dtype, remat as configured
     c.input.batch_size = c.input.eval_batch_size = 8
     c.dataset.eval_windows = 2
     c.total_steps, c.schedule.warmup_steps, c.grad_accum_steps = 1, 0, 1
@@ -386,3 +386,26 @@ def test_sentencepiece_tokens_their_byte_lengths_and_a_tfds_run(sentencepiece_mo
     assert metrics["val_bits_per_byte"] == pytest.approx(metrics["val_loss"] * targets / num_bytes / math.log(2),
                                                          rel=1e-5)
     assert "train_bits_per_byte" not in metrics
+
+
+@pytest.mark.slow
+def test_the_lm_claims_name_cells_of_the_claims_grid():
+    """Every cell of every lm claim is 5 seeds at each depth of the `claims` grid, judged on
+    validation bits per byte (lower is better), trained below half of ln 256."""
+    from skipless_jax import claims, report, sweep
+
+    module = sweep.load_config_module(QUICKSTART)
+    runs = [report.run_args(r.name) for r in sweep.expand(QUICKSTART, "claims", module)]
+    assert len(runs) == 50  # no skips: 2 inits × 2 optimizers, with skips: 1; × 2 depths × 5 seeds
+    qs = claims.from_module(module, path=QUICKSTART)
+    assert [c.name for c in qs] == ["init_beats_default_adamw", "init_soap_matches_skips", "soap_beats_adamw_init"]
+    for c in qs:
+        assert c.metric == "val_bits_per_byte" and c.per == ("depth",)
+        assert c.trained_below == pytest.approx(0.5 * math.log(256))
+        for cell in (c.a, c.b):
+            for depth in ("4", "8"):
+                matching = [r for r in runs if r["depth"] == depth and all(r.get(k) == v for k, v in cell.items())]
+                assert len(matching) == 5, (c.name, cell, depth)
+    alternatives = {c.name: (c.alternative, c.margin) for c in qs}
+    assert alternatives == {"init_beats_default_adamw": ("less", 0.0), "init_soap_matches_skips": ("greater", 0.05),
+                            "soap_beats_adamw_init": ("less", 0.0)}
