@@ -23,7 +23,7 @@ from skipless_jax.data import text
 from skipless_jax.trainers import lm
 
 import subprocess_runs as sr
-from util import ROOT, init_params, load_config
+from util import ROOT, init_params, load_config, read_scalars
 
 QUICKSTART = os.path.join(ROOT, "configs", "lm_quickstart.py")
 
@@ -333,8 +333,12 @@ def test_lm_config_trains_one_step(name, tmp_path):
     c.dataset.eval_windows = 2
     c.total_steps, c.schedule.warmup_steps, c.grad_accum_steps = 1, 0, 1
     c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps, c.profile_steps = 1, 0, 0, 0
+    c.analysis.update(dict(every_steps=1, probe_size=8))  # the live log κ of the token matrices
     metrics = lm.train_and_evaluate(c, str(tmp_path / "workdir"))
     assert metrics["step"] == 1 and np.isfinite(metrics["val_loss"])
+    kappa = read_scalars(str(tmp_path / "workdir"))
+    assert {"log_kappa/sab/layer_0", "log_kappa/ffn/layer_0"} <= set(kappa)
+    assert np.isfinite(kappa["log_kappa/sab/layer_0"][1]) and kappa["log_kappa/sab/layer_0"][1] >= 0
     assert abs(metrics["val_loss"] - math.log(257)) < 0.5 * math.log(257)  # near a uniform guess after one step
 
 
