@@ -100,15 +100,18 @@ class MultiHeadAttention(InitFields):
         mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, n): every head and query
         causal = self.causal or self.decode
         if self.decode:
-            q, k, v, mask = self._cached(q, k, v)
-            causal = mask is None  # the creating call: plain causal attention
-        heads = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal and mask is None,
+            q, k, v, cache_mask = self._cached(q, k, v)
+            if cache_mask is not None:  # the queries at the cache index over the cache (the creating call: causal)
+                mask, causal = cache_mask, False
+        heads = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal,
                                              implementation=self.implementation)  # scale 1/√d_h
         details = {"keys": keys}
         if self.capture_attention:
             logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(d // h, q.dtype))
             if mask is not None:
                 logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+            if causal:  # the maps the causal softmax used: query t over keys 0 … t
+                logits = jnp.where(jnp.tril(jnp.ones(logits.shape[-2:], bool)), logits, jnp.finfo(logits.dtype).min)
             details["attention"] = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
         return project(heads.reshape(b, n, d), "out"), details
 
