@@ -105,6 +105,7 @@ def test_describe_and_check_config_errors():
         "model.num_heads": (3, r"config.model.num_heads=3 does not divide config.model.width=32"),
         "model.init": ("timm", r"config.model.init='timm' is not defined for the 'gpt' family"),
         "model.attention_impl": ("flash", r"config.model.attention_impl='flash' is unknown"),
+        "model.causal": (False, r"config.model.causal=False: the decoder is causal"),
         "model.name": ("vit", r"config.model.name='vit': the lm trainer trains a causal decoder"),
         "dataset.name": ("", r"config.dataset.name='' must name a text corpus"),
         "dataset.tokenizer": ("/no/such.model", r"config.dataset.tokenizer='/no/such.model': no such SentencePiece"),

@@ -126,8 +126,10 @@ def check_config(model: Any, image_size: int | None = None) -> None:
     for field in SIZE_FIELDS:
         value = model.get(field)
         require(is_positive_int(value), f"config.model.{field}={value!r} must be a positive integer")
-    require(model.width % model.num_heads == 0,
-             f"config.model.num_heads={model.num_heads} does not divide config.model.width={model.width}")
+    width, heads = model["width"], model["num_heads"]
+    require(width % heads == 0, f"config.model.num_heads={heads} does not divide config.model.width={width}")
+    require(model.get("causal", True) is True,
+             f"config.model.causal={model.get('causal')!r}: the decoder is causal; allowed: True")
     for field in ("skip_sab", "skip_ffn", "tied_head", "scan"):
         value = model.get(field, field != "scan")
         require(isinstance(value, bool), f"config.model.{field}={value!r} must be True or False")
