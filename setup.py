@@ -39,5 +39,7 @@ setup(
         "timm": ["torch", "torchvision", "timm", "safetensors"],
         # optional: hosted tracking (config.wandb.project; trainers/wandb_writer.py)
         "wandb": ["wandb"],
+        # optional: a SentencePiece tokenizer for the lm trainer (config.dataset.tokenizer; data/text.py)
+        "text": ["sentencepiece"],
     },
 )

@@ -215,6 +215,22 @@ def dino_program(config: ml_collections.ConfigDict, axes: dict[str, int],
                     shapes)
 
 
+def lm_program(config: ml_collections.ConfigDict, axes: dict[str, int],
+               devices: Sequence[jax.Device] | None = None) -> Program:
+    """The lm trainer's step and state (as `lm.train_and_evaluate` builds them), on int32 windows."""
+    from skipless_jax.data import text
+    from skipless_jax.trainers import lm
+
+    config = _mesh_config(config, axes)
+    devices = list(devices if devices is not None else jax.devices())[: math.prod(axes.values())]
+    mesh = sharding.make_mesh(config.mesh, devices)
+    model = models.build(config.model, lm.vocab_size(config))
+    tx, schedule = build_optimizer(config, config.total_steps)
+    init_state = lm.make_init_state(model, tx, config.model.seq_len)
+    return _program(config, mesh, init_state, lambda: lm.make_train_step(model, tx, schedule, config),
+                    text.train_batch_spec(config))
+
+
 def random_batch(program: Program, seed: int = 0) -> dict[str, np.ndarray]:
     """Host arrays for the program's batch: uniform uint8 images (float ones N(0, 1)), one-hot
     labels, random-erasing boxes inside the image (half of them empty)."""
@@ -230,6 +246,8 @@ def random_batch(program: Program, seed: int = 0) -> dict[str, np.ndarray]:
             out[k] = np.stack([top, left, h, w], 1).astype(np.int32) * (rng.random(x.shape[0]) < 0.5)[:, None]
         elif x.dtype == np.uint8:
             out[k] = rng.integers(0, 256, x.shape, dtype=np.uint8)
+        elif k == "tokens":  # byte-level windows (data/text.py)
+            out[k] = rng.integers(0, 257, x.shape).astype(np.int32)
         else:
             out[k] = rng.standard_normal(x.shape).astype(np.float32)
     return out

@@ -25,7 +25,7 @@ RUNTIME_FIELDS = (
     "mesh", "sharding_rules", "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints",
     "analysis", "evals", "eval", "eval_at_start", "input.num_workers", "input.device_prefetch", "input.cache_eval",
     "input.eval_batch_size",
-    "dataset.data_dir",
+    "dataset.data_dir", "dataset.eval_windows",
     "resume", "init_from", "init_from_key", "model.remat", "model.attention_impl", "compilation_cache_dir",
     "profile_steps", "peak_tflops", "wandb", "model_ema.evals",
 )

@@ -18,5 +18,6 @@ MAE_PICTURE = 0x9C7  # the masks of MAE's reconstruction picture, folded into PR
 DIGIT_SCENE_ORDER = 0x5CE  # the order of the first digits of digit scenes (data/digit_scenes.py)
 SEGMENTATION_PROBE = 0x5E6  # the linear-segmentation probe's crops and epoch order
 HOST_BATCH = 0xBA7  # the rng a host batch transform gets: [seed, step, process, HOST_BATCH]
+TEXT_ORDER = 0x7E7  # the window order of an epoch of packed text: [seed, epoch, TEXT_ORDER] (data/text.py)
 
 TAGS = {name: value for name, value in dict(globals()).items() if name.isupper()}

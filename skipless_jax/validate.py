@@ -14,7 +14,7 @@ from skipless_jax import sharding
 from skipless_jax.checks import is_finite, is_int, is_number, require
 from skipless_jax.data import sources
 
-TRAINERS = ("supervised", "dino", "mae")
+TRAINERS = ("supervised", "dino", "mae", "lm")
 
 
 def _get(config: Any, field: str) -> Any:
@@ -220,7 +220,17 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
     require(config.model.get("init_self_share") is None or trainer == "supervised",
              f"config.model.init_self_share is applied by the supervised trainer only; config.trainer={trainer!r} "
              "(set init_beta instead)")
+    aug = config.input.get("aug")
+    if aug is not None:
+        from skipless_jax.data import augment
 
+        augment.validate_aug_config(aug)
+    validate_training(config)
+
+
+def validate_training(config: Any) -> None:
+    """The fields every trainer reads alike: optimizer, schedule, steps, clipping, label smoothing,
+    logging, evaluation and checkpoint periods (one-line ValueError for the first bad one)."""
     # Optimizer and schedule.
     from skipless_jax.optim import OPTIMIZERS
 
@@ -276,8 +286,3 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
         f"config.keep_checkpoints={keep!r} must be a positive integer "
         "(the newest checkpoints kept; 0 would end a run with none)",
     )
-    aug = config.input.get("aug")
-    if aug is not None:
-        from skipless_jax.data import augment
-
-        augment.validate_aug_config(aug)

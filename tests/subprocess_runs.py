@@ -93,9 +93,10 @@ def env(num_devices: int, cache_dir: str | None = None, **extra: str) -> dict[st
     return out
 
 
-def command(workdir: str, overrides: Sequence[str] = (), process: tuple[str, int, int] | None = None) -> list[str]:
-    """The CLI on the tiny config; `process` = (coordinator address, process count, index)."""
-    cmd = [sys.executable, os.path.abspath(__file__), f"--config={TINY}", f"--workdir={workdir}", *overrides]
+def command(workdir: str, overrides: Sequence[str] = (), process: tuple[str, int, int] | None = None,
+            config: str = TINY) -> list[str]:
+    """The CLI on the tiny config (or `config`); `process` = (coordinator address, process count, index)."""
+    cmd = [sys.executable, os.path.abspath(__file__), f"--config={config}", f"--workdir={workdir}", *overrides]
     if process is not None:
         address, count, index = process
         cmd += [f"--coordinator_address={address}", f"--num_processes={count}", f"--process_id={index}"]
@@ -172,14 +173,14 @@ def _install_hooks() -> None:
     """Wraps the train iterator: sleep before each batch and record the step it feeds (test
     hooks). The trainer copies `device_prefetch` batches ahead, so the batch of step k is read
     while step k − device_prefetch is next: that is the step recorded."""
-    from skipless_jax.data import device_input, inputs
+    from skipless_jax.data import device_input, inputs, text
 
     delay = float(os.environ.get("SKIPLESS_STEP_DELAY", "0"))
     progress = os.environ.get("SKIPLESS_PROGRESS")
-    train_iterator = inputs.train_iterator
 
     def slowed(config, start_step, process_index, process_count, **kwargs):  # kwargs: e.g. DINO's transforms
         ahead = device_input.device_prefetch(config)
+        train_iterator = originals[config.get("trainer") == "lm"]
         for step, batch in enumerate(
             train_iterator(config, start_step, process_index, process_count, **kwargs), start_step + 1
         ):
@@ -190,7 +191,8 @@ def _install_hooks() -> None:
             time.sleep(delay)
             yield batch
 
-    inputs.train_iterator = slowed
+    originals = {False: inputs.train_iterator, True: text.train_iterator}  # the lm trainer reads text
+    inputs.train_iterator = text.train_iterator = slowed
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ def test_gelu_field_and_variant_conflicts_in_the_config():
     with pytest.raises(ValueError, match=r"config\.model\.gelu='erf' is unknown; allowed: \['tanh', 'exact'\]"):
         models.check_config({**cfg, "gelu": "erf"}, 32)
     with pytest.raises(ValueError, match=r"config\.model\.name='resnet' is unknown; allowed: \['cait', 'convmixer', "
-                       r"'pvt_v2', 'swin', 'vit'\]"):
+                       r"'gpt', 'pvt_v2', 'swin', 'vit'\]"):
         models.build({"name": "resnet"}, 10)
 
 

@@ -32,6 +32,7 @@ FAMILIES = {
     "swin": "skipless_jax.models.swin",
     "cait": "skipless_jax.models.cait",
     "pvt_v2": "skipless_jax.models.pvt_v2",
+    "gpt": "skipless_jax.models.gpt",  # the causal decoder of the lm trainer (tokens, not images)
 }
 
 

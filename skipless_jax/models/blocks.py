@@ -57,13 +57,16 @@ class EncoderBlock(SwitchFields):
     gelu_approximate: bool = True
     capture_attention: bool = False
     attention_impl: str | None = None
+    causal: bool = False  # query t attends to keys 0 … t (models/gpt.py)
+    decode: bool = False  # causal, with the attention's KV cache (generation)
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> tuple[jax.Array, dict[str, jax.Array]]:
         out: dict[str, Any] = {}
         y = nn.LayerNorm(dtype=self.dtype)(x)
         y, details = MultiHeadAttention(
-            self.num_heads, self.capture_attention, self.attention_impl, dtype=self.dtype, **self.init_fields
+            self.num_heads, self.capture_attention, self.attention_impl, self.causal, self.decode, dtype=self.dtype,
+            **self.init_fields,
         )(y)
         out.update(details)
         y = nn.Dropout(self.dropout)(y, deterministic=not train)

@@ -171,6 +171,8 @@ def _block_kwargs(module: nn.Module) -> dict[str, Any]:
         capture_attention=getattr(module, "capture_attention", False),
         dtype=module.dtype,
         attention_impl=getattr(module, "attention_impl", None),
+        causal=getattr(module, "causal", False),
+        decode=getattr(module, "decode", False),
     )
 
 

@@ -14,6 +14,7 @@ TRAINERS = {
     "supervised": "skipless_jax.trainers.supervised",
     "dino": "skipless_jax.trainers.dino",
     "mae": "skipless_jax.trainers.mae",
+    "lm": "skipless_jax.trainers.lm",
 }
 
 

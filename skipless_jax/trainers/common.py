@@ -104,6 +104,14 @@ def entries(state: Mapping[str, Any], key: str | tuple[str, ...]) -> Any:
     return state[key] if isinstance(key, str) else {k: state[k] for k in key}
 
 
+def microbatches(x: jax.Array, k: int) -> jax.Array:
+    """(B, ...) -> (k, B/k, ...) strided micro-batches: micro-batch j holds examples j, j + k,
+    j + 2k, ..., so each keeps the batch sharding and every micro-step runs on all the devices
+    (gradient accumulation, docs/design.md)."""
+    strided = x.reshape(-1, k, *x.shape[1:]).swapaxes(0, 1)
+    return sharding.constrain_batch(strided, dim=1)
+
+
 def leaf_names(tree: Any) -> list[str]:
     return [sharding.path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 

@@ -133,11 +133,7 @@ def make_train_step(
         if microbatches == 1:
             (loss, (accuracy, stats)), grads = grad_fn(params, stats, batch["image"], batch["label"], dropout_rng)
         else:  # gradient accumulation: the mean over equal micro-batches of the global batch
-            # Strided: micro-batch j holds examples j, j + k, j + 2k, ... (k micro-batches), so
-            # each one keeps the batch sharding and every micro-step runs on all the devices.
-            def split(x):
-                strided = x.reshape(-1, microbatches, *x.shape[1:]).swapaxes(0, 1)
-                return sharding.constrain_batch(strided, dim=1)
+            split = lambda x: common.microbatches(x, microbatches)  # strided: each keeps the batch sharding
 
             def accumulate(carry, micro):
                 sums, micro_stats = carry
