@@ -251,3 +251,15 @@ def test_token_graying_counted_apart():
         flops.train_flops_per_example(config.model, 8, 10, trainer="byol")
     with pytest.raises(ValueError, match=r"trainer='mae' needs mae="):
         flops.train_flops_per_example(config.model, 8, 10, trainer="mae")
+
+
+def test_the_language_model_is_counted_per_sequence():
+    """configs/lm_quickstart.py by hand: T = 128 tokens of width 128, depth 4, MLP 512, 257 symbols."""
+    config = load_config("lm_quickstart")
+    t, d, m, depth = config.model.seq_len, config.model.width, config.model.mlp_dim, config.model.depth
+    vocab = 257
+    block = 4 * 2 * t * d * d + 2 * 2 * t * t * d + 2 * 2 * t * d * m
+    expected = 3 * (depth * block + 2 * t * d * vocab)
+    assert (t, d, m, depth) == (128, 128, 512, 4)
+    assert flops.train_flops_per_example(config.model, 0, vocab, trainer="lm") == expected
+    assert perf.model_flops_per_example(config) == (expected, 0.0)

@@ -326,9 +326,10 @@ def check_config(config: Any) -> None:
 
 
 def train_iterator(config: Any, start_step: int, process_index: int, process_count: int,
-                   on_device: bool = True) -> Iterator[dict[str, np.ndarray]]:
-    """Process-local train batches of the config from `start_step` on (`common.device_batches`' signature)."""
-    del on_device  # tokens are tokens
+                   on_device: bool = True, shards: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """Process-local train batches of the config from `start_step` on (`common.device_batches`' signature;
+    `shards` places repeated-augmentation copies, which text has none of)."""
+    del on_device, shards  # tokens are tokens
     return train_batches(stream(config, config.dataset.train_split), config.model.seq_len, config.input.batch_size,
                          config.seed, start_step, process_index, process_count)
 

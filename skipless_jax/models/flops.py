@@ -22,7 +22,7 @@ from skipless_jax.models import cait, convmixer, pvt_v2, swin, vit
 from skipless_jax.models import family as family_of
 from skipless_jax.models.swin import window_size_and_shift
 
-TRAINERS = ("supervised", "mae", "dino")
+TRAINERS = ("supervised", "mae", "dino", "lm")
 BACKWARD = 3  # forward + backward = 3 × forward: two matmuls (input and weight gradients) per forward one
 
 
@@ -162,13 +162,26 @@ def _check_trainer(trainer: str, **needed: Any) -> None:
         raise ValueError(f"trainer={trainer!r} needs {missing[0]}= (its config section) to count its FLOPs")
 
 
+def _gpt_forward(model_config: Any, vocab_size: int) -> float:
+    """The causal LM (models/gpt.py) on one sequence of T = seq_len tokens: its blocks (attention
+    over all T keys: the masked half is computed too) and the output head 2·T·d·V; the token
+    and position lookups are no matmuls."""
+    d = family_of(model_config).describe(model_config).width
+    tokens = int(model_config.seq_len)
+    return model_config.depth * encoder_block(tokens, d, model_config.mlp_dim) + dense(tokens, d, vocab_size)
+
+
 def train_flops_per_example(
     model_config: Any, image_size: int, num_classes: int, *, trainer: str = "supervised", channels: int = 3,
     mae: Any = None, dino: Any = None, multicrop: Any = None,
 ) -> float:
     """Model FLOPs of one training example of `trainer` (docs/method.md §25): 3 × forward, and for
     DINO + the teacher's forward (1×) on the 2 global crops. `mae`: `config.mae`; `dino`,
-    `multicrop`: `config.dino`, `config.input.multicrop`; `image_size`: the (global) input size."""
+    `multicrop`: `config.dino`, `config.input.multicrop`; `image_size`: the (global) input size.
+    For `trainer="lm"` an example is one sequence of `model_config.seq_len` tokens, `num_classes`
+    the vocabulary and `image_size` unused."""
+    if trainer == "lm":
+        return BACKWARD * _gpt_forward(model_config, num_classes)
     if trainer == "mae":
         _check_trainer(trainer, mae=mae)
         return BACKWARD * _mae_forward(model_config, image_size, channels, mae)

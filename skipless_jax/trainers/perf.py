@@ -149,6 +149,10 @@ def model_flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, f
     from skipless_jax.models import flops
 
     trainer = config.get("trainer") or "supervised"
+    if trainer == "lm":  # an example is a sequence; no image, no Token Graying
+        from skipless_jax.data import text
+
+        return flops.train_flops_per_example(config.model, 0, text.tokenizer(config).vocab_size, trainer="lm"), 0.0
     info = sources.dataset_info(config.dataset.name)
     size, channels = inputs.image_size(config), info.image_shape[-1]
     multicrop = config.input.get("multicrop")
