@@ -40,7 +40,7 @@ def resolve_config(workdir: str, config: ml_collections.ConfigDict | None) -> ml
     from skipless_jax import checkpoint, pretrained
 
     saved = checkpoint.saved_config(workdir)
-    if saved is not None and "converted_from" in saved:
+    if saved is not None and "converted_from" in saved and "dataset" not in saved:  # timm's: the model only
         return converted_config(workdir, saved, config)
     resolved = pretrained.saved_or_given(saved, config, workdir)
     if saved is not None and config is not None:

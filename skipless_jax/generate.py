@@ -23,13 +23,6 @@ from typing import Any
 
 from absl import flags
 
-flags.DEFINE_string("workdir", None, "The lm run's workdir (required).")
-flags.DEFINE_string("prompt", "", "The text the continuation follows.")
-flags.DEFINE_integer("max_new_tokens", 200, "Tokens (bytes) to generate.")
-flags.DEFINE_float("temperature", 0.8, "Softmax temperature (0: greedy).")
-flags.DEFINE_integer("top_k", 40, "Sample among the k most likely tokens (0: all).")
-flags.DEFINE_integer("seed", 0, "The sampling seed.")
-
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int) -> None:
     """One-line ValueError for a bad sampling setting."""
@@ -164,9 +157,16 @@ def main(argv: Sequence[str]) -> None:
     sys.stdout.flush()
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the flags are defined here, as evaluate's: importing the module defines none
     from absl import app
 
     from skipless_jax import cli
+
+    flags.DEFINE_string("workdir", None, "The lm run's workdir (required).")
+    flags.DEFINE_string("prompt", "", "The text the continuation follows.")
+    flags.DEFINE_integer("max_new_tokens", 200, "Tokens (bytes) to generate.")
+    flags.DEFINE_float("temperature", 0.8, "Softmax temperature (0: greedy).")
+    flags.DEFINE_integer("top_k", 40, "Sample among the k most likely tokens (0: all).")
+    flags.DEFINE_integer("seed", 0, "The sampling seed.")
 
     app.run(main, flags_parser=cli.parse_flags)

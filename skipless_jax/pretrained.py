@@ -27,7 +27,7 @@ RUNTIME_FIELDS = (
     "input.eval_batch_size",
     "dataset.data_dir", "dataset.eval_windows",
     "resume", "init_from", "init_from_key", "model.remat", "model.attention_impl", "compilation_cache_dir",
-    "profile_steps", "peak_tflops", "wandb", "model_ema.evals",
+    "profile_steps", "profile_hlo", "peak_tflops", "wandb", "model_ema.evals",
 )
 
 

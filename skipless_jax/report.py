@@ -268,7 +268,7 @@ def plot_final(
             groups.setdefault(tuple(r.get(a, "") for a in keys), {}).setdefault(float(r[x]), []).append(r[metric])
     if not groups:
         raise ValueError(f"--plot: no run's {FINAL_METRICS} has {metric!r}")
-    fig = Figure(figsize=(8, 4.5))
+    fig = Figure(figsize=(11, 4.5))
     ax = fig.subplots()
     drawn = {}
     for i, (group, by_x) in enumerate(sorted(groups.items())):
@@ -284,7 +284,7 @@ def plot_final(
     ax.set_ylabel(f"final {metric}")
     ax.set_xticks(sorted({v for by_x in groups.values() for v in by_x}))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # off the dots
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return drawn

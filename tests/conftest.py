@@ -1,7 +1,6 @@
 """Test setup: 8 fake CPU devices, set before JAX initializes its backends."""
 
 import os
-import tempfile
 
 from subprocess_runs import XLA_TEST_FLAGS  # stdlib only: imports nothing of JAX
 
@@ -14,7 +13,9 @@ os.environ["XLA_FLAGS"] = (
 
 # One compilation cache for the session's workers and the processes the tests start: the same
 # tiny programs are compiled by many tests (and by each process of the multi-process tests).
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "skipless_jax_test_xla_cache"))
+# It lives in the checkout (git-ignored), not in /tmp: delete `.xla_test_cache/` to start cold.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".xla_test_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 

@@ -247,7 +247,7 @@ def test_token_graying_counted_apart():
     # the student's 2 global + 2 local crops and the teacher's 2 global crops, forward once each
     expected = 4 * flops.tg_matrix_flops("dct", 4, 16) + 2 * flops.tg_matrix_flops("dct", 1, 16)
     assert perf.model_flops_per_example(dino_config)[1] == expected == 4 * 5 * 64 * 6 + 2 * 5 * 16 * 4
-    with pytest.raises(ValueError, match=r"trainer='byol' is unknown; allowed: \['supervised', 'mae', 'dino'\]"):
+    with pytest.raises(ValueError, match=r"trainer='byol' is unknown; allowed: \['supervised', 'mae', 'dino', 'lm'\]"):
         flops.train_flops_per_example(config.model, 8, 10, trainer="byol")
     with pytest.raises(ValueError, match=r"trainer='mae' needs mae="):
         flops.train_flops_per_example(config.model, 8, 10, trainer="mae")

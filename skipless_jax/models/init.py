@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import re
 from typing import Any
 
 import jax
@@ -216,6 +215,12 @@ SHARE_BETA_TOL = 1e-4
 SHARE_METHODS = ("skipless", "mimetic")  # the inits whose β `init_self_share` sets
 
 
+# The reference inits' query/key draws, `keys (2,) -> (w_q, w_k)` for one (d, d) ViT layer, by
+# init name: models/init_schemes.py registers 'timm' and 'mae' from its tables when it is
+# imported (the package models/__init__.py imports it), so this module imports nothing above it.
+REFERENCE_QK: dict[str, Any] = {}
+
+
 def query_key_kernels(
     key: jax.Array, method: str, d: int, num_heads: int, alpha: float, beta: float
 ) -> tuple[jax.Array, jax.Array]:
@@ -229,12 +234,10 @@ def query_key_kernels(
     if method == "default":
         draw = jax.nn.initializers.xavier_uniform()
         return draw(keys[0], (d, d), jnp.float32), draw(keys[1], (d, d), jnp.float32)
-    from skipless_jax.models import init_schemes  # it builds on this module
-
-    table = init_schemes.RULES[method, "vit"]
-    rules = [next(r for pattern, r in table if re.search(pattern, f"block/attention/{name}"))
-             for name in ("query", "key")]
-    return tuple(rule(k, (d, d), (d, d)) for rule, k in zip(rules, keys))
+    if method not in REFERENCE_QK:
+        raise ValueError(f"init={method!r}: no query/key rule registered; known: "
+                         f"{sorted((*SHARE_METHODS, 'default', *REFERENCE_QK))}")
+    return REFERENCE_QK[method](keys, d)
 
 
 @functools.partial(jax.jit, static_argnames=("method", "d", "num_heads", "depth", "num_tokens", "num_samples"))
@@ -257,12 +260,12 @@ def _share(key: jax.Array, alpha: jax.Array, beta: jax.Array, *, method: str, d:
 
 def _share_fields(model_config: Any) -> dict[str, Any]:
     """The init method, sizes and α, β of a ViT `config.model` (its variant resolved), validated."""
-    from skipless_jax.models import vit  # it builds on this module
+    from skipless_jax.models import variants
 
     name = model_config.get("name", "vit") or "vit"
     if name != "vit":
         raise ValueError(f"the self-attention share is defined for the 'vit' family; config.model.name={name!r}")
-    sizes = vit.resolve_sizes(model_config)
+    sizes = variants.resolve_sizes(model_config)
     get = lambda k, v: v if sizes.get(k) is None else sizes[k]
     fields = dict(method=get("init", "default"), d=sizes.get("width"), num_heads=sizes.get("num_heads"),
                   depth=sizes.get("depth"), alpha=get("init_alpha", 1.0), beta=get("init_beta", 1.0))

@@ -155,3 +155,17 @@ def reinitialize(model: Any, variables: dict[str, Any], key: jax.Array) -> dict[
     params = redraw(variables["params"], scheme, family_of(model), key)
     return {**variables, "params": params}
 
+
+def _reference_qk(scheme: str) -> Callable[[jax.Array, int], tuple[jax.Array, jax.Array]]:
+    """The (w_q, w_k) draw of one (d, d) ViT attention layer under `scheme`'s table (init.REFERENCE_QK)."""
+    table = RULES[scheme, "vit"]
+    rules = [next(r for pattern, r in table if re.search(pattern, f"block/attention/{name}"))
+             for name in ("query", "key")]
+
+    def draw(keys: jax.Array, d: int) -> tuple[jax.Array, jax.Array]:
+        return tuple(rule(k, (d, d), (d, d)) for rule, k in zip(rules, keys))
+
+    return draw
+
+
+init_lib.REFERENCE_QK.update({scheme: _reference_qk(scheme) for scheme, family in RULES if family == "vit"})

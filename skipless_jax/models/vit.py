@@ -37,32 +37,13 @@ from skipless_jax.models.common import (  # noqa: F401
     top_name,
 )
 from skipless_jax.models.stem import PatchStem
+from skipless_jax.models.variants import VARIANTS, decode_variant, resolve_sizes  # noqa: F401 (re-exported)
 
 FAMILY = "vit"
 # (width, depth, mlp_dim, num_heads) of the standard ViT sizes.
-VARIANTS: dict[str, tuple[int, int, int, int]] = {
-    "Ti": (192, 12, 768, 3),
-    "S": (384, 12, 1536, 6),
-    "M": (512, 12, 2048, 8),
-    "B": (768, 12, 3072, 12),
-    "L": (1024, 24, 4096, 16),
-    "H": (1280, 32, 5120, 16),
-}
 SIZE_FIELDS = ("width", "depth", "mlp_dim", "num_heads", "patch_size")
 POOLS = ("tok", "gap", "gap_fc_norm")  # gap_fc_norm: MAE fine-tuning (docs/method.md §9)
 POSEMBS = ("learn", "sincos2d")
-
-
-def decode_variant(variant: str) -> dict[str, int]:
-    """'B/16' -> dict(width=768, depth=12, mlp_dim=3072, num_heads=12, patch_size=16)."""
-    match = re.fullmatch(r"(\w+)/(\d+)", variant or "")
-    if match is None or match.group(1) not in VARIANTS:
-        raise ValueError(
-            f"config.model.variant={variant!r} is not a ViT variant; allowed: "
-            f"'<size>/<patch>' with size in {sorted(VARIANTS)}, e.g. 'B/16'"
-        )
-    width, depth, mlp_dim, num_heads = VARIANTS[match.group(1)]
-    return dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=num_heads, patch_size=int(match.group(2)))
 
 
 class ViT(ModelFields):
@@ -259,28 +240,6 @@ def unstack_blocks(params: dict[str, Any]) -> dict[str, Any]:
     for i in range(depth):
         out[f"block_{i}"] = jax.tree.map(lambda a, i=i: a[i], stacked)
     return out
-
-
-def resolve_sizes(model_config: Any) -> dict[str, Any]:
-    """`config.model` as a dict with the variant's sizes filled in.
-
-    A size set explicitly (not None) that differs from the variant's is an error: the variant
-    used to override it silently.
-    """
-    cfg = dict(model_config)
-    variant = cfg.pop("variant", None)
-    if variant:
-        sizes = decode_variant(variant)
-        conflicts = [
-            f"{k}={cfg[k]!r} (the variant's: {v})" for k, v in sizes.items() if cfg.get(k) is not None and cfg[k] != v
-        ]
-        if conflicts:
-            raise ValueError(
-                f"config.model.variant={variant!r} conflicts with config.model.{', '.join(conflicts)}; "
-                "set either the variant or explicit sizes"
-            )
-        cfg.update(sizes)
-    return cfg
 
 
 def model_kwargs(model_config: Any, num_classes: int) -> dict[str, Any]:
