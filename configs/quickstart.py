@@ -24,8 +24,9 @@ the default gave 95.6 ± 0.6 against 95.0 ± 0.6 in float32 in the same 3-seed r
 docs/results.md at a time, e.g. `python -m skipless_jax.report docs/figures/quickstart_runs.csv
 --config=configs/quickstart.py --grid=table1 --claims=configs/quickstart.py` (docs/method.md
 §19: Welch and permutation tests, the larger p deciding, Holm over the rows printed together,
-so a call over every grid at once is a larger family with larger p's): at depth 8, SOAP > AdamW with the skipless init holds (93.9 against 89.3, Holm p 0.032;
-compare `:depth=8` with `:depth=8,opt=adamw`); the skipless init > the default init under AdamW
+so a call over every grid at once is a larger family with larger p's): at depth 8, SOAP >
+AdamW with the skipless init holds (93.9 against 89.3, Holm p 0.032; compare `:depth=8` with
+`:depth=8,opt=adamw`); the skipless init > the default init under AdamW
 is not shown at 5 seeds (89.3 ± 1.7 against 72.4 ± 29.8: one default-init seed of five
 collapses to 19 %, the permutation p is 0.008 but Welch's is 0.14); at depth 4, removing the
 SAB skip costs more than removing the FFN skip (Holm p 0.032). At depth 12 (the `depth` grid)
