@@ -59,9 +59,7 @@ from typing import Any
 
 from skipless_jax import claims as claims_lib
 from skipless_jax import stats
-from skipless_jax.trainers.outcome import FINAL_METRICS, HISTORY
-
-RUN_RECORD = "sweep_run.json"  # sweep.RUN_RECORD: a folder the sweep started a run in
+from skipless_jax.trainers.outcome import FINAL_METRICS, HISTORY, RUN_RECORD
 
 FORMATS = ("md", "csv")
 
@@ -147,9 +145,6 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-mean_std = stats.mean_std
-
-
 def mean_over(table: list[dict[str, Any]], key: str, arg_names: Sequence[str]) -> list[dict[str, Any]]:
     """Groups by the args other than `key`: `<m>_mean`, `<m>_std` (ddof=1; nan for one run) and
     `<m>_n` (the group's runs that have m) per metric, then `runs` (the group's runs)."""
@@ -169,7 +164,7 @@ def mean_over(table: list[dict[str, Any]], key: str, arg_names: Sequence[str]) -
             xs = [r[m] for r in members if _number(r.get(m))]
             if not xs:
                 continue
-            row[f"{m}_mean"], row[f"{m}_std"] = mean_std(xs)
+            row[f"{m}_mean"], row[f"{m}_std"] = stats.mean_std(xs)
             row[f"{m}_n"] = len(xs)
         row["runs"] = len(members)
         out.append(row)
@@ -273,7 +268,7 @@ def plot_final(
     drawn = {}
     for i, (group, by_x) in enumerate(sorted(groups.items())):
         color, xs = f"C{i % 10}", sorted(by_x)
-        means, stds = zip(*(mean_std(by_x[v]) for v in xs))
+        means, stds = zip(*(stats.mean_std(by_x[v]) for v in xs))
         means, stds = list(means), [0.0 if math.isnan(sd) else sd for sd in stds]
         label = ",".join(f"{a}={v}" for a, v in zip(keys, group)) or metric
         ax.errorbar(xs, means, yerr=stds, color=color, marker="o", capsize=3, lw=1.5, label=label)

@@ -54,10 +54,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from skipless_jax import workdir_lock
-from skipless_jax.trainers.outcome import EXIT_INTERRUPTED, EXIT_PREEMPTED, FINAL_METRICS
+from skipless_jax.trainers.outcome import EXIT_INTERRUPTED, EXIT_PREEMPTED, FINAL_METRICS, RUN_RECORD
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN_RECORD = "sweep_run.json"  # the command a run folder was last trained with
 LOG = "train.log"
 TRAINER = (sys.executable, "-m", "skipless_jax.main")
 LAUNCHERS = ("local", "slurm", "tpu")

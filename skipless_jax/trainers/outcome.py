@@ -9,4 +9,5 @@ EXIT_INTERRUPTED = 130
 
 
 FINAL_METRICS = "final_metrics.json"
+RUN_RECORD = "sweep_run.json"  # the command a sweep last trained a run folder with (a folder it started)
 HISTORY = "history.jsonl"  # one JSON line per record: {"step": s, "<prefix>_<name>": value, ...}
