@@ -2,6 +2,7 @@
 
 import glob
 import json
+import logging
 import os
 import re
 
@@ -280,7 +281,7 @@ def test_quickstart_val_split_and_init_self_share_reach_the_final_metrics(tmp_pa
 
     config = tiny_config("init=skipless,self_share=0.7,val=True", total_steps=2)
     beta = init.self_share_beta(tiny_config("init=skipless").model, 16, 0.7)
-    with caplog.at_level("INFO"):
+    with caplog.at_level(logging.INFO, logger="absl"):  # absl's own level, whatever an earlier test left
         metrics = supervised.train_and_evaluate(config, str(tmp_path))
     assert f"init_self_share=0.7 at 16 tokens: init_beta={beta:g}" in caplog.text
     final = json.loads((tmp_path / "final_metrics.json").read_text())
