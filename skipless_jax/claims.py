@@ -94,19 +94,19 @@ def _finite(v: Any) -> bool:
 
 
 def _cell_values(runs: Sequence[Mapping[str, Any]], claim: Claim, threshold: float, failed_as: float | None):
-    """(values for the test, trained count, runs left out (folders))."""
-    values, trained, left_out = [], 0, []
+    """(values for the test, trained count, the runs without final metrics (folders): left out
+    of the test, or counted as `failed_as`)."""
+    values, trained, failed = [], 0, []
     for r in runs:
         loss = r.get(claim.trained_metric)
         trained += bool(_finite(loss) and loss < threshold)
         if r.get("status") == FAILED or not _finite(r.get(claim.metric)):
-            if failed_as is None:
-                left_out.append(r["run"])
-            else:
+            failed.append(r["run"])
+            if failed_as is not None:
                 values.append(failed_as)
         else:
             values.append(float(r[claim.metric]))
-    return values, trained, left_out
+    return values, trained, failed
 
 
 def judge(
@@ -135,17 +135,17 @@ def judge(
         for setting in settings:
             named = ",".join(f"{k}={v}" for k, v in zip(claim.per, setting) if v)  # an absent arg: not shown
             row: dict[str, Any] = {"claim": claim.name, "setting": named or "all", "margin": claim.margin}
-            left = []
+            failed = []
             for c in ("a", "b"):
                 members = [r for r in cells[c] if tuple(str(r.get(k, "")) for k in claim.per) == setting]
-                values, trained, left_out = _cell_values(members, claim, threshold, failed_as)
+                values, trained, failed_runs = _cell_values(members, claim, threshold, failed_as)
                 row[f"n_{c}"] = len(values)
                 row[f"mean_{c}"], row[f"std_{c}"] = stats.mean_std(values)
                 row[f"trained_{c}"] = f"{trained}/{len(members)}"
                 row[f"_values_{c}"] = values
-                left += left_out
-            row["left_out"] = len(left)
-            row["_left_out_runs"] = left
+                failed += failed_runs
+            row["left_out"] = 0 if failed_as is not None else len(failed)  # of the test
+            row["failed_runs"] = ";".join(failed)  # without final metrics, left out or counted as failed_as
             def compare(alternative: str, row=row, claim=claim) -> stats.Comparison:
                 return stats.compare(row["_values_a"], row["_values_b"], alternative=alternative, margin=claim.margin)
 
@@ -183,7 +183,7 @@ def _deciding(c: stats.Comparison) -> float:
 
 PUBLIC = ("claim", "setting", "n_a", "n_b", "mean_a", "std_a", "mean_b", "std_b", "gap", "ci_low", "ci_high",
           "p_welch", "p_permutation", "p_mannwhitney", "p_holm", "prob_superiority", "trained_a", "trained_b",
-          "left_out", "verdict")
+          "left_out", "failed_runs", "verdict")
 
 
 def _g(v: Any, digits: int) -> str:
@@ -213,7 +213,7 @@ def markdown(rows: Sequence[Mapping[str, Any]], claims: Sequence[Claim], alpha: 
         what = f"{c.text}: " if c.text else ""
         lines.append(f"- `{c.name}`: {what}A = {_filter(c.a)} vs B = {_filter(c.b)}; "
                      f"{c.metric}, H1 A {_SYMBOL[c.alternative]} B{margin}, per {', '.join(c.per) or '-'}.")
-    left = [run for r in rows for run in r["_left_out_runs"]]
+    left = list(dict.fromkeys(run for r in rows for run in r["failed_runs"].split(";") if run))
     how = f"counted as {failed_as:g}" if failed_as is not None else "left out of the tests"
     if left:
         lines.append(f"- {len(left)} run(s) without final metrics (failed, non-finite or unfinished), {how}: "

@@ -357,6 +357,13 @@ def refresh(path: str) -> int:
     return len(blocks)
 
 
+def _flag_number(flag: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{flag}={text!r} is not a number") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m skipless_jax.report", description=__doc__.split("\n")[0])
     parser.add_argument("dirs", nargs="*", metavar="SRC", help="a sweep root (folder) or a CSV of --format=csv")
@@ -369,8 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--grid", default=None, metavar="NAME", help="keep the runs of this named grid of --config")
     parser.add_argument("--claims", default=None, metavar="PATH[:NAME,...]",
                         help="judge the CLAIMS of this config module (all, or the named ones) over the runs")
-    parser.add_argument("--alpha", default=0.05, type=float, help="--claims: the family-wise level (Holm)")
-    parser.add_argument("--failed_as", default=None, type=float, metavar="VALUE",
+    parser.add_argument("--alpha", default="0.05", help="--claims: the family-wise level (Holm)")
+    parser.add_argument("--failed_as", default=None, metavar="VALUE",
                         help="--claims: the value of a run without final metrics (default: left out)")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the runs' curves from history.jsonl")
     parser.add_argument("--plot_metric", default="train_loss", help="the history.jsonl key --plot draws")
@@ -389,6 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("--grid=NAME and --config=PATH go together")
         if args.claims and (args.mean_over or args.plot_x):
             raise ValueError("--claims is its own table: drop --mean_over / --plot_x")
+        alpha = _flag_number("--alpha", args.alpha)
+        failed_as = None if args.failed_as is None else _flag_number("--failed_as", args.failed_as)
         claims, num_classes = load_claims(args.claims) if args.claims else ([], None)
         metrics = args.metrics.split(",") if args.metrics else None
         table, folders = rows(args.dirs, metrics)
@@ -399,11 +408,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not table:
             raise ValueError(f"no run (a folder with {FINAL_METRICS}) under {', '.join(args.dirs)}")
         if args.claims:
-            verdicts = claims_lib.judge(claims, table, num_classes=num_classes, alpha=args.alpha,
-                                        failed_as=args.failed_as, natural_key=natural_key)
+            verdicts = claims_lib.judge(claims, table, num_classes=num_classes, alpha=alpha,
+                                        failed_as=failed_as, natural_key=natural_key)
             if args.plot:
                 claims_lib.plot(verdicts, args.plot)
-            sys.stdout.write(format_claims(verdicts, claims, args.format, args.alpha, args.failed_as))
+            sys.stdout.write(format_claims(verdicts, claims, args.format, alpha, failed_as))
             return 0
         arg_names = columns([run_args(r["run"]) for r in table])
         group_by = [a for a in arg_names if a != args.mean_over] if args.mean_over else []

@@ -80,9 +80,11 @@ def test_failed_runs_are_listed_left_out_and_counted_as_not_trained(capsys, tmp_
     rows = claims.judge([SOAP_BEATS_ADAMW], table, num_classes=10)
     r = rows[0]
     assert (r["n_a"], r["trained_a"], r["left_out"]) == (4, "3/5", 1)
-    assert r["_left_out_runs"] == ["opt=soap,depth=8,seed=0"]
+    assert r["failed_runs"] == "opt=soap,depth=8,seed=0"
     counted = claims.judge([SOAP_BEATS_ADAMW], table, num_classes=10, failed_as=0.1)[0]
-    assert (counted["n_a"], counted["left_out"]) == (5, 0)
+    assert (counted["n_a"], counted["left_out"], counted["failed_runs"]) == (5, 0, "opt=soap,depth=8,seed=0")
+    assert "1 run(s) without final metrics (failed, non-finite or unfinished), counted as 0.1: " \
+           "`opt=soap,depth=8,seed=0`." in claims.markdown([counted], [SOAP_BEATS_ADAMW], 0.05, 0.1)
     soap = [x["test_accuracy"] for x in table[1:] if x["opt"] == "soap"]
     assert counted["mean_a"] == pytest.approx(np.mean([0.1, *soap]))
     assert claims.judge([claims.Claim("x", a={"opt": "soap"}, b={"opt": "adamw"}, trained_below=0.005)],
@@ -176,6 +178,20 @@ def test_report_claims_reads_a_sweep_root_with_failed_runs(tmp_path, capsys):
     assert report.main([str(tmp_path / "root"), f"--claims={config}", "--format=csv"]) == 0
     first = next(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert (first["n_a"], first["trained_a"], first["left_out"]) == ("4", "4/5", "1")
+    assert first["failed_runs"] == "opt=soap,depth=8,seed=3"
+
+    # --failed_as counts the failed run as that value (still named); --alpha moves the verdict line
+    root = str(tmp_path / "root")
+    assert report.main([root, f"--claims={config}", "--failed_as=0.1", "--alpha=0.01"]) == 0
+    md = capsys.readouterr().out
+    assert "Verdicts at α = 0.01" in md
+    assert "counted as 0.1: `opt=soap,depth=8,seed=3`." in md
+    row = md.splitlines()[2].split(" | ")
+    assert (row[2], row[3]) == ("5", "5")  # n_a counts the failed run as 0.1
+    for bad, message in (("--alpha=1.5", "--alpha=1.5 must be in (0, 1)"), ("--failed_as=x", "--failed_as")):
+        assert report.main([root, f"--claims={config}", bad]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
 
 
 def test_the_quickstart_claims_name_cells_of_its_grids():
