@@ -19,7 +19,7 @@ Depth 4 is the default; add `depth=8` to the args for the other column. The defa
 95.6 and 94.7 for seeds 0-2 on this project's 2-core CPU machine; one seed differs between CPUs
 (seed 0: 93.1 and 93.6 on two other 2-core CPUs, each deterministic), so a run is checked
 against the spread, not against one seed's number. In bf16 (`--config.model.dtype=bfloat16`)
-the default gave 95.6 ± 0.6 against 95.0 ± 0.6 in float32 in the same 3-seed run
+the default gave 95.6 ± 0.7 against 95.0 ± 0.7 in float32 in the same 3-seed run (sample std)
 (docs/results.md). The papers' claims (`CLAIMS` below), judged over 5 seeds one table of
 docs/results.md at a time, e.g. `python -m skipless_jax.report docs/figures/quickstart_runs.csv
 --config=configs/quickstart.py --grid=table1 --claims=configs/quickstart.py` (docs/method.md
