@@ -11,10 +11,12 @@ A variant is a ViT's ('B/16') or 'family:variant[@image size]' ('swin:T', 'convm
 
 The supervised trainer's own jitted step (`trainers/supervised.make_train_step`, AdamW or
 `--optimizer=soap`, built by benchmarks/scaling.py as the trainer builds it, data-parallel over
-all devices) on random data, timed after compilation, median of `--repeats`. With
-`--peak_tflops` (the device's peak for the compute dtype, e.g. 989 for an H100 in bf16, 275 for
-a TPU v4 chip) it reports model FLOPs utilisation:
-MFU = (XLA FLOPs of one step / step time) / (peak × devices).
+all devices) on random data, timed after compilation, median of `--repeats`. Throughput is
+counted as the trainer counts it (docs/method.md §25): model FLOPs per step = batch ×
+`models.flops.train_flops_per_example` (3 × the forward matmuls and convolutions), and
+MFU = model FLOPs per step / step time / (peak × devices), with the peak the dense bf16 peak of
+the device's exact kind (`trainers.perf.PEAK_TFLOPS`) or `--peak_tflops`; XLA's count of the
+compiled step is reported beside it (`xla_gflop_per_step`), not used for MFU.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ import statistics
 import time
 
 import jax
+import ml_collections
 import scaling  # benchmarks/scaling.py: the trainers' own steps (this script's folder is on sys.path)
+
+from skipless_jax.trainers import perf
 
 
 def bench(variant: str, batch: int, image_size: int, dtype: str, repeats: int, skips: bool, init: str,
@@ -42,7 +47,8 @@ def bench(variant: str, batch: int, image_size: int, dtype: str, repeats: int, s
     compile_s = time.perf_counter() - t0
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    flops = float(cost.get("flops", float("nan"))) * jax.device_count()  # per device -> the whole step
+    xla_flops = float(cost.get("flops", float("nan"))) * jax.device_count()  # per device -> the whole step
+    flops = batch * perf.model_flops_per_example(config)[0]  # the trainer's definition (method.md §25)
     with jax.set_mesh(program.mesh):
         state, metrics = compiled(state, batch_arrays)  # warm-up
         jax.block_until_ready(metrics)
@@ -57,7 +63,7 @@ def bench(variant: str, batch: int, image_size: int, dtype: str, repeats: int, s
         variant=variant, batch=batch, image_size=config.input.image_size, dtype=dtype, skips=skips, init=init,
         optimizer=opt,
         compile_s=compile_s, step_s=step_s, step_s_min=min(times), images_per_s=batch / step_s,
-        flops_per_step=flops, achieved_tflops=flops / step_s / 1e12,
+        flops_per_step=flops, xla_flops_per_step=xla_flops, achieved_tflops=flops / step_s / 1e12,
     )
 
 
@@ -71,7 +77,8 @@ def main() -> None:
     parser.add_argument("--skipless", action="store_true", help="benchmark the skipless block (same FLOPs)")
     parser.add_argument("--init", default="default")
     parser.add_argument("--optimizer", default="adamw", choices=["adamw", "soap"])
-    parser.add_argument("--peak_tflops", type=float, default=None, help="per-device peak TFLOP/s for MFU")
+    parser.add_argument("--peak_tflops", type=float, default=None,
+                        help="per-device dense bf16 peak TFLOP/s for MFU (default: the device kind's table entry)")
     parser.add_argument("--output", default="benchmarks/results/train_step.json")
     args = parser.parse_args()
 
@@ -82,16 +89,19 @@ def main() -> None:
                           args.optimizer))
         r = rows[-1]
         print(f"measured {v}: compile {r['compile_s']:.1f} s, step {1e3 * r['step_s']:.1f} ms, "
-              f"{r['flops_per_step'] / 1e9:.1f} GFLOP", flush=True)
+              f"{r['flops_per_step'] / 1e9:.1f} model GFLOP", flush=True)
     devices = jax.device_count()
+    peak = perf.peak_tflops(ml_collections.ConfigDict(dict(peak_tflops=args.peak_tflops)), jax.devices()[0])
     for row in rows:
         row["devices"] = devices
         row["device_kind"] = jax.devices()[0].device_kind
-        row["mfu"] = row["achieved_tflops"] / (args.peak_tflops * devices) if args.peak_tflops else None
+        row["peak_tflops"] = peak
+        row["mfu"] = row["achieved_tflops"] / (peak * devices) if peak else None
 
     base = rows[0]["step_s"] / rows[0]["flops_per_step"]
     header = (
-        f"{'variant':16} {'batch':>5} {'compile s':>9} {'step ms':>9} {'img/s':>8} {'GFLOP/step':>11} {'TFLOP/s':>8} "
+        f"{'variant':16} {'batch':>5} {'compile s':>9} {'step ms':>9} {'img/s':>8} {'GFLOP/step':>11} "
+        f"{'XLA GFLOP':>10} {'TFLOP/s':>8} "
         f"{'s/FLOP vs ' + rows[0]['variant']:>16} {'MFU':>6}"
     )
     print(f"devices: {devices} × {rows[0]['device_kind']}, dtype {args.dtype}, image {args.image_size}")
@@ -101,7 +111,8 @@ def main() -> None:
         ratio = (r["step_s"] / r["flops_per_step"]) / base
         print(
             f"{r['variant']:16} {r['batch']:>5} {r['compile_s']:>9.1f} {1e3 * r['step_s']:>9.1f} "
-            f"{r['images_per_s']:>8.1f} {r['flops_per_step'] / 1e9:>11.1f} {r['achieved_tflops']:>8.3f} "
+            f"{r['images_per_s']:>8.1f} {r['flops_per_step'] / 1e9:>11.1f} {r['xla_flops_per_step'] / 1e9:>10.1f} "
+            f"{r['achieved_tflops']:>8.3f} "
             f"{ratio:>16.2f} {mfu:>6}"
         )
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
