@@ -174,6 +174,7 @@ def test_peak_table_matches_exact_device_kinds(monkeypatch):
         "NVIDIA H100 80GB HBM3": 989, "NVIDIA H100 PCIe": 756, "NVIDIA H100 NVL": 835, "NVIDIA H200": 989,
         "NVIDIA H200 NVL": 835, "NVIDIA A100-SXM4-80GB": 312, "NVIDIA A100-SXM4-40GB": 312,
         "NVIDIA A100 80GB PCIe": 312, "NVIDIA A100-PCIE-40GB": 312, "NVIDIA B200": 2250, "NVIDIA H800": 989,
+        "NVIDIA H800 PCIe": 756,
         "NVIDIA L40S": 362, "TPU v3": 61.5, "TPU v4": 275, "TPU v5 lite": 197, "TPU v5": 459, "TPU v5p": 459,
         "TPU v6 lite": 918,
         # not listed: no MFU (a substring match gave "NVIDIA H100 80GB HBM3e" or a TPU v4 lite a peak)

@@ -36,8 +36,10 @@ PEAK_TFLOPS = {
     "NVIDIA H100 80GB HBM3": 989.0,
     "NVIDIA H100 PCIe": 756.0,
     "NVIDIA H100 NVL": 835.0,
-    # NVIDIA H800 (the export H100 SXM5; same Tensor Cores and clocks): BF16 1,979 sparse
+    # NVIDIA H800 SXM5 / H800 PCIe datasheets (the export H100s; same Tensor Cores and clocks):
+    # BF16 1,979 / 1,513 TFLOPS with sparsity
     "NVIDIA H800": 989.0,
+    "NVIDIA H800 PCIe": 756.0,
     # NVIDIA H200 datasheet: BF16 1,979 (SXM) / 1,671 (NVL) TFLOPS with sparsity
     "NVIDIA H200": 989.0,
     "NVIDIA H200 NVL": 835.0,
@@ -45,7 +47,8 @@ PEAK_TFLOPS = {
     "NVIDIA B200": 2250.0,
     # NVIDIA L40S datasheet: BF16 Tensor Core 362.05 (733 sparse)
     "NVIDIA L40S": 362.0,
-    # Google Cloud TPU system architecture pages: bf16 peak per chip
+    # Google Cloud TPU documentation, one system-architecture page per version (TPU v3, v4, v5e,
+    # v5p, v6e): "peak compute per chip (bf16)"
     "TPU v3": 61.5,  # 123 per v3 chip of 2 TensorCores; JAX's v3 device is one TensorCore
     "TPU v4": 275.0,  # one device = one chip (megacore)
     "TPU v5 lite": 197.0,  # v5e
