@@ -90,8 +90,8 @@ def disk_full_write(err: BaseException, workdir: str) -> DiskFullError | None:
     while err is not None and seen < 20:
         text = str(err)
         if getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in text:
-            found = re.search(r"(\S+?);? No space left on device", text)
-            what = getattr(err, "filename", None) or (found.group(1) if found else f"in {workdir}")
+            what = getattr(err, "filename", None) or _last_path(text.split("No space left on device")[0]) \
+                or f"a file in {workdir}"
             good = _finished_in(os.path.join(_abs(workdir), "checkpoints"))
             return DiskFullError(
                 f"the disk is full: writing {what} failed (No space left on device); "
@@ -99,6 +99,13 @@ def disk_full_write(err: BaseException, workdir: str) -> DiskFullError | None:
                 "free space and rerun the same command to resume")
         err, seen = err.__cause__ or err.__context__, seen + 1
     return None
+
+
+def _last_path(text: str) -> str | None:
+    """The last file path (or bucket URL) in a library's error text, without its quotes and
+    brackets ('... "/w/run/x.pb": [OS error 28] ...' -> '/w/run/x.pb'); None if it names none."""
+    paths = re.findall(r"(?:\b[a-z][a-z0-9+]*://|(?<![\w.])/)[^\s\"'\[\]();,]+", text)
+    return paths[-1].rstrip(":.") if paths else None
 
 
 @contextlib.contextmanager

@@ -356,3 +356,30 @@ def test_saved_config(tmp_path):
     with open(tmp_path / "checkpoints" / "2" / "meta" / "metadata", "w") as f:
         f.write("{not json")
     assert checkpoint.saved_config(str(tmp_path)) == configs[1]
+
+
+@pytest.mark.parametrize("text,named", [
+    # tensorstore's error for a file it could not write (the path quoted, the errno bracketed)
+    ('RESOURCE_EXHAUSTED: Error writing local file "{w}/checkpoints/500.orbax-checkpoint-tmp-1/d/abc": '
+     "[OS error 28] No space left on device", "{w}/checkpoints/500.orbax-checkpoint-tmp-1/d/abc"),
+    ("Failed to write {w}/plugins/profile/2026_12_05/vm.xplane.pb; No space left on device",
+     "{w}/plugins/profile/2026_12_05/vm.xplane.pb"),
+    ("[Errno 28] No space left on device", "a file in {w}"),  # no path in the text: the workdir
+])
+def test_a_full_disk_names_the_file_in_the_librarys_words(tmp_path, text, named):
+    """`disk_full_write` names the file from the error's text (not the errno's '28]'), through
+    the exception's causes, and the last finished checkpoint; any other error is not its business."""
+    w = str(tmp_path)
+    try:
+        try:
+            raise RuntimeError(text.format(w=w))
+        except RuntimeError as inner:
+            raise ValueError("the writer thread failed") from inner
+    except ValueError as raised:
+        err = raised
+    full = checkpoint.disk_full_write(err, w)
+    assert str(full) == (f"the disk is full: writing {named.format(w=w)} failed (No space left on device); no "
+                         "checkpoint was saved yet; free space and rerun the same command to resume")
+    os.makedirs(os.path.join(w, "checkpoints", "12"))
+    assert "the last good checkpoint is step 12, kept" in str(checkpoint.disk_full_write(err, w))
+    assert checkpoint.disk_full_write(RuntimeError("RESOURCE_EXHAUSTED: out of memory"), w) is None
