@@ -196,16 +196,18 @@ def manager(workdir: str, keep: int = 3, async_save: bool = True) -> ocp.Checkpo
     )
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any]) -> None:
+def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any], *, announce: bool = True) -> None:
     """Starts an (async) save of `state` at `step`; a step already saved is skipped.
 
     The state's checksums are computed before this returns (the caller may donate `state`
-    right after) and are saved in `meta` under CHECKSUMS.
+    right after) and are saved in `meta` under CHECKSUMS. `announce`: the console line a run
+    shows for each save (a converter's own success line names the folder instead).
     """
     if step in mngr.all_steps():
         return
     meta = dict(meta, **{CHECKSUMS: {"algorithm": _ALGORITHM, "leaves": checksums(state)}})
-    logging.info("Saving the checkpoint of step %d in %s.", step, mngr.directory)
+    if announce:
+        logging.info("Saving the checkpoint of step %d in %s.", step, mngr.directory)
     with disk_full_as_one_error(mngr, step):
         mngr.save(
             step,

@@ -283,6 +283,29 @@ def test_export_and_timm_convert_print_their_one_line(trained, tmp_path):
 
 
 @pytest.mark.slow
+def test_timm_convert_prints_its_one_line(tmp_path):
+    """A timm ViT-Ti/16 state dict (zeros in timm's names and layouts, written by `to_timm`) in:
+    the success line alone (it printed 61-66 lines of orbax's bookkeeping)."""
+    import numpy as np
+
+    from skipless_jax.models import timm_convert
+
+    cfg = timm_convert.model_config("vit", "Ti/16")
+    params: dict = {}
+    for path, shape in timm_convert.abstract_params(cfg, 1000, 224).items():
+        *parents, leaf = path.split("/")
+        node = params
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = np.zeros(shape, np.float32)
+    npz = str(tmp_path / "vit_ti.npz")
+    np.savez(npz, **timm_convert.to_timm("vit", params, cfg))
+    code, lines = _tool("--family=vit", "--variant=Ti/16", f"--input={npz}", f"--output={tmp_path / 'out'}",
+                        module="skipless_jax.models.timm_convert")
+    assert code == 0 and len(lines) == 1 and str(tmp_path / "out") in lines[0], lines
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["skipless_jax.sweep", "skipless_jax.report", "skipless_jax.export",
                                     "skipless_jax.models.timm_convert"])
 def test_no_tool_prints_orbaxs_type_handler_warning(module):

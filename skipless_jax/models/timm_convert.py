@@ -701,7 +701,7 @@ def save_state(output: str, state: Mapping[str, Any], config_json: str) -> None:
     from skipless_jax import checkpoint
 
     mngr = checkpoint.manager(output, keep=1, async_save=False)
-    checkpoint.save(mngr, 0, _tree_map(jnp.asarray, state), {"step": 0, "config": config_json})
+    checkpoint.save(mngr, 0, _tree_map(jnp.asarray, state), {"step": 0, "config": config_json}, announce=False)
     mngr.wait_until_finished()
     mngr.close()
 
