@@ -242,6 +242,34 @@ def test_lm_step_flops_per_device_fall_eightfold(opt, mesh):
     assert eight <= 0.13 * one, (opt, mesh, eight / one)
 
 
+@pytest.mark.slow
+def test_accumulated_micro_batches_equal_the_whole_batch_and_a_nonfinite_step_is_held():
+    """The lm step with grad_accum_steps=2 gives the loss and update of one step on the whole
+    batch (dropout off: equal micro-batches' mean of means is the batch mean); a step whose
+    loss is NaN keeps the parameters and optimizer state and counts itself."""
+    c = tiny_config()
+    c.total_steps, c.skip_nonfinite_steps = 10, True
+    one = scaling.lm_program(c, {"data": 1})
+    accumulated = c.copy_and_resolve_references()
+    accumulated.grad_accum_steps = 2
+    two = scaling.lm_program(accumulated, {"data": 1})
+    batch = scaling.random_batch(one)
+    (s1, m1), (s2, m2) = one.run(one.init(), one.batch(batch)), two.run(two.init(), two.batch(batch))
+    assert float(m2["loss"]) == pytest.approx(float(m1["loss"]), rel=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7),
+                 s1["params"], s2["params"])
+
+    state = one.init()
+    before = jax.tree.map(np.asarray, {k: state[k] for k in ("params", "opt_state")})
+    state["params"] = jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan) if x.ndim else x, state["params"])
+    poisoned = jax.tree.map(np.asarray, state["params"])
+    held, metrics = one.run(state, one.batch(batch))
+    assert not np.isfinite(float(metrics["loss"])) and int(metrics["nonfinite_steps"]) == 1
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), held["params"], poisoned)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), held["opt_state"], before["opt_state"])
+    assert int(held["step"]) == 1
+
+
 # ------------------------------------------------------------------------------------------
 # The trainer's runs (CLI in subprocesses).
 
@@ -281,6 +309,17 @@ def test_a_run_records_validation_metrics_and_the_corpus(reference):
     assert final["val_perplexity"] == pytest.approx(math.exp(final["val_loss"]))
     assert final["val_loss"] < math.log(257)  # below a uniform guess after 12 steps
     assert final["corpus_python"] == sys.version.split()[0] and len(final["corpus_sha256"]) == 64
+    # the perf records: model FLOPs of a sequence (models.flops) at the measured throughput
+    from skipless_jax.models import flops
+
+    scalars = read_scalars(reference)
+    config = load_config("lm_quickstart", "opt=adamw")
+    config.model.update(dict(width=32, depth=2, num_heads=2, mlp_dim=64, seq_len=16))
+    per_sequence = flops.train_flops_per_example(config.model, 0, text.VOCAB_SIZE, trainer="lm")
+    assert scalars["perf/tflops_per_device"]
+    for step, tflops in scalars["perf/tflops_per_device"].items():
+        rate = scalars["perf/img_per_sec_per_device"][step]
+        assert tflops == pytest.approx(per_sequence * rate / 1e12, rel=1e-4)
 
 
 @pytest.mark.slow
