@@ -133,12 +133,15 @@ def main(argv: list[str]) -> None:
 def lock_workdir(workdir: str) -> None:
     """Process 0 takes the workdir's lock (skipless_jax/workdir_lock.py; the processes of one run
     share the workdir); every process raises the same WorkdirBusy when another run holds it.
-    A bucket URL is not locked."""
+    A bucket URL is not locked (object stores have no exclusive create through gfile): one
+    warning line says so."""
     import jax
 
     from skipless_jax.trainers.run import agreed
 
     if "://" in workdir:
+        logging.warning("--workdir=%s is a bucket: it is not locked against a second run; start one run per "
+                        "workdir.", workdir)
         return
     busy = None
     if jax.process_index() == 0:

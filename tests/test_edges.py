@@ -443,3 +443,14 @@ def test_a_dino_export_describes_features_without_num_classes(tmp_path):
     dino.train_and_evaluate(tiny_dino_config(total_steps=2, checkpoint_every_steps=0), workdir)
     _, meta = export.forward(workdir)
     assert meta["output"] == "features" and "num_classes" not in meta, sorted(meta)
+
+
+def test_a_bucket_workdir_is_not_locked_and_says_so(caplog):
+    import logging
+
+    from skipless_jax import main
+
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        main.lock_workdir("gs://bucket/run")
+    assert [r.getMessage() for r in caplog.records] == [
+        "--workdir=gs://bucket/run is a bucket: it is not locked against a second run; start one run per workdir."]
