@@ -11,7 +11,7 @@ gradient clipping 1.0; validation on 256 windows (32,768 bytes) spread over the 
 split, at the end.
 Hardware: any CPU; on this project's 2-core CPU, shared with other jobs, a run took 2:53 to
 5:13 of wall-clock and about 150 s of CPU (user + system, measured for seeds 0-2).
-Expected validation bits per byte: 3.83 ± 0.05 (mean ± std of seeds 0-2: 3.87, 3.86, 3.78),
+Expected validation bits per byte: 3.77 ± 0.05 (mean ± std of seeds 0-4, docs/results.md),
 against 4.68 bits per byte for the unigram entropy of the evaluated targets (README).
 The metric is `val_bits_per_byte` (lower is better); the corpus's unigram entropy (bits per byte
 of a model without context) is the reference it must go well below (README).
