@@ -29,8 +29,8 @@ from skipless_jax.data import device_images, inputs, multicrop, sources
 from skipless_jax.models import dino_head, init_schemes
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
-from skipless_jax.trainers import common, nonfinite, perf
-from skipless_jax.trainers.run import Run, open_workdir
+from skipless_jax.trainers import common, loop, nonfinite, perf
+from skipless_jax.trainers.run import open_workdir
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca", "fewshot", "dino_linear")
@@ -542,7 +542,6 @@ def train_and_evaluate(
 
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
                                    load_init_from=load_init_from)
-    first_step = int(jax.device_get(state["step"]))
 
     # ---- The update step (state donated) and the evaluators of the teacher.
     step_fn = make_train_step(model, tx, sched, config.dino, device_images.dataset_stats(config))
@@ -554,24 +553,11 @@ def train_and_evaluate(
     a = abstract_state
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, multicrop.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
-    run = Run(config, workdir, mngr, total_steps, first_step,
-              guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]),
-              cost, config.input.batch_size)  # images, each once however many crops
-    data = common.device_batches(config, mesh, multicrop.train_iterator, first_step)
-    try:  # whatever stops the loop, saves already started are completed
-        with jax.set_mesh(mesh):
-            if first_step == 0 and config.get("eval_at_start", True):
-                # The same network at init.
-                run.evaluate(0, evaluators.run_all(evals, ctx, state["teacher"]), prefix="init_")
-            for step in range(first_step + 1, total_steps + 1):
-                batch = next(data)  # copied to the devices ahead (device_input.device_batches)
-                with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
-                    state, metrics = train_step(state, batch)
-                run.train_step_done(step, metrics, state)
-                run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["teacher"], step, total_steps))
-            if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
-                run.final_evaluation(evaluators.run_all(evals, ctx, state["teacher"], total_steps, total_steps))
-    finally:
-        data.close()  # the pipeline's worker processes stop here, whatever ended the loop
-        run.close()
-    return run.finish()
+    at_start = (lambda state: evaluators.run_all(evals, ctx, state["teacher"])) if config.get(
+        "eval_at_start", True) else None  # the same network at init
+    return loop.train(
+        config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
+        guarded=guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]),
+        train_iterator=multicrop.train_iterator,
+        results_at=lambda step, state: evaluators.run_all(evals, ctx, state["teacher"], step, total_steps),
+        results_at_start=at_start)

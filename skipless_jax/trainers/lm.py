@@ -30,8 +30,8 @@ from skipless_jax import models, pretrained, sharding, validate
 from skipless_jax.checks import is_positive_int, require
 from skipless_jax.data import device_input, text
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, nonfinite, perf
-from skipless_jax.trainers.run import Run, every, open_workdir
+from skipless_jax.trainers import common, loop, nonfinite, perf
+from skipless_jax.trainers.run import every, open_workdir
 
 LN2 = math.log(2.0)
 
@@ -237,7 +237,6 @@ def train_and_evaluate(
     if finished is not None:
         return finished
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings)
-    first_step = int(jax.device_get(state["step"]))
 
     # ---- The update step (state donated), the evaluation and the κ probe.
     train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
@@ -248,30 +247,15 @@ def train_and_evaluate(
     # ---- Loop.
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, text.train_batch_spec(config), sharding.batch_sharding(mesh), config)
-    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
-              cost, config.input.batch_size)
-    data = common.device_batches(config, mesh, text.train_iterator, first_step)
 
-    def results_at(step: int, params: Any) -> list[tuple[str, str, float]]:
-        return evaluate(params) if every(step, config.get("eval_every_steps"), total_steps) else []
+    def results_at(step: int, state: dict[str, Any]) -> list[tuple[str, str, float]]:
+        return evaluate(state["params"]) if every(step, config.get("eval_every_steps"), total_steps) else []
 
-    try:  # whatever stops the loop, saves already started are completed
-        with jax.set_mesh(mesh):
-            for step in range(first_step + 1, total_steps + 1):
-                batch = next(data)
-                with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
-                    state, metrics = train_step(state, batch)
-                run.train_step_done(step, metrics, state)
-                if probe is not None and every(step, config.analysis.every_steps, total_steps):
-                    run.writer.write_scalars(step, probe(state["params"]))
-                run.end_of_step(step, state, results_at(step, state["params"]))
-            if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
-                run.final_evaluation(evaluate(state["params"]))
-    finally:
-        data.close()
-        run.close()
-    run.metrics.update(facts)  # the corpus the numbers belong to
-    return run.finish()
+    hooks = [] if probe is None else [
+        loop.Hook(config.analysis.every_steps, lambda step, state: probe(state["params"]))]
+    return loop.train(config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
+                      guarded=nonfinite.guarded_parts(abstract_state), train_iterator=text.train_iterator,
+                      results_at=results_at, hooks=hooks, metrics=facts)  # the corpus the numbers belong to
 
 
 def unigram_entropy(config: ml_collections.ConfigDict, split: str | None = None) -> float:

@@ -32,8 +32,8 @@ from skipless_jax.models import init_schemes, vit
 from skipless_jax.models import mae as mae_lib
 from skipless_jax.models.common import patchify, unpatchify
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, nonfinite, perf
-from skipless_jax.trainers.run import Run, every, open_workdir
+from skipless_jax.trainers import common, loop, nonfinite, perf
+from skipless_jax.trainers.run import open_workdir
 
 EVALUATOR_TYPES = ("knn", "linear_probe", "fewshot", "dino_linear")
 TARGETS = ("raw", "grayed")
@@ -273,7 +273,6 @@ def train_and_evaluate(
 
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
                                    load_init_from=load_init_from)
-    first_step = int(jax.device_get(state["step"]))
 
     # ---- The update step (state donated), the evaluators and the picture.
     train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
@@ -285,22 +284,10 @@ def train_and_evaluate(
     # ---- Loop.
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, inputs.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
-    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
-              cost, config.input.batch_size)
-    data = common.device_batches(config, mesh, inputs.train_iterator, first_step)
-    try:  # whatever stops the loop, saves already started are completed
-        with jax.set_mesh(mesh):
-            for step in range(first_step + 1, total_steps + 1):
-                with jax.profiler.StepTraceAnnotation("train", step_num=step):
-                    state, metrics = train_step(state, next(data))
-                run.train_step_done(step, metrics, state)
-                if picture is not None and every(step, config.get("eval_every_steps"), total_steps):
-                    with run.excluded(state):  # not training time (docs/method.md §25)
-                        picture(state["params"], step)
-                run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["params"], step, total_steps))
-            if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
-                run.final_evaluation(evaluators.run_all(evals, ctx, state["params"], total_steps, total_steps))
-    finally:
-        data.close()  # the pipeline's worker processes stop here, whatever ended the loop
-        run.close()
-    return run.finish()
+    hooks = [] if picture is None else [
+        loop.Hook(config.get("eval_every_steps"), lambda step, state: picture(state["params"], step))]
+    return loop.train(
+        config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
+        guarded=nonfinite.guarded_parts(abstract_state), train_iterator=inputs.train_iterator,
+        results_at=lambda step, state: evaluators.run_all(evals, ctx, state["params"], step, total_steps),
+        hooks=hooks)

@@ -25,8 +25,8 @@ from skipless_jax.data import device_images, device_mix, inputs, sources
 from skipless_jax.evaluators.classification import cross_entropy
 from skipless_jax.models import init_schemes
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, model_ema, nonfinite, perf
-from skipless_jax.trainers.run import Run, every, open_workdir
+from skipless_jax.trainers import common, loop, model_ema, nonfinite, perf
+from skipless_jax.trainers.run import open_workdir
 
 EVALUATOR_TYPES = (
     "classification", "knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca", "fewshot", "dino_linear",
@@ -238,7 +238,6 @@ def train_and_evaluate(
 
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
                                    load_init_from=load_init_from)
-    first_step = int(jax.device_get(state["step"]))
 
     # ---- The update step (state donated) and the evaluators.
     train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
@@ -250,11 +249,6 @@ def train_and_evaluate(
     # ---- Loop.
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, inputs.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
-    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
-              cost, config.input.batch_size)
-    if init_beta is not None:  # the chosen β beside the run's results
-        run.metrics["init_beta"] = init_beta
-    data = common.device_batches(config, mesh, inputs.train_iterator, first_step)
 
     def results_at(step: int, state: dict[str, Any]) -> Any:
         """The evaluations due at `step`: (prefix, metric, value) triples."""
@@ -264,25 +258,14 @@ def train_and_evaluate(
                 config, evals, evaluators.run_all, ctx, common.entries(state["ema"], key), step, total_steps))
         return results
 
-    try:  # whatever stops the loop, saves already started are completed
-        with jax.set_mesh(mesh):
-            if first_step == 0 and config.get("eval_at_start", False):
-                run.evaluate(0, evaluators.run_all(evals, ctx, common.entries(state, key)), prefix="init_")
-            for step in range(first_step + 1, total_steps + 1):
-                batch = next(data)  # copied to the devices ahead (device_input.device_batches)
-                with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
-                    state, metrics = train_step(state, batch)
-                run.train_step_done(step, metrics, state)
-                if probe is not None and every(step, config.analysis.every_steps, total_steps):
-                    with run.excluded(state):  # not training time (docs/method.md §25)
-                        run.writer.write_scalars(step, probe(common.entries(state, key)))
-                run.end_of_step(step, state, results_at(step, state))
-            if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
-                run.final_evaluation(results_at(total_steps, state))
-    finally:
-        data.close()  # the pipeline's worker processes stop here, whatever ended the loop
-        run.close()
-    return run.finish()
+    at_start = (lambda state: evaluators.run_all(evals, ctx, common.entries(state, key))) if config.get(
+        "eval_at_start", False) else None
+    hooks = [] if probe is None else [
+        loop.Hook(config.analysis.every_steps, lambda step, state: probe(common.entries(state, key)))]
+    return loop.train(config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
+                      guarded=nonfinite.guarded_parts(abstract_state), train_iterator=inputs.train_iterator,
+                      results_at=results_at, results_at_start=at_start, hooks=hooks,
+                      metrics=None if init_beta is None else {"init_beta": init_beta})  # β beside the results
 
 
 def _kappa_probe(config: ml_collections.ConfigDict, model: Any, ctx: evaluators.Context) -> Any:
