@@ -427,14 +427,14 @@ def make_train_step(
         ok, counters = nonfinite.track_nonfinite(
             loss, guarded_parts(grads, new_params, opt_state, new_teacher), state["nonfinite"], step
         )
-        new_state = {
+        new_state = {  # the entries not named here (rng) pass through
+            **state,
             "step": step + 1,
             "params": nonfinite.keep_if(ok, new_params, params),
             "teacher": nonfinite.keep_if(ok, new_teacher, state["teacher"]),
             "center": nonfinite.keep_if(ok, new_center, state["center"]),
             "opt_state": nonfinite.keep_if(ok, opt_state, state["opt_state"]),
             "schedules": values,
-            "rng": state["rng"],
             "nonfinite": counters,
         }
         metrics = {
