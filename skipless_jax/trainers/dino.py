@@ -100,13 +100,8 @@ class Schedules:
         }
 
 
-def steps_per_epoch(config: ml_collections.ConfigDict, num_train: int) -> int:
-    """Full batches per epoch (DINO's loader drops the last partial batch)."""
-    return max(num_train // config.input.batch_size, 1)
-
-
 def schedules_from_config(config: ml_collections.ConfigDict, num_train: int) -> Schedules:
-    spe = steps_per_epoch(config, num_train)
+    spe = inputs.steps_per_epoch(config, num_train, **multicrop.EPOCH_STEPS)
     opt, d = config.optimizer, config.dino
     ref = opt.get("lr_reference_batch")
     return Schedules(
