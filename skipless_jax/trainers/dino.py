@@ -23,7 +23,7 @@ import ml_collections
 import optax
 from absl import logging
 
-from skipless_jax import checkpoint, evaluators, models, pretrained, sharding, validate
+from skipless_jax import checkpoint, evaluators, losses, models, pretrained, sharding, validate
 from skipless_jax.checks import is_finite, require
 from skipless_jax.data import device_images, inputs, multicrop, sources
 from skipless_jax.models import dino_head, init_schemes
@@ -32,7 +32,6 @@ from skipless_jax.optim import OPTIMIZERS
 from skipless_jax.trainers import common, loop, nonfinite, perf
 from skipless_jax.trainers.run import open_workdir
 
-_HIGHEST = jax.lax.Precision.HIGHEST
 EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca", "fewshot", "dino_linear")
 
 # ----------------------------------------------------------------------------------------
@@ -121,27 +120,7 @@ def schedules_from_config(config: ml_collections.ConfigDict, num_train: int) -> 
 
 
 # ----------------------------------------------------------------------------------------
-# Loss, centre, teacher EMA.
-
-
-def dino_loss(
-    student_out: jax.Array,
-    teacher_out: jax.Array,
-    center: jax.Array,
-    student_temp: float,
-    teacher_temp: jax.Array | float,
-) -> jax.Array:
-    """docs/method.md §6: mean over pairs (teacher global view t, student view v ≠ t) of
-    mean_b −Σ_k softmax((t_tb − c)/τ_t)_k · log_softmax(s_vb/τ_s)_k.
-
-    student_out (V, B, K), views 0 and 1 the global ones; teacher_out (2, B, K); center (1, K).
-    """
-    q = jax.nn.softmax((teacher_out - center) / teacher_temp, axis=-1)
-    q = jax.lax.stop_gradient(q)
-    logp = jax.nn.log_softmax(student_out / student_temp, axis=-1)
-    ce = -jnp.einsum("tbk,vbk->tv", q, logp, precision=_HIGHEST) / student_out.shape[1]  # (2, V)
-    pairs = 1.0 - jnp.eye(teacher_out.shape[0], student_out.shape[0])  # drop t == v
-    return jnp.sum(ce * pairs) / jnp.sum(pairs)
+# Centre, teacher EMA (the loss: losses.dino_loss).
 
 
 def update_center(center: jax.Array, teacher_out: jax.Array, momentum: float) -> jax.Array:
@@ -380,7 +359,7 @@ def student_loss(
     student_out = _view_major(out[: 2 * b], b)
     if has_local:
         student_out = jnp.concatenate([student_out, _view_major(out[2 * b:], b)], axis=0)
-    return dino_loss(student_out, teacher_out, center, student_temp, teacher_temp)
+    return losses.dino_loss(student_out, teacher_out, center, student_temp, teacher_temp)
 
 
 def guarded_parts(grads: Any, params: Any, opt_state: Any, teacher: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import ml_collections
 import optax
 from absl import logging
 
-from skipless_jax import models, pretrained, sharding, validate
+from skipless_jax import losses, models, pretrained, sharding, validate
 from skipless_jax.checks import is_positive_int, require
 from skipless_jax.data import device_input, text
 from skipless_jax.optim import build_optimizer
@@ -88,20 +88,6 @@ def vocab_size(config: ml_collections.ConfigDict) -> int:
     return text.tokenizer(config).vocab_size
 
 
-def token_losses(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """(B, T, V) logits, (B, T) targets -> (B, T) −log softmax(logits)[target] in float32 (§26)."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-
-
-def next_token_loss(logits: jax.Array, tokens: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """(sum of the target losses, number of targets) of windows `tokens` (B, T + 1) whose inputs
-    tokens[:, :T] gave `logits`; `mask` (B, T): which targets count (None: all)."""
-    losses = token_losses(logits, tokens[:, 1:])
-    mask = jnp.ones_like(losses) if mask is None else mask.astype(jnp.float32)
-    return (losses * mask).sum(), mask.sum()
-
-
 def bits_per_byte(loss_nats: float, num_bytes: float | None = None) -> float:
     """Bits per byte (§26): the mean loss per target in nats / ln 2 (byte tokens); with
     `num_bytes`, `loss_nats` is the total over targets of that many bytes: total / bytes / ln 2."""
@@ -130,7 +116,7 @@ def make_train_step(model: Any, tx: optax.GradientTransformation, schedule: opta
 
     def loss_fn(params, tokens, rng):
         logits, _ = model.apply({"params": params}, tokens[:, :-1], train=True, rngs={"dropout": rng})
-        total, count = next_token_loss(logits, tokens)
+        total, count = losses.next_token_loss(logits, tokens)
         return total / count
 
     grad_fn = jax.value_and_grad(loss_fn)
@@ -167,7 +153,7 @@ def make_evaluate(model: Any, config: ml_collections.ConfigDict, mesh: jax.shard
     @jax.jit
     def sums(params, batch):
         logits, _ = model.apply({"params": params}, batch["tokens"][:, :-1], train=False)
-        total, count = next_token_loss(logits, batch["tokens"], batch["mask"])
+        total, count = losses.next_token_loss(logits, batch["tokens"], batch["mask"])
         return total, count, batch["bytes"].sum()
 
     def evaluate(params: Any) -> list[tuple[str, str, float]]:

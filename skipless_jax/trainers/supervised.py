@@ -20,9 +20,8 @@ import ml_collections
 import optax
 from absl import logging
 
-from skipless_jax import checkpoint, evaluators, models, pretrained, rng_streams, sharding, validate
+from skipless_jax import checkpoint, evaluators, losses, models, pretrained, rng_streams, sharding, validate
 from skipless_jax.data import device_images, device_mix, inputs, sources
-from skipless_jax.evaluators.classification import cross_entropy
 from skipless_jax.models import init_schemes
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common, loop, model_ema, nonfinite, perf
@@ -115,7 +114,7 @@ def make_train_step(
             (logits, _), updated = model.apply({"params": params, "batch_stats": stats}, images, train=True,
                                                rngs={"dropout": rng}, mutable=["batch_stats"])
             new_stats = updated["batch_stats"]
-        loss = cross_entropy(logits, labels, smoothing).mean()
+        loss = losses.cross_entropy(logits, labels, smoothing).mean()
         return loss, ((logits.argmax(-1) == labels.argmax(-1)).mean(), new_stats)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
