@@ -68,8 +68,8 @@ def config_of_workdir(config: ml_collections.ConfigDict | None, workdir: str | N
     saved_config = pretrained.saved_or_given(saved, config, workdir)
     if saved is not None and config is not None:
         given = config.to_dict()
-        # A field the given config leaves unset (None) is one the trainer derives and saves, e.g.
-        # schedule.warmup_steps from warmup_epochs: not a difference.
+        # A field the given config leaves unset (None) is one the trainer derives, e.g.
+        # schedule.warmup_steps from warmup_epochs (older checkpoints saved it): not a difference.
         diffs = [k for k in pretrained.config_differences(saved, given) if _value_at(given, k) is not None]
         if diffs:
             print(f"note: --config differs from the config saved in {workdir} ({', '.join(diffs[:4])}"

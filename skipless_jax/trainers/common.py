@@ -46,11 +46,10 @@ def setup(
     return mesh, is_chief
 
 
-def train_steps(config: ml_collections.ConfigDict, steps_per_epoch: float) -> int:
-    """The run's total steps (`steps_of(config, 'total', ...)`); `config.schedule.warmup_steps` is
-    resolved in place from warm-up epochs, so the optimizer's schedule reads steps only."""
-    config.schedule.warmup_steps = steps_of(config, "warmup", steps_per_epoch)
-    return steps_of(config, "total", steps_per_epoch)
+def train_steps(config: ml_collections.ConfigDict, steps_per_epoch: float) -> tuple[int, int]:
+    """(the run's total steps, its warm-up steps): `steps_of` 'total' and 'warmup', for the
+    optimizer's schedule (`build_optimizer(config, total, warmup)`); the config stays as it is."""
+    return steps_of(config, "total", steps_per_epoch), steps_of(config, "warmup", steps_per_epoch)
 
 
 def device_batches(

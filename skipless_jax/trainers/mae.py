@@ -241,11 +241,11 @@ def train_and_evaluate(
     info = sources.dataset_info(config.dataset.name)
     image_size = inputs.image_size(config)
     steps_per_epoch = inputs.steps_per_epoch(config)
-    total_steps = common.train_steps(config, steps_per_epoch)
+    total_steps, warmup_steps = common.train_steps(config, steps_per_epoch)
 
     # ---- Model and optimizer, abstract first.
     model = build_model(config)
-    tx, schedule = build_optimizer(config, total_steps)
+    tx, schedule = build_optimizer(config, total_steps, warmup_steps)
     dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
 
     def init_state(rng: jax.Array) -> dict[str, Any]:
@@ -256,12 +256,14 @@ def train_and_evaluate(
                 "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
 
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
-    logging.info("MAE: %s parameters (encoder %s), %d train steps (%.1f per epoch).",
+    logging.info("MAE: %s parameters (encoder %s), %d train steps (%.1f per epoch), %d warm-up steps.",
                  f"{common.num_parameters(abstract_state['params']):,}",
-                 f"{common.num_parameters(encoder_params(abstract_state['params'])):,}", total_steps, steps_per_epoch)
+                 f"{common.num_parameters(encoder_params(abstract_state['params'])):,}", total_steps, steps_per_epoch,
+                 warmup_steps)
 
     # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
-    mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change)
+    mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change,
+                                  derived={"schedule.warmup_steps": warmup_steps})
     if finished is not None:
         return finished
 

@@ -204,20 +204,21 @@ def train_and_evaluate(
         logging.info("config.model.init_self_share=%g at %d tokens: init_beta=%g (docs/method.md §3).",
                      config.model.init_self_share, models.num_tokens(config.model, image_size), init_beta)
     steps_per_epoch = inputs.steps_per_epoch(config)
-    total_steps = common.train_steps(config, steps_per_epoch)
+    total_steps, warmup_steps = common.train_steps(config, steps_per_epoch)
 
     # ---- Model and optimizer, abstract first.
     model = models.build(config.model, info.num_classes)
-    tx, schedule = build_optimizer(config, total_steps)
+    tx, schedule = build_optimizer(config, total_steps, warmup_steps)
     dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
 
     init_state = make_init_state(model, tx, dummy, ema=model_ema.enabled(config))
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
-    logging.info("Model: %s parameters, %d train steps (%.1f per epoch).",
-                 f"{common.num_parameters(abstract_state['params']):,}", total_steps, steps_per_epoch)
+    logging.info("Model: %s parameters, %d train steps (%.1f per epoch), %d warm-up steps.",
+                 f"{common.num_parameters(abstract_state['params']):,}", total_steps, steps_per_epoch, warmup_steps)
 
     # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
-    mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change)
+    mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change,
+                                  derived={"schedule.warmup_steps": warmup_steps})
     if finished is not None:
         return finished
 
