@@ -87,16 +87,20 @@ def _value_at(tree: dict[str, Any], dotted: str) -> Any:
 
 
 def init_params(model: Any, config: ml_collections.ConfigDict, image_shape: Sequence[int]) -> Any:
-    """The trainer's step-0 parameters: `model.init` with the first half of split(PRNGKey(seed))
-    (DINO: the backbone's part of the backbone + head init)."""
+    """The trainer's step-0 parameters: `models.init_variables` (every `config.model.init`, the
+    references' schemes included) with the first half of split(PRNGKey(seed)) (DINO: the
+    backbone's part of the backbone + head init)."""
+    from skipless_jax import models
+
     init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
     dummy = jnp.zeros((1, *image_shape), jnp.float32)
     if _is_dino(config):
         from skipless_jax.trainers import dino
 
         full = dino.build_model(config)
-        return jax.jit(lambda rng: full.init({"params": rng}, (dummy,), train=False)["params"]["backbone"])(init_rng)
-    return jax.jit(lambda rng: model.init({"params": rng}, dummy, train=False)["params"])(init_rng)
+        return jax.jit(lambda rng: models.init_variables(config.model, full, rng, (dummy,))["params"]["backbone"])(
+            init_rng)
+    return jax.jit(lambda rng: models.init_variables(config.model, model, rng, dummy)["params"])(init_rng)
 
 
 def load_params(

@@ -26,7 +26,7 @@ from absl import logging
 from skipless_jax import checkpoint, evaluators, losses, models, pretrained, sharding, validate
 from skipless_jax.checks import is_finite, require
 from skipless_jax.data import device_images, inputs, multicrop, sources
-from skipless_jax.models import dino_head, init_schemes
+from skipless_jax.models import dino_head
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
 from skipless_jax.trainers import common, loop, nonfinite, perf
@@ -425,14 +425,15 @@ def make_train_step(
 
 
 def init_state_fn(
-    model: dino_head.DINO, tx: optax.GradientTransformation, sched: Schedules, dummy: jax.Array, out_dim: int
+    model_config: ml_collections.ConfigDict, model: dino_head.DINO, tx: optax.GradientTransformation,
+    sched: Schedules, dummy: jax.Array, out_dim: int
 ) -> Callable[[jax.Array], dict[str, Any]]:
-    """rng -> the whole train state; teacher = a copy of the student (same init), centre = 0."""
+    """rng -> the whole train state (the backbone's init that of `model_config`,
+    `models.init_variables`); teacher = a copy of the student (same init), centre = 0."""
 
     def init_state(rng: jax.Array) -> dict[str, Any]:
         init_rng, train_rng = jax.random.split(rng)
-        variables = model.init({"params": init_rng}, (dummy,), train=False)
-        params = init_schemes.reinitialize(model, variables, init_rng)["params"]  # init='timm'
+        params = models.init_variables(model_config, model, init_rng, (dummy,))["params"]
         return {
             "step": jnp.zeros((), jnp.int32),
             "params": params,
@@ -496,7 +497,7 @@ def train_and_evaluate(
     model = build_model(config)
     tx = build_dino_optimizer(config, sched)
     dummy = jnp.zeros((1, global_size, global_size, info.image_shape[-1]), jnp.float32)
-    init_state = init_state_fn(model, tx, sched, dummy, config.dino.out_dim)
+    init_state = init_state_fn(config.model, model, tx, sched, dummy, config.dino.out_dim)
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("DINO: %s student parameters, %d steps (%d per epoch).",
                  f"{common.num_parameters(abstract_state['params']):,}", total_steps, sched.steps_per_epoch)

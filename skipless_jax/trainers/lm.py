@@ -94,12 +94,14 @@ def bits_per_byte(loss_nats: float, num_bytes: float | None = None) -> float:
     return loss_nats / (num_bytes or 1.0) / LN2
 
 
-def make_init_state(model: Any, tx: optax.GradientTransformation, seq_len: int):
-    """rng -> the state {step, params, opt_state, rng, nonfinite}."""
+def make_init_state(model_config: ml_collections.ConfigDict, model: Any, tx: optax.GradientTransformation,
+                    seq_len: int):
+    """rng -> the state {step, params, opt_state, rng, nonfinite} (the init of `model_config`,
+    `models.init_variables`)."""
 
     def init_state(rng: jax.Array) -> dict[str, Any]:
         init_rng, train_rng = jax.random.split(rng)
-        params = model.init({"params": init_rng}, jnp.zeros((1, seq_len), jnp.int32), train=False)["params"]
+        params = models.init_variables(model_config, model, init_rng, jnp.zeros((1, seq_len), jnp.int32))["params"]
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
                 "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
 
@@ -212,7 +214,7 @@ def train_and_evaluate(
     # ---- Model and optimizer, abstract first.
     model = models.build(config.model, vocab_size(config))
     tx, schedule = build_optimizer(config, total_steps)
-    init_state = make_init_state(model, tx, config.model.seq_len)
+    init_state = make_init_state(config.model, model, tx, config.model.seq_len)
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("GPT: %s parameters, %d train steps of %d × %d tokens.",
                  f"{common.num_parameters(abstract_state['params']):,}", total_steps, config.input.batch_size,

@@ -28,8 +28,8 @@ from absl import logging
 from skipless_jax import evaluators, models, pictures, pretrained, rng_streams, sharding, validate
 from skipless_jax.checks import is_positive_int, require
 from skipless_jax.data import device_images, inputs, sources
-from skipless_jax.models import init_schemes, vit
 from skipless_jax.models import mae as mae_lib
+from skipless_jax.models import vit
 from skipless_jax.models.common import patchify, unpatchify
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common, loop, nonfinite, perf
@@ -250,8 +250,7 @@ def train_and_evaluate(
 
     def init_state(rng: jax.Array) -> dict[str, Any]:
         init_rng, masking_rng, train_rng = jax.random.split(rng, 3)
-        variables = model.init({"params": init_rng, "masking": masking_rng}, dummy, train=False)
-        params = init_schemes.reinitialize(model, variables, init_rng)["params"]  # init='mae'
+        params = models.init_variables(config.model, model, init_rng, dummy, masking=masking_rng)["params"]
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
                 "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
 

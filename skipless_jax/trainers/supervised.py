@@ -22,7 +22,6 @@ from absl import logging
 
 from skipless_jax import checkpoint, evaluators, losses, models, pretrained, rng_streams, sharding, validate
 from skipless_jax.data import device_images, device_mix, inputs, sources
-from skipless_jax.models import init_schemes
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common, loop, model_ema, nonfinite, perf
 from skipless_jax.trainers.run import open_workdir
@@ -70,16 +69,16 @@ def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> A
     return lambda name: name
 
 
-def make_init_state(model: Any, tx: optax.GradientTransformation, dummy: jax.Array,
-                    ema: bool = False) -> Callable[[jax.Array], Any]:
-    """rng -> the trainer's state {step, params, opt_state, rng, nonfinite[, batch_stats][, ema]} for
-    inputs shaped like `dummy`; `batch_stats` when the model keeps running statistics; `ema` (model
+def make_init_state(model_config: ml_collections.ConfigDict, model: Any, tx: optax.GradientTransformation,
+                    dummy: jax.Array, ema: bool = False) -> Callable[[jax.Array], Any]:
+    """rng -> the trainer's state {step, params, opt_state, rng, nonfinite[, batch_stats][, ema]} of
+    `model` (built from `model_config`, its init `models.init_variables`) for inputs shaped like
+    `dummy`; `batch_stats` when the model keeps running statistics; `ema` (model
     EMA, trainers/model_ema.py) a copy of params [and batch_stats]."""
 
     def init_state(rng: jax.Array) -> dict[str, Any]:
         init_rng, train_rng = jax.random.split(rng)
-        variables = model.init({"params": init_rng}, dummy, train=False)
-        variables = init_schemes.reinitialize(model, variables, init_rng)  # init='timm' | 'mae'
+        variables = models.init_variables(model_config, model, init_rng, dummy)
         params = variables["params"]
         state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
                  "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
@@ -211,7 +210,7 @@ def train_and_evaluate(
     tx, schedule = build_optimizer(config, total_steps, warmup_steps)
     dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
 
-    init_state = make_init_state(model, tx, dummy, ema=model_ema.enabled(config))
+    init_state = make_init_state(config.model, model, tx, dummy, ema=model_ema.enabled(config))
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("Model: %s parameters, %d train steps (%.1f per epoch), %d warm-up steps.",
                  f"{common.num_parameters(abstract_state['params']):,}", total_steps, steps_per_epoch, warmup_steps)
