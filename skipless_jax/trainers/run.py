@@ -1,4 +1,4 @@
-"""One run's bookkeeping, shared by every trainer's loop: whether the workdir already holds a
+"""One run's bookkeeping, for the one training loop (trainers/loop.py): whether the workdir already holds a
 finished run, the one preemption/SIGTERM rule, and `Run` (TensorBoard and `history.jsonl`
 records, checkpoints — never a non-finite one —, final metrics written only by a run that
 reached its last step).
@@ -200,7 +200,7 @@ def every(step: int, period: int | None, total_steps: int) -> bool:
 
 
 class Run:
-    """One run's bookkeeping, shared by every trainer's loop (the loop itself stays in the trainer).
+    """One run's bookkeeping, which the one training loop (trainers/loop.py) drives.
 
     Writes TensorBoard scalars and `history.jsonl` (one JSON line per logged record; a resumed
     run keeps the records up to its checkpoint), checks the non-finite counters before logging
