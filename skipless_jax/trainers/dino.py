@@ -1,12 +1,13 @@
-"""DINO self-supervised training (docs/method.md §6), top to bottom: schedules → loss, centre and
-EMA → optimizer → mesh → data → model/optimizer (abstract first) → shardings → update step →
-checkpoint load → kNN / linear evaluation of the teacher → loop.
+"""DINO self-supervised training (docs/method.md §6), top to bottom: schedules → centre and EMA
+→ optimizer → mesh → data → model/optimizer (abstract first) → shardings → update step →
+checkpoint load → kNN / linear evaluation of the teacher → the loop (trainers/loop.py).
 
     python -m skipless_jax.main --config=configs/dino_digits.py --workdir=/tmp/dino_digits
 
-A flat loop on trainers/common.py (no other trainer is imported): it shares the model registry,
-the input pipeline, the sharding rules, the checkpoint manager, the optimizer registry and the
-evaluators, and adds the student/teacher pair. Everything DINO keeps across steps is in the one
+Built on trainers/common.py and run by the one loop (no other trainer is imported): it shares
+the model registry, the input pipeline, the sharding rules, the checkpoint manager, the
+optimizer registry, the evaluators and its loss (losses.dino_loss), and adds the
+student/teacher pair. Everything DINO keeps across steps is in the one
 checkpointed state: student params, optimizer state, EMA teacher, centre, step (every schedule
 is a closed form of the step; the values of the last step are stored too, for inspection).
 """

@@ -1,5 +1,5 @@
 """Causal language-model training, top to bottom: mesh → data → model/optimizer (abstract first)
-→ shardings → update step → checkpoint load → evaluation → loop (docs/method.md §26).
+→ shardings → update step → checkpoint load → evaluation → the loop (trainers/loop.py; docs/method.md §26).
 
     python -m skipless_jax.main --config=configs/lm_quickstart.py --workdir=/tmp/lm
 

@@ -1,5 +1,5 @@
 """Supervised training, top to bottom: mesh → data → model/optimizer (abstract first) →
-shardings → update step → checkpoint load → evaluators → loop.
+shardings → update step → checkpoint load → evaluators → the loop (trainers/loop.py).
 
     python -m skipless_jax.main --config=configs/quickstart.py --workdir=/tmp/quickstart
 
