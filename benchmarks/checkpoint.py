@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from skipless_jax import checkpoint, sharding
+from skipless_jax import checkpoint, models, sharding
 from skipless_jax.models import vit
 from skipless_jax.optim import OPTIMIZERS, build_optimizer
 from skipless_jax.trainers import nonfinite
@@ -70,7 +70,7 @@ def make_state(config: Any, image_size: int, fsdp: int):
 
     def init_state(rng: jax.Array) -> dict[str, Any]:
         init_rng, train_rng = jax.random.split(rng)
-        params = model.init({"params": init_rng}, dummy, train=False)["params"]
+        params = models.init_variables(config.model, model, init_rng, dummy)["params"]
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
                 "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
 

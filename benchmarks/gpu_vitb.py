@@ -44,7 +44,7 @@ def measure(batch: int, steps: int, opt: str, attention_impl: str | None) -> dic
     tx, schedule = build_optimizer(config, 10_000)
 
     def init_state(rng):
-        params = model.init(rng, jnp.zeros((1, 224, 224, 3)))["params"]
+        params = models.init_variables(config.model, model, rng, jnp.zeros((1, 224, 224, 3)))["params"]
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params), "rng": rng,
                 "nonfinite": nonfinite.init_nonfinite()}
 

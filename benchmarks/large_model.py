@@ -58,7 +58,7 @@ def compiled_vitb_step(batch: int, opt: str = "adamw", **model_fields: Any):
     tx, schedule = build_optimizer(config, 1000)
 
     def init_state(rng):
-        params = model.init(rng, jnp.zeros((1, 224, 224, 3)))["params"]
+        params = models.init_variables(config.model, model, rng, jnp.zeros((1, 224, 224, 3)))["params"]
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params), "rng": rng,
                 "nonfinite": nonfinite.init_nonfinite()}
 

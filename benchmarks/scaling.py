@@ -180,7 +180,8 @@ def supervised_program(config: ml_collections.ConfigDict, axes: dict[str, int],
     size = inputs.image_size(config)
     model = models.build(config.model, info.num_classes)
     tx, schedule = build_optimizer(config, config.total_steps)
-    init_state = supervised.make_init_state(model, tx, jnp.zeros((1, size, size, info.image_shape[-1]), jnp.float32),
+    init_state = supervised.make_init_state(config.model, model, tx,
+                                            jnp.zeros((1, size, size, info.image_shape[-1]), jnp.float32),
                                             ema=model_ema.enabled(config))
     b = config.input.batch_size
     # What the trainer's pipeline ships (inputs.train_iterator(on_device=True)): uint8 images,
@@ -206,7 +207,7 @@ def dino_program(config: ml_collections.ConfigDict, axes: dict[str, int],
     model = dino.build_model(config)
     tx = dino.build_dino_optimizer(config, sched)
     dummy = jnp.zeros((1, g, g, c), jnp.float32)
-    init_state = dino.init_state_fn(model, tx, sched, dummy, config.dino.out_dim)
+    init_state = dino.init_state_fn(config.model, model, tx, sched, dummy, config.dino.out_dim)
     b = config.input.batch_size
     shapes = {"global": ((b, 2, g, g, c), jnp.uint8),
               "local": ((b, mc.num_local, mc.local_size, mc.local_size, c), jnp.uint8)}
@@ -226,7 +227,7 @@ def lm_program(config: ml_collections.ConfigDict, axes: dict[str, int],
     mesh = sharding.make_mesh(config.mesh, devices)
     model = models.build(config.model, lm.vocab_size(config))
     tx, schedule = build_optimizer(config, config.total_steps)
-    init_state = lm.make_init_state(model, tx, config.model.seq_len)
+    init_state = lm.make_init_state(config.model, model, tx, config.model.seq_len)
     return _program(config, mesh, init_state, lambda: lm.make_train_step(model, tx, schedule, config),
                     text.train_batch_spec(config))
 

@@ -54,5 +54,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.grad_clip_norm = placeholder(float)  # the reference's README command does not clip
     c.label_smoothing = 0.0
     c.skip_nonfinite_steps = False
-    config_blocks.runtime(c, eval_every=490, checkpoint_every=490)
+    c.update(config_blocks.runtime(eval_every=490, checkpoint_every=490))
     return c

@@ -74,6 +74,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.grad_clip_norm = 1.0
     c.label_smoothing = 0.0
     c.skip_nonfinite_steps = False
-    config_blocks.runtime(c, eval_every=0, checkpoint_every=1000, log_every=50)
+    c.update(config_blocks.runtime(eval_every=0, checkpoint_every=1000, log_every=50))
     c.keep_checkpoints = 1
     return c

@@ -45,6 +45,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.grad_clip_norm = 1.0
     c.grad_accum_steps = 1
     c.skip_nonfinite_steps = False
-    config_blocks.runtime(c, eval_every=1000, checkpoint_every=1000, log_every=100)
+    c.update(config_blocks.runtime(eval_every=1000, checkpoint_every=1000, log_every=100))
     c.analysis.probe_size = 8
     return c

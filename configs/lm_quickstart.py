@@ -116,7 +116,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.grad_clip_norm = 1.0
     c.grad_accum_steps = 1
     c.skip_nonfinite_steps = False
-    config_blocks.runtime(c, eval_every=0, checkpoint_every=100, log_every=25)  # eval at the end only
+    c.update(config_blocks.runtime(eval_every=0, checkpoint_every=100, log_every=25))  # eval at the end only
     c.analysis.probe_size = 8
     c.keep_checkpoints = 2
     return c

@@ -48,6 +48,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.grad_clip_norm = placeholder(float)
     c.label_smoothing = 0.0
     c.skip_nonfinite_steps = False
-    config_blocks.runtime(c, eval_every=0, checkpoint_every=500, log_every=100)
+    c.update(config_blocks.runtime(eval_every=0, checkpoint_every=500, log_every=100))
     c.keep_checkpoints = 2
     return c

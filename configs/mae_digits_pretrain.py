@@ -53,6 +53,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         knn=dict(type="knn", k=20, temperature=0.07, split=placeholder(str), train_split=placeholder(str),
                  prefix="test"),
     ))
-    config_blocks.runtime(c, eval_every=1000, checkpoint_every=500, log_every=100, analysis=False)
+    c.update(config_blocks.runtime(eval_every=1000, checkpoint_every=500, log_every=100, analysis=False))
     c.keep_checkpoints = 2
     return c

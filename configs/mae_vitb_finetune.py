@@ -58,6 +58,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.grad_clip_norm = placeholder(float)
     c.label_smoothing = 0.1
     c.skip_nonfinite_steps = False
-    config_blocks.runtime(c, eval_every=5000, checkpoint_every=2000)
-    config_blocks.imagenet_evals(c, classifier=True)
+    c.update(config_blocks.runtime(eval_every=5000, checkpoint_every=2000))
+    c.update(config_blocks.imagenet_evals(c, classifier=True))
     return c

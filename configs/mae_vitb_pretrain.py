@@ -61,6 +61,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.evals = ml_collections.ConfigDict(dict(
         knn=dict(type="knn", k=20, temperature=0.07, split=placeholder(str), train_split="train[:10%]", prefix="test"),
     ))
-    config_blocks.runtime(c, eval_every=10000, checkpoint_every=2000, analysis=False)
-    config_blocks.imagenet_evals(c, classifier=False)
+    c.update(config_blocks.runtime(eval_every=10000, checkpoint_every=2000, analysis=False))
+    c.update(config_blocks.imagenet_evals(c, classifier=False))
     return c

@@ -221,7 +221,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.skip_nonfinite_steps = False
     c.model_ema = config_blocks.model_ema(decay=0.0)  # off; docs/results.md measures it on
 
-    config_blocks.runtime(c, eval_every=0, checkpoint_every=500, log_every=50)  # eval at the end only
+    c.update(config_blocks.runtime(eval_every=0, checkpoint_every=500, log_every=50))  # eval at the end only
     c.keep_checkpoints = 2
     if a["val"]:
         c.evals = ml_collections.ConfigDict(dict(test=dict(type="classification"),

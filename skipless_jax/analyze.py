@@ -68,8 +68,8 @@ def config_of_workdir(config: ml_collections.ConfigDict | None, workdir: str | N
     saved_config = pretrained.saved_or_given(saved, config, workdir)
     if saved is not None and config is not None:
         given = config.to_dict()
-        # A field the given config leaves unset (None) is one the trainer derives and saves, e.g.
-        # schedule.warmup_steps from warmup_epochs: not a difference.
+        # A field the given config leaves unset (None) is one the trainer derives, e.g.
+        # schedule.warmup_steps from warmup_epochs (older checkpoints saved it): not a difference.
         diffs = [k for k in pretrained.config_differences(saved, given) if _value_at(given, k) is not None]
         if diffs:
             print(f"note: --config differs from the config saved in {workdir} ({', '.join(diffs[:4])}"
@@ -87,16 +87,20 @@ def _value_at(tree: dict[str, Any], dotted: str) -> Any:
 
 
 def init_params(model: Any, config: ml_collections.ConfigDict, image_shape: Sequence[int]) -> Any:
-    """The trainer's step-0 parameters: `model.init` with the first half of split(PRNGKey(seed))
-    (DINO: the backbone's part of the backbone + head init)."""
+    """The trainer's step-0 parameters: `models.init_variables` (every `config.model.init`, the
+    references' schemes included) with the first half of split(PRNGKey(seed)) (DINO: the
+    backbone's part of the backbone + head init)."""
+    from skipless_jax import models
+
     init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
     dummy = jnp.zeros((1, *image_shape), jnp.float32)
     if _is_dino(config):
         from skipless_jax.trainers import dino
 
         full = dino.build_model(config)
-        return jax.jit(lambda rng: full.init({"params": rng}, (dummy,), train=False)["params"]["backbone"])(init_rng)
-    return jax.jit(lambda rng: model.init({"params": rng}, dummy, train=False)["params"])(init_rng)
+        return jax.jit(lambda rng: models.init_variables(config.model, full, rng, (dummy,))["params"]["backbone"])(
+            init_rng)
+    return jax.jit(lambda rng: models.init_variables(config.model, model, rng, dummy)["params"])(init_rng)
 
 
 def load_params(

@@ -9,6 +9,7 @@ executing another.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import ml_collections
@@ -77,29 +78,31 @@ def optimizer(name: str, **fields: Any) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(opt)
 
 
-def runtime(
-    c: ml_collections.ConfigDict, *, eval_every: int, checkpoint_every: int, log_every: int = 100, analysis: bool = True
-) -> None:
-    """Data-parallel mesh (`--config.mesh.fsdp=8` shards parameters over 8 devices, data takes
-    the rest), logging, evaluation and checkpoint periods in steps, 3 checkpoints kept, live
-    log-κ monitoring present but off; the persistent XLA compilation cache in its default folder
-    (`compilation_cache_dir`: None the default, '' off; skipless_jax/compilation_cache.py)."""
-    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
-    c.sharding_rules = [(".*", "fsdp")]
-    c.log_every_steps = log_every
-    c.eval_every_steps = eval_every
-    c.checkpoint_every_steps = checkpoint_every
-    c.keep_checkpoints = 3
-    c.compilation_cache_dir = placeholder(str)
-    c.profile_steps = 3  # steps traced after warm-up into <workdir>/plugins/profile/ (0: off; trainers/perf.py)
-    c.profile_hlo = False  # the compiled programs' HLO in that trace (op profile, memory viewer; MBs)
-    c.peak_tflops = placeholder(float)  # per-device peak for perf/mfu; None: trainers/perf.py's table by device
-    # Hosted tracking next to TensorBoard: off unless a project is named (trainers/wandb_writer.py).
-    c.wandb = ml_collections.ConfigDict(
-        dict(project=placeholder(str), entity=placeholder(str), name=placeholder(str), mode=placeholder(str))
+def runtime(*, eval_every: int, checkpoint_every: int, log_every: int = 100, analysis: bool = True) -> dict[str, Any]:
+    """The run's fields (`c.update(runtime(...))`): a data-parallel mesh (`--config.mesh.fsdp=8`
+    shards parameters over 8 devices, data takes the rest), logging, evaluation and checkpoint
+    periods in steps, 3 checkpoints kept, live log-κ monitoring present but off; the persistent XLA
+    compilation cache in its default folder (`compilation_cache_dir`: None the default, '' off;
+    skipless_jax/compilation_cache.py)."""
+    fields = dict(
+        mesh=ml_collections.ConfigDict(dict(data=-1, fsdp=1)),
+        sharding_rules=[(".*", "fsdp")],
+        log_every_steps=log_every,
+        eval_every_steps=eval_every,
+        checkpoint_every_steps=checkpoint_every,
+        keep_checkpoints=3,
+        compilation_cache_dir=placeholder(str),
+        profile_steps=3,  # steps traced after warm-up into <workdir>/plugins/profile/ (0: off; trainers/perf.py)
+        profile_hlo=False,  # the compiled programs' HLO in that trace (op profile, memory viewer; MBs)
+        peak_tflops=placeholder(float),  # per-device peak for perf/mfu; None: trainers/perf.py's table by device
+        # Hosted tracking next to TensorBoard: off unless a project is named (trainers/wandb_writer.py).
+        wandb=ml_collections.ConfigDict(
+            dict(project=placeholder(str), entity=placeholder(str), name=placeholder(str), mode=placeholder(str))
+        ),
     )
     if analysis:
-        c.analysis = ml_collections.ConfigDict(dict(every_steps=0, probe_size=32))
+        fields["analysis"] = ml_collections.ConfigDict(dict(every_steps=0, probe_size=32))
+    return fields
 
 
 # DINO's backbone (facebookresearch/dino, docs/method.md §13): exact GELU, position tables of local
@@ -154,26 +157,26 @@ def dense_evals(selection: str, root: str | None) -> dict[str, ml_collections.Co
 MINIVAL_TRAIN, MINIVAL = "train[:99%]", "train[99%:]"
 
 
-def imagenet_evals(c: ml_collections.ConfigDict, classifier: bool) -> None:
-    """What every ImageNet recipe evaluates besides `validation` (docs/method.md §16): it trains on
-    `train[:99%]` and reads a minival on `train[99%:]` (a classifier's accuracy; a self-supervised
-    recipe's kNN, with its kNN's bank), and a classifier also ImageNet-ReaL and ImageNet-v2 from
-    the run's data_dir (tfds `imagenet2012_real`, `imagenet_v2`)."""
-    c.dataset.train_split = MINIVAL_TRAIN
-    evals = c.get("evals") or ml_collections.ConfigDict(dict(test=dict(type="classification")))
+def imagenet_evals(c: ml_collections.ConfigDict, classifier: bool) -> dict[str, Any]:
+    """What every ImageNet recipe `c` evaluates besides `validation` (docs/method.md §16), as the
+    fields to add (`c.update(imagenet_evals(c, ...))`): it trains on `train[:99%]` and reads a
+    minival on `train[99%:]` (a classifier's accuracy; a self-supervised recipe's kNN, with its
+    kNN's bank), and a classifier also ImageNet-ReaL and ImageNet-v2 from the run's data_dir (tfds
+    `imagenet2012_real`, `imagenet_v2`). `c.evals` (default: a `test` classification) gains them."""
+    evals = {} if c.get("evals") else dict(test=ml_collections.ConfigDict(dict(type="classification")))
     if classifier:
         data_dir = c.dataset.get_ref("data_dir")
-        evals.minival = ml_collections.ConfigDict(dict(type="classification", split=MINIVAL, prefix="minival"))
-        evals.real = ml_collections.ConfigDict(dict(type="classification", dataset="imagenet2012_real",
-                                                    split="validation", data_dir=data_dir, prefix="real"))
-        evals.v2 = ml_collections.ConfigDict(dict(type="classification", dataset="imagenet_v2", split="test",
-                                                  data_dir=data_dir, prefix="v2"))
+        evals["minival"] = ml_collections.ConfigDict(dict(type="classification", split=MINIVAL, prefix="minival"))
+        evals["real"] = ml_collections.ConfigDict(dict(type="classification", dataset="imagenet2012_real",
+                                                       split="validation", data_dir=data_dir, prefix="real"))
+        evals["v2"] = ml_collections.ConfigDict(dict(type="classification", dataset="imagenet_v2", split="test",
+                                                     data_dir=data_dir, prefix="v2"))
     else:
-        knn = evals.knn
-        evals.minival = ml_collections.ConfigDict(dict(type="knn", k=knn.k, temperature=knn.temperature,
-                                                       split=MINIVAL, train_split=knn.get("train_split"),
-                                                       prefix="minival"))
-    c.evals = evals
+        knn = c.evals.knn
+        evals["minival"] = ml_collections.ConfigDict(dict(type="knn", k=knn.k, temperature=knn.temperature,
+                                                          split=MINIVAL, train_split=knn.get("train_split"),
+                                                          prefix="minival"))
+    return dict(dataset=dict(train_split=MINIVAL_TRAIN), evals=evals)
 
 
 def mae(**overrides: Any) -> ml_collections.ConfigDict:
@@ -245,16 +248,19 @@ def recipe(a: dict[str, Any], trainer: str, dataset: str, train_split: str, eval
 IMAGENET_INPUT = dict(batch_size=1024, eval_batch_size=1024, image_size=224, crop_pct=0.875, num_workers=32)
 
 
-def supervised_training(c: ml_collections.ConfigDict, a: dict[str, Any], *, lr: float, weight_decay: float,
-                        warmup_epochs: int, grad_clip: float | None) -> None:
-    """The supervised recipes' training: the args' optimizer and epochs, linear warm-up then cosine
-    to 1e-5, gradient clipping (None or 0: off), label smoothing 0.1, non-finite steps fatal."""
-    c.optimizer = optimizer(a["opt"], lr=lr, weight_decay=weight_decay)
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=warmup_epochs, end_lr=1e-5))
-    c.total_epochs = a["epochs"]
-    c.grad_clip_norm = grad_clip if grad_clip else placeholder(float)
-    c.label_smoothing = 0.1
-    c.skip_nonfinite_steps = False
+def supervised_training(a: dict[str, Any], *, lr: float, weight_decay: float, warmup_epochs: int,
+                        grad_clip: float | None) -> dict[str, Any]:
+    """The supervised recipes' training fields (`c.update(...)`): the args' optimizer and epochs,
+    linear warm-up then cosine to 1e-5, gradient clipping (None or 0: off), label smoothing 0.1,
+    non-finite steps fatal."""
+    return dict(
+        optimizer=optimizer(a["opt"], lr=lr, weight_decay=weight_decay),
+        schedule=ml_collections.ConfigDict(dict(warmup_epochs=warmup_epochs, end_lr=1e-5)),
+        total_epochs=a["epochs"],
+        grad_clip_norm=grad_clip if grad_clip else placeholder(float),
+        label_smoothing=0.1,
+        skip_nonfinite_steps=False,
+    )
 
 
 def imagenet_recipe(a: dict[str, Any], model: ml_collections.ConfigDict, *, warmup_epochs: int,
@@ -266,12 +272,13 @@ def imagenet_recipe(a: dict[str, Any], model: ml_collections.ConfigDict, *, warm
     (docs/recipes.md)."""
     c = recipe(a, "supervised", "imagenet2012", "train", "validation", **IMAGENET_INPUT, aug=deit_aug(),
                repeated_augmentation=repeated_augmentation, drop_last=True)
-    model.dtype = "bfloat16"
-    c.model = model
-    supervised_training(c, a, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs, grad_clip=grad_clip)
+    c.model = copy.deepcopy(model)  # the caller's stays as it is
+    c.model.dtype = "bfloat16"
+    c.update(supervised_training(a, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs,
+                                 grad_clip=grad_clip))
     c.model_ema = model_ema(decay=ema_decay)
-    runtime(c, eval_every=5000, checkpoint_every=2000)
-    imagenet_evals(c, classifier=True)
+    c.update(runtime(eval_every=5000, checkpoint_every=2000))
+    c.update(imagenet_evals(c, classifier=True))
     return c
 
 
@@ -297,9 +304,9 @@ def cifar_vit_tiny(a: dict[str, Any]) -> ml_collections.ConfigDict:
         mlp_dim=768,
         patch_size=4,
     )
-    supervised_training(c, a, lr=1e-3, weight_decay=0.05, warmup_epochs=10, grad_clip=1.0)
+    c.update(supervised_training(a, lr=1e-3, weight_decay=0.05, warmup_epochs=10, grad_clip=1.0))
     steps_per_10_epochs = 3906  # 390.6 steps per epoch
-    runtime(c, eval_every=steps_per_10_epochs, checkpoint_every=steps_per_10_epochs)
+    c.update(runtime(eval_every=steps_per_10_epochs, checkpoint_every=steps_per_10_epochs))
     return c
 
 
@@ -317,10 +324,10 @@ def imagenet_vit(a: dict[str, Any]) -> ml_collections.ConfigDict:
         patch_size=placeholder(int),  # from the variant
         dtype="bfloat16",
     )
-    supervised_training(c, a, lr=1e-3, weight_decay=0.3, warmup_epochs=5, grad_clip=1.0)
+    c.update(supervised_training(a, lr=1e-3, weight_decay=0.3, warmup_epochs=5, grad_clip=1.0))
     c.model_ema = model_ema(decay=0.0)
-    runtime(c, eval_every=5000, checkpoint_every=2000)
-    imagenet_evals(c, classifier=True)
+    c.update(runtime(eval_every=5000, checkpoint_every=2000))
+    c.update(imagenet_evals(c, classifier=True))
     return c
 
 
@@ -345,14 +352,15 @@ def multicrop(*, global_scale: tuple[float, float], local_size: int, local_scale
     )
 
 
-def dino_training(c: ml_collections.ConfigDict, a: dict[str, Any], *, out_dim: int, hidden_dim: int,
-                  bottleneck_dim: int, warmup_teacher_temp: float, teacher_temp: float,
-                  warmup_teacher_temp_epochs: int, lr: float, lr_reference_batch: Any) -> None:
-    """`config.dino` and the training of the DINO recipes: the head's sizes and the teacher
-    temperatures are the recipe's; 3 head layers with a normalized last one, student T 0.1, centre
-    momentum 0.9, teacher momentum 0.996, per-tensor clipping at 3, last layer frozen 1 epoch;
-    the args' optimizer with min lr 1e-6 and weight decay 0.04 -> 0.4, 10 warm-up epochs."""
-    c.dino = ml_collections.ConfigDict(
+def dino_training(a: dict[str, Any], *, out_dim: int, hidden_dim: int, bottleneck_dim: int,
+                  warmup_teacher_temp: float, teacher_temp: float, warmup_teacher_temp_epochs: int, lr: float,
+                  lr_reference_batch: Any) -> dict[str, Any]:
+    """`config.dino` and the training fields of the DINO recipes (`c.update(...)`): the head's sizes
+    and the teacher temperatures are the recipe's; 3 head layers with a normalized last one,
+    student T 0.1, centre momentum 0.9, teacher momentum 0.996, per-tensor clipping at 3, last
+    layer frozen 1 epoch; the args' optimizer with min lr 1e-6 and weight decay 0.04 -> 0.4, 10
+    warm-up epochs."""
+    dino = ml_collections.ConfigDict(
         dict(
             out_dim=out_dim,
             hidden_dim=hidden_dim,
@@ -369,14 +377,16 @@ def dino_training(c: ml_collections.ConfigDict, a: dict[str, Any], *, out_dim: i
             freeze_last_layer_epochs=1,
         )
     )
-    c.optimizer = optimizer(
-        a["opt"], lr=lr, lr_reference_batch=lr_reference_batch, min_lr=1e-6, weight_decay=0.04, weight_decay_end=0.4
+    return dict(
+        dino=dino,
+        optimizer=optimizer(a["opt"], lr=lr, lr_reference_batch=lr_reference_batch, min_lr=1e-6, weight_decay=0.04,
+                            weight_decay_end=0.4),
+        schedule=ml_collections.ConfigDict(dict(warmup_epochs=10)),
+        total_epochs=a["epochs"],
+        total_steps=placeholder(int),  # set to override the epochs
+        grad_clip_norm=placeholder(float),  # DINO clips per tensor: config.dino.clip_grad
+        skip_nonfinite_steps=False,
     )
-    c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=10))
-    c.total_epochs = a["epochs"]
-    c.total_steps = placeholder(int)  # set to override the epochs
-    c.grad_clip_norm = placeholder(float)  # DINO clips per tensor: config.dino.clip_grad
-    c.skip_nonfinite_steps = False
 
 
 def dino_vits(a: dict[str, Any]) -> ml_collections.ConfigDict:
@@ -397,13 +407,13 @@ def dino_vits(a: dict[str, Any]) -> ml_collections.ConfigDict:
         dtype="bfloat16",
         **DINO_BACKBONE,
     )
-    dino_training(c, a, out_dim=65536, hidden_dim=2048, bottleneck_dim=256, warmup_teacher_temp=0.04,
-                  teacher_temp=0.07, warmup_teacher_temp_epochs=30, lr=0.0005, lr_reference_batch=256)
+    c.update(dino_training(a, out_dim=65536, hidden_dim=2048, bottleneck_dim=256, warmup_teacher_temp=0.04,
+                           teacher_temp=0.07, warmup_teacher_temp_epochs=30, lr=0.0005, lr_reference_batch=256))
     c.evals = dino_evals(linear_l2=1e-4, linear_steps=1000)
     c.evals.update(dense_evals(a["dense"], a["dense_root"] or None))
     c.eval_at_start = False
-    runtime(c, eval_every=50_000, checkpoint_every=2000, analysis=False)
-    imagenet_evals(c, classifier=False)
+    c.update(runtime(eval_every=50_000, checkpoint_every=2000, analysis=False))
+    c.update(imagenet_evals(c, classifier=False))
     return c
 
 
@@ -432,11 +442,12 @@ def dino_digits(a: dict[str, Any]) -> ml_collections.ConfigDict:
         drop_path=0.0,
         **DINO_BACKBONE,
     )
-    dino_training(c, a, out_dim=256, hidden_dim=256, bottleneck_dim=32, warmup_teacher_temp=0.025,
-                  teacher_temp=0.025, warmup_teacher_temp_epochs=0, lr=1e-3, lr_reference_batch=placeholder(int))
+    c.update(dino_training(a, out_dim=256, hidden_dim=256, bottleneck_dim=32, warmup_teacher_temp=0.025,
+                           teacher_temp=0.025, warmup_teacher_temp_epochs=0, lr=1e-3,
+                           lr_reference_batch=placeholder(int)))
     c.evals = dino_evals(linear_l2=1e-3, linear_steps=300)
     c.eval_at_start = True  # and every 660 steps (15 epochs) and at the end
 
-    runtime(c, eval_every=660, checkpoint_every=500, log_every=44, analysis=False)
+    c.update(runtime(eval_every=660, checkpoint_every=500, log_every=44, analysis=False))
     c.keep_checkpoints = 2
     return c

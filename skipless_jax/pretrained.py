@@ -58,17 +58,23 @@ def saved_or_given(saved: Mapping[str, Any] | None, config: ml_collections.Confi
     return config
 
 
-def check_saved_config(config: ml_collections.ConfigDict, workdir: str, allow_change: bool) -> bool:
+def check_saved_config(config: ml_collections.ConfigDict, workdir: str, allow_change: bool,
+                       derived: Mapping[str, Any] | None = None) -> bool:
     """A one-line ConfigChangedError when the workdir's newest checkpoint was written by a config
     that trains something else (a flipped skip switch, another optimizer, depth, ...); with
-    `allow_change` a warning instead. Returns whether the config changed."""
+    `allow_change` a warning instead. Returns whether the config changed.
+
+    `derived`: dotted fields the trainer computes from the config when the config leaves them
+    unset (e.g. {'schedule.warmup_steps': 113} from warm-up epochs); a checkpoint written while
+    trainers still stored them in the config holds them resolved, which is no change."""
     saved = checkpoint.saved_config(workdir)
     if saved is None:
         return False
-    diffs = config_differences(saved, config.to_dict())
+    flat_saved, flat_now = _flat_config(saved), _flat_config(json.loads(config.to_json()))
+    diffs = [k for k in config_differences(saved, config.to_dict())
+             if not (k in (derived or {}) and flat_now.get(k) is None and flat_saved.get(k) == derived[k])]
     if not diffs:
         return False
-    flat_saved, flat_now = _flat_config(saved), _flat_config(json.loads(config.to_json()))
     shown = ", ".join(f"{k}: {flat_saved.get(k)!r} -> {flat_now.get(k)!r}" for k in diffs[:4])
     more = f" (+{len(diffs) - 4} more)" if len(diffs) > 4 else ""
     if allow_change:

@@ -68,17 +68,6 @@ def _nonfinite_numbers(tree: Any, prefix: str) -> None:
             require(not is_number(value) or math.isfinite(value), f"{prefix}.{key}={value!r} must be a finite number")
 
 
-def steps_per_epoch(config: Any, num_train: int) -> float:
-    """Train steps in an epoch of `num_train` examples, as the trainers count them: ⌊num_train /
-    batch⌋ (at least 1) for DINO, whose loader drops the last partial batch; else
-    `inputs.steps_per_epoch` (L / batch: epochs may end mid-batch unless `input.drop_last`)."""
-    if config.get("trainer", "supervised") == "dino":
-        return max(num_train // config.input.batch_size, 1)
-    from skipless_jax.data import inputs  # repeated augmentation and drop_last (docs/method.md §21)
-
-    return inputs.steps_per_epoch(config, num_train)
-
-
 def _steps_field(config: Any, name: str) -> str:
     """The field that sets the `name` ('total' or 'warmup') steps, as `config.x=value`."""
     holder, prefix = (config.schedule, "config.schedule.") if name == "warmup" else (config, "config.")
@@ -107,13 +96,15 @@ def _check_warmup(config: Any) -> None:
     uses_epochs = config.get("total_steps") is None or config.schedule.get("warmup_steps") is None
     spe = 1.0
     if uses_epochs:
-        from skipless_jax.data import inputs
+        from skipless_jax.data import inputs, multicrop  # repeated augmentation, drop_last (docs/method.md §21)
 
         try:  # the split size; reading the data is checked (one line) after the config
             num_train = inputs.num_train_examples(config)
         except Exception:
             return
-        spe = steps_per_epoch(config, num_train)
+        # as the trainer counts: DINO's whole batches, else the stream's (an epoch may end mid-batch)
+        dino = config.get("trainer", "supervised") == "dino"
+        spe = inputs.steps_per_epoch(config, num_train, **(multicrop.EPOCH_STEPS if dino else {}))
     from skipless_jax.trainers.common import steps_of  # the trainers' own count
 
     total, warmup = steps_of(config, "total", spe), steps_of(config, "warmup", spe)

@@ -480,3 +480,21 @@ def test_quickstart_knobs_resolve_and_bad_values_are_one_line_errors():
                        ("self_share=1.5", r"config.model.init_self_share=1.5 must be a number in \(0, 1\)")]:
         with pytest.raises(ValueError, match=match):
             validate.validate_config(module.get_config(arg))
+
+
+def test_config_blocks_and_step_counts_leave_their_arguments_as_they_are():
+    """imagenet_recipe sets bfloat16 on its own copy of the model config; train_steps returns the
+    warm-up steps (for the optimizer) instead of writing them into the config."""
+    from skipless_jax import config_blocks
+    from skipless_jax.trainers import common
+
+    from util import tiny_config
+
+    model = config_blocks.family_model("convmixer", {}, drop_path=0.0)
+    c = config_blocks.imagenet_recipe(dict(seed=0, opt="adamw", epochs=300), model, warmup_epochs=5, grad_clip=1.0)
+    assert (model.dtype, c.model.dtype) == ("float32", "bfloat16")
+    config = tiny_config(**{"total_steps": None, "total_epochs": 2, "schedule.warmup_steps": None,
+                            "schedule.warmup_epochs": 1})
+    before = config.to_json()
+    assert common.train_steps(config, 44.9) == (90, 45)
+    assert config.to_json() == before

@@ -158,16 +158,31 @@ def test_mae_qkv_is_the_fused_tensors_xavier_not_the_separate_one():
 
 
 def test_the_trainers_init_state_applies_the_scheme():
-    """supervised.make_init_state under init='timm' holds `reinitialize` of the model's init."""
+    """supervised.make_init_state under init='timm' (models.init_variables) holds `reinitialize`
+    of the model's init."""
     from skipless_jax.trainers import supervised
 
     c = _config("quickstart", "init=timm")
     model = models.build(c.model, 10)
     dummy = jnp.zeros((1, 8, 8, 3))
-    state = supervised.make_init_state(model, optax.sgd(0.1), dummy)(jax.random.PRNGKey(4))
+    state = supervised.make_init_state(c.model, model, optax.sgd(0.1), dummy)(jax.random.PRNGKey(4))
     init_rng = jax.random.split(jax.random.PRNGKey(4))[0]
     want = init_schemes.reinitialize(model, model.init({"params": init_rng}, dummy, train=False), init_rng)
     for a, b in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(want["params"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # analyze's step-0 parameters are the trainer's (seed 0: the first half of its split; jitted
+    # there, so equal to float32 rounding)
+    from skipless_jax import analyze
+
+    seed_rng = jax.random.split(jax.random.PRNGKey(c.seed))[0]
+    want = init_schemes.reinitialize(model, model.init({"params": seed_rng}, dummy, train=False), seed_rng)
+    for a, b in zip(jax.tree.leaves(analyze.init_params(model, c, (8, 8, 3))), jax.tree.leaves(want["params"])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-8)
+    # under init='default' the variables are the module's own init
+    plain = _config("quickstart", "init=default")
+    plain_model = models.build(plain.model, 10)
+    got = models.init_variables(plain.model, plain_model, init_rng, dummy)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(plain_model.init({"params": init_rng}, dummy, train=False))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

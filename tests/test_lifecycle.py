@@ -358,3 +358,24 @@ def test_analyze_prints_what_it_wrote_and_draws_the_jacobian(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == f"Wrote {', '.join(map(str, written))}"
     with open(tmp_path / "jacobian.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_checkpoint_with_resolved_warmup_steps_resumes_as_the_same_config(monkeypatch):
+    """Trainers once wrote schedule.warmup_steps (from warmup_epochs) into the config they saved;
+    now they pass it to the optimizer and leave the config as it is. Such a checkpoint resumes
+    without a config change while the warm-up it holds is the one the trainer derives."""
+    from skipless_jax import pretrained
+
+    from util import tiny_config
+
+    config = tiny_config(**{"schedule.warmup_steps": None, "schedule.warmup_epochs": 1})
+    config_before = config.to_json()
+    old = json.loads(config.to_json())
+    old["schedule"]["warmup_steps"] = 45
+    monkeypatch.setattr(checkpoint, "saved_config", lambda workdir: old)
+    assert not pretrained.check_saved_config(config, "w", False, derived={"schedule.warmup_steps": 45})
+    with pytest.raises(pretrained.ConfigChangedError, match=r"schedule.warmup_steps: 45 -> None"):
+        pretrained.check_saved_config(config, "w", False, derived={"schedule.warmup_steps": 46})
+    with pytest.raises(pretrained.ConfigChangedError, match=r"schedule.warmup_steps"):
+        pretrained.check_saved_config(config, "w", False)
+    assert config.to_json() == config_before

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_scaling import scaling
 
-from skipless_jax import models
+from skipless_jax import losses, models
 from skipless_jax.data import text
 from skipless_jax.trainers import lm
 
@@ -192,7 +192,7 @@ def test_the_loss_equals_a_float64_cross_entropy():
     logits = rng.standard_normal((3, 5, 257)) * 3
     tokens = rng.integers(0, 257, (3, 6))
     mask = (rng.random((3, 5)) < 0.7).astype(np.float32)
-    total, count = lm.next_token_loss(jnp.asarray(logits, jnp.float32), jnp.asarray(tokens), jnp.asarray(mask))
+    total, count = losses.next_token_loss(jnp.asarray(logits, jnp.float32), jnp.asarray(tokens), jnp.asarray(mask))
     z = logits - logits.max(-1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
     nll = -np.take_along_axis(logp, tokens[:, 1:, None], -1)[..., 0]
@@ -205,7 +205,7 @@ def test_bits_per_byte_by_hand():
     logits = np.full((1, 2, 257), -1e9, np.float32)
     logits[0, 0, [7, 8]] = math.log(0.5)
     logits[0, 1, [9, 10, 11, 12]] = math.log(0.25)
-    total, count = lm.next_token_loss(jnp.asarray(logits), jnp.asarray([[0, 7, 9]]))
+    total, count = losses.next_token_loss(jnp.asarray(logits), jnp.asarray([[0, 7, 9]]))
     loss = float(total / count)
     assert lm.bits_per_byte(loss) == pytest.approx(1.5, abs=1e-6)
     assert math.exp(loss) == pytest.approx(math.sqrt(8), rel=1e-6)  # perplexity 2^1.5

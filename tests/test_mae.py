@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from skipless_jax import losses
 from skipless_jax.models import mae, vit
 from skipless_jax.models.common import patchify
 
@@ -125,7 +126,7 @@ def test_patchify_order_is_maes():
 def test_loss_matches_reference(norm_pix_loss):
     images, pred, noise = _data(2)
     _, mask, _ = np_random_masking(np.zeros((3, 16, 1)), 0.75, noise)
-    got = mae.reconstruction_loss(jnp.asarray(images), jnp.asarray(pred), jnp.asarray(mask), 4, norm_pix_loss)
+    got = losses.reconstruction_loss(jnp.asarray(images), jnp.asarray(pred), jnp.asarray(mask), 4, norm_pix_loss)
     want = np_loss(images.transpose(0, 3, 1, 2).astype(np.float64), pred, mask, 4, norm_pix_loss)
     np.testing.assert_allclose(float(got), want, rtol=1e-5)
 
@@ -133,7 +134,7 @@ def test_loss_matches_reference(norm_pix_loss):
 def test_norm_pix_loss_uses_unbiased_variance():
     images, pred, noise = _data(3, p=2, hw=4, c=1)  # 4 values per patch: ddof matters (factor 4/3)
     _, mask, _ = np_random_masking(np.zeros((3, 4, 1)), 0.5, noise)
-    got = float(mae.reconstruction_loss(jnp.asarray(images), jnp.asarray(pred), jnp.asarray(mask), 2, True))
+    got = float(losses.reconstruction_loss(jnp.asarray(images), jnp.asarray(pred), jnp.asarray(mask), 2, True))
     nchw = images.transpose(0, 3, 1, 2).astype(np.float64)
     np.testing.assert_allclose(got, np_loss(nchw, pred, mask, 2, True), rtol=1e-5)
     target = np_patchify(nchw, 2)
@@ -145,7 +146,8 @@ def test_norm_pix_loss_uses_unbiased_variance():
 def test_loss_only_on_masked_patches():
     images, pred, noise = _data(4)
     _, mask, _ = np_random_masking(np.zeros((3, 16, 1)), 0.75, noise)
-    loss = lambda pr: float(mae.reconstruction_loss(jnp.asarray(images), jnp.asarray(pr), jnp.asarray(mask), 4, True))
+    loss = lambda pr: float(
+        losses.reconstruction_loss(jnp.asarray(images), jnp.asarray(pr), jnp.asarray(mask), 4, True))
     base = loss(pred)
     kept_i, masked_i = np.flatnonzero(mask[0] == 0)[0], np.flatnonzero(mask[0] == 1)[0]
     changed = pred.copy()
@@ -191,7 +193,7 @@ def test_mae_forward_and_finite_gradient(token_graying):
     assert all(np.isfinite(np.asarray(g)).all() for g in leaves)
     assert any(np.abs(np.asarray(g)).max() > 0 for g in leaves)
     # the loss is reconstruction_loss of the returned prediction and mask
-    np.testing.assert_allclose(float(loss), float(mae.reconstruction_loss(images, pred, mask, 4, True)), rtol=1e-6)
+    np.testing.assert_allclose(float(loss), float(losses.reconstruction_loss(images, pred, mask, 4, True)), rtol=1e-6)
 
 
 def _flat_shapes(tree):

@@ -2,7 +2,8 @@
 
 (a) no import cycle between project modules, imports inside functions included;
 (b) no module uses another module's private (`_x`) name;
-(c) no library-internal import (`_src` and other `_`-prefixed module paths of a library).
+(c) no library-internal import (`_src` and other `_`-prefixed module paths of a library);
+(d) one training loop: `jax.transfer_guard` (the guard around the step) in one module of trainers/.
 
 Run alone: `python -m pytest tests/test_structure.py -q`.
 """
@@ -237,3 +238,19 @@ def test_no_config_file_reads_another():
                     "exec", "exec_module", "sibling", "run_path"):
                 found.append(f"{name}: calls {ast.unparse(node.func)}")
     assert not found, found
+
+
+def attribute_uses(modules: dict[str, ast.Module], dotted: str) -> list[str]:
+    """The modules that spell `dotted` (e.g. 'jax.transfer_guard') as an attribute chain."""
+    return sorted(name for name, tree in modules.items()
+                  if any(isinstance(node, ast.Attribute) and ast.unparse(node) == dotted for node in ast.walk(tree)))
+
+
+def test_one_training_loop(modules):
+    """The step runs under `jax.transfer_guard` in one module of trainers/ (loop.py), which every
+    trainer calls; a trainer with its own copy of the loop shows up here."""
+    trainers = {name: tree for name, tree in modules.items() if name.startswith(f"{PACKAGE}.trainers.")}
+    assert attribute_uses(trainers, "jax.transfer_guard") == [f"{PACKAGE}.trainers.loop"]
+    sample = {"p.a": ast.parse("import jax\nwith jax.transfer_guard('disallow'):\n    pass\n"),
+              "p.b": ast.parse("transfer_guard = 1\n")}
+    assert attribute_uses(sample, "jax.transfer_guard") == ["p.a"]

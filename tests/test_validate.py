@@ -5,6 +5,7 @@ import re
 import pytest
 
 from skipless_jax import validate
+from skipless_jax.data import inputs, multicrop
 
 from util import tiny_config
 
@@ -139,7 +140,9 @@ def test_well_formed_configs_pass():
 
 def test_steps_per_epoch_as_the_trainers_count():
     config = tiny_config()
-    assert validate.steps_per_epoch(config, 1437) == 1437 / 32  # supervised: epochs may end mid-batch
-    config.trainer = "dino"
-    assert validate.steps_per_epoch(config, 1437) == 44  # DINO drops the last partial batch
-    assert validate.steps_per_epoch(config, 10) == 1
+    assert inputs.steps_per_epoch(config, 1437) == 1437 / 32  # supervised: epochs may end mid-batch
+    assert inputs.steps_per_epoch(config, 1437, **multicrop.EPOCH_STEPS) == 44  # DINO drops the last partial batch
+    assert inputs.steps_per_epoch(config, 10, **multicrop.EPOCH_STEPS) == 1
+    assert inputs.steps_per_epoch(config, 1437, batch_size=128, last_batch="pad") == 12  # linear eval: ⌈N/B⌉
+    with pytest.raises(ValueError, match="holds no sample"):
+        inputs.steps_per_epoch(config, 10, last_batch="drop")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -135,14 +136,35 @@ def repeats(config: Any) -> int:
     return 1 if r is None else r
 
 
-def steps_per_epoch(config: Any, num_train: int | None = None) -> float:
-    """Train steps per epoch of the stream (docs/method.md §21): L / B for the epoch length L of
-    `pipeline.epoch_length` (N, or ⌊N/256⌋·256 under repeated augmentation); with
-    `config.input.drop_last` L is whole batches, so the count is ⌊·/B⌋ as the references' loaders."""
+def steps_per_epoch(
+    config: Any, num_train: int | None = None, *, batch_size: int | None = None,
+    repeated_augmentation: int | None = None, last_batch: str | None = None, at_least_one: bool = False,
+) -> float:
+    """Steps in one epoch (docs/method.md §21), as every count of them in the project is made.
+
+    The epoch length L is `pipeline.epoch_length` of `num_train` (default: the train split's size)
+    under `repeated_augmentation` r (default `repeats(config)`): N, or ⌊N/256⌋·256 under
+    repeated augmentation. B is `batch_size` (default `config.input.batch_size`). `last_batch`
+    says what becomes of the epoch's last partial batch: 'keep' L / B (the trainers' continuous
+    stream: an epoch may end mid-batch), 'drop' ⌊L / B⌋ (whole batches, as the references'
+    loaders; an epoch with none is a ValueError unless `at_least_one`, which counts it as one
+    step: DINO's iterations), 'pad' ⌈L / B⌉ (a last, partial batch: the linear evaluation's
+    loader). The default is 'drop' with `config.input.drop_last`, else 'keep'.
+    """
     num_train = num_train_examples(config) if num_train is None else num_train
-    batch = config.input.batch_size
-    length = pipeline.epoch_length(num_train, repeats(config), batch if config.input.get("drop_last") else None)
-    return length / batch
+    batch = config.input.batch_size if batch_size is None else batch_size
+    r = repeats(config) if repeated_augmentation is None else repeated_augmentation
+    if last_batch is None:
+        last_batch = "drop" if config.input.get("drop_last") else "keep"
+    if last_batch == "keep":
+        return pipeline.epoch_length(num_train, r) / batch
+    if last_batch == "pad":
+        return math.ceil(pipeline.epoch_length(num_train, r) / batch)
+    if last_batch == "drop":
+        if at_least_one:
+            return max(pipeline.epoch_length(num_train, r) // batch, 1)
+        return pipeline.epoch_length(num_train, r, batch) // batch
+    raise ValueError(f"last_batch={last_batch!r} is unknown; allowed: 'keep', 'drop', 'pad'")
 
 
 def eval_iterator(

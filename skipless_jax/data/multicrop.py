@@ -24,6 +24,10 @@ from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 from skipless_jax.checks import is_finite
 from skipless_jax.data import inputs, pipeline, sources, transforms
 
+# DINO's iterations per epoch (`inputs.steps_per_epoch` arguments): whole batches, as its loader
+# drops the last partial one, and at least one, whatever config.input's repeats or drop_last say.
+EPOCH_STEPS = dict(repeated_augmentation=1, last_batch="drop", at_least_one=True)
+
 _BICUBIC = Image.Resampling.BICUBIC
 
 

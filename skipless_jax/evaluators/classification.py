@@ -17,9 +17,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from skipless_jax import sharding
+from skipless_jax import losses, sharding
 from skipless_jax.data import sources
 from skipless_jax.evaluators import contexts
 from skipless_jax.evaluators.common import Context
@@ -35,12 +34,6 @@ def real_accuracy_counts(logits: jax.Array, real_labels: jax.Array,
     counted = (real_labels >= 0).any(-1).astype(jnp.int32) * mask
     correct = (real_labels == predicted[:, None]).any(-1).astype(jnp.int32) * mask  # −1 never matches
     return correct.sum(), counted.sum()
-
-
-def cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: float = 0.0) -> jax.Array:
-    """Per-example softmax cross-entropy against (soft) labels smoothed by `smoothing`."""
-    labels = labels * (1.0 - smoothing) + smoothing / labels.shape[-1]
-    return optax.softmax_cross_entropy(logits, labels)
 
 
 @dataclasses.dataclass
@@ -63,7 +56,7 @@ class Classification:
             logits = self.ctx.logits(params, batch["image"])
             mask = batch["mask"]
             correct = (logits.argmax(-1) == batch["label"].argmax(-1)) * mask
-            loss = (cross_entropy(logits, batch["label"]) * mask).sum()
+            loss = (losses.cross_entropy(logits, batch["label"]) * mask).sum()
             out = {"correct": correct.sum(), "loss": loss, "count": mask.sum()}
             if "real_label" in batch:
                 out["real_correct"], out["real_counted"] = real_accuracy_counts(logits, batch["real_label"], mask)

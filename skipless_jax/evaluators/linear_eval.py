@@ -117,7 +117,8 @@ class DinoLinear:
         self._features = features
         self._mean_std = device_images.dataset_stats(self.view.config)
         self._num_train = inputs.num_train_examples(self.view.config)
-        self.steps_per_epoch = math.ceil(self._num_train / self.batch_size)
+        self.steps_per_epoch = inputs.steps_per_epoch(  # ⌈N/B⌉: the last batch is partial
+            self.view.config, self._num_train, batch_size=self.batch_size, repeated_augmentation=1, last_batch="pad")
         schedule = epoch_cosine(self.lr * self.batch_size / 256, self.epochs, self.steps_per_epoch)
         self._tx = optax.sgd(schedule, momentum=0.9)  # torch's SGD: v ← 0.9·v + g, p ← p − lr·v
         tx, mean, std = self._tx, *self._mean_std

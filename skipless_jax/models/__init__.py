@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 import flax.linen as nn
+import jax
 
 from skipless_jax.models import init as init_lib
 from skipless_jax.models import init_schemes
@@ -77,6 +78,20 @@ def family(model_config: Any) -> ModuleType:
 def build(model_config: Any, num_classes: int, image_size: int | None = None) -> nn.Module:
     """The model `config.model` describes; num_classes=0: a backbone returning pooled features."""
     return family(model_config).build(model_config, num_classes, image_size)
+
+
+def init_variables(
+    model_config: Any, model: nn.Module, rng: jax.Array, dummy: Any, **rngs: jax.Array
+) -> dict[str, Any]:
+    """The initial variables of `model` (built from `model_config`, or a module holding it, as
+    DINO's backbone + head) on inputs shaped like `dummy`, under every `config.model.init`: the
+    module's own init with `rng` as its 'params' stream (`rngs`: other streams its init draws,
+    e.g. MAE's 'masking'), then, for a reference scheme ('timm', 'mae'), every parameter redrawn
+    by its family's table with the same key (`init_schemes.reinitialize`, docs/method.md §24)."""
+    variables = model.init({"params": rng, **rngs}, dummy, train=False)
+    if model_config.get("init", "default") in init_schemes.SCHEMES:
+        variables = init_schemes.reinitialize(model, variables, rng)
+    return variables
 
 
 def describe(model_config: Any) -> ModelDescription:

@@ -1,6 +1,7 @@
 """Masked autoencoder (He et al., CVPR 2022; facebookresearch/mae `models_mae.py`), docs/method.md §9.
 
-The three pieces of MAE's math are plain functions with the reference's semantics:
+The three pieces of MAE's math are plain functions with the reference's semantics (the loss in
+skipless_jax/losses.py, with the other trainers' losses):
 
     random_masking       per sample: ids_shuffle = argsort(noise) (small noise is kept),
                          ids_restore = argsort(ids_shuffle), keep the first K = int(L·(1 − ratio))
@@ -35,9 +36,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from skipless_jax import losses
 from skipless_jax.models import vit
 from skipless_jax.models.blocks import EncoderBlock, ModelFields
-from skipless_jax.models.common import patchify, posemb_sincos_2d, resize_posemb
+from skipless_jax.models.common import posemb_sincos_2d, resize_posemb
 from skipless_jax.models.stem import PatchStem
 
 
@@ -68,31 +70,6 @@ def restore_tokens(x_kept: jax.Array, mask_token: jax.Array, ids_restore: jax.Ar
     fill = jnp.broadcast_to(mask_token.astype(x_kept.dtype), (b, length - k, d))
     shuffled = jnp.concatenate([x_kept, fill], axis=1)  # the shuffled order, as in random_masking
     return jnp.take_along_axis(shuffled, ids_restore[:, :, None], axis=1)
-
-
-def reconstruction_loss(
-    images: jax.Array, prediction: jax.Array, mask: jax.Array, patch_size: int, norm_pix_loss: bool
-) -> jax.Array:
-    """MAE's `forward_loss`: mean squared error per patch, averaged over the removed patches."""
-    return patch_loss(patchify(images.astype(jnp.float32), patch_size), prediction, mask, norm_pix_loss)
-
-
-def normalized_target(target: jax.Array, norm_pix_loss: bool) -> jax.Array:
-    """The (B, L, p²C) target of the loss: the patches, or per patch (t − mean)/√(var + 1e-6)."""
-    target = target.astype(jnp.float32)
-    if norm_pix_loss:
-        mean = target.mean(axis=-1, keepdims=True)
-        var = target.var(axis=-1, keepdims=True, ddof=1)  # unbiased, torch's default
-        target = (target - mean) / jnp.sqrt(var + 1e-6)
-    return target
-
-
-def patch_loss(target: jax.Array, prediction: jax.Array, mask: jax.Array, norm_pix_loss: bool) -> jax.Array:
-    """`reconstruction_loss` on a (B, L, p²C) target patch matrix (the raw or the grayed patches)."""
-    target = normalized_target(target, norm_pix_loss)
-    loss = jnp.mean((prediction.astype(jnp.float32) - target) ** 2, axis=-1)  # (B, L)
-    mask = mask.astype(jnp.float32)
-    return jnp.sum(loss * mask) / jnp.sum(mask)
 
 
 def _with_cls_posemb(grid_h: int, grid_w: int, width: int) -> jax.Array:
@@ -225,7 +202,7 @@ class MAE(ModelFields):
             name="decoder",
         )(latent, ids_restore, train)
         if self.target == "grayed":
-            loss = patch_loss(grayed, prediction, mask, self.norm_pix_loss)
+            loss = losses.patch_loss(grayed, prediction, mask, self.norm_pix_loss)
         else:
-            loss = reconstruction_loss(images, prediction, mask, p, self.norm_pix_loss)
+            loss = losses.reconstruction_loss(images, prediction, mask, p, self.norm_pix_loss)
         return loss, prediction, mask

@@ -1,6 +1,6 @@
 """Where the optimizer is built: learning-rate schedule, weight-decay mask, registry by name.
 
-`build_optimizer(config, total_steps)` reads `config.optimizer` (name + hyperparameters, and
+`build_optimizer(config, total_steps, warmup_steps)` reads `config.optimizer` (name + hyperparameters, and
 `layer_decay` for layer-wise lr decay, docs/method.md §9), `config.schedule` and
 `config.grad_clip_norm`; a new optimizer is one entry in `OPTIMIZERS`.
 """
@@ -49,9 +49,10 @@ def triangular(
     return lambda count: jnp.interp(count + 1.0, knots, values)
 
 
-def build_schedule(config: Any, total_steps: int) -> optax.Schedule:
-    """`config.schedule.name`: 'warmup_cosine' (default; warmup_steps, end_lr) or 'triangular'
-    (peak_at, fall_at, fall_to); the peak is `config.optimizer.lr`."""
+def build_schedule(config: Any, total_steps: int, warmup_steps: int | None = None) -> optax.Schedule:
+    """`config.schedule.name`: 'warmup_cosine' (default; `warmup_steps`, default
+    `config.schedule.warmup_steps`; end_lr) or 'triangular' (peak_at, fall_at, fall_to); the peak
+    is `config.optimizer.lr`."""
     sched = config.schedule
     if sched.get("name", "warmup_cosine") == "triangular":
         return triangular(config.optimizer.lr, total_steps, sched.get("peak_at", 0.4), sched.get("fall_at", 0.8),
@@ -59,7 +60,7 @@ def build_schedule(config: Any, total_steps: int) -> optax.Schedule:
     return warmup_cosine(
         config.optimizer.lr,
         total_steps,
-        sched.warmup_steps,
+        sched.warmup_steps if warmup_steps is None else warmup_steps,
         sched.get("end_lr", 0.0),
     )
 
@@ -153,12 +154,15 @@ OPTIMIZERS: dict[str, Callable[[Any, optax.Schedule], optax.GradientTransformati
 }
 
 
-def build_optimizer(config: Any, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """(gradient transformation incl. clipping and accumulation, lr schedule) from the config."""
+def build_optimizer(
+    config: Any, total_steps: int, warmup_steps: int | None = None
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """(gradient transformation incl. clipping and accumulation, lr schedule) from the config;
+    `warmup_steps` as the trainer counts them (default `config.schedule.warmup_steps`)."""
     name = config.optimizer.name
     if name not in OPTIMIZERS:
         raise ValueError(f"config.optimizer.name={name!r} is unknown; allowed: {sorted(OPTIMIZERS)}")
-    schedule = build_schedule(config, total_steps)
+    schedule = build_schedule(config, total_steps, warmup_steps)
     tx = OPTIMIZERS[name](config.optimizer, schedule)
     decay = config.optimizer.get("layer_decay")
     if decay is not None and decay != 1.0:  # per-group lr multipliers on the final update

@@ -1,23 +1,24 @@
 """What every trainer shares, as plain functions: the mesh, step counts, the train state's
-shardings and abstract shapes. The rest of a trainer's shared pieces each have their own home:
+shardings and abstract shapes, the train batches on the devices. None of them changes its
+arguments. The rest of a trainer's shared pieces each have their own home:
 
     skipless_jax/pretrained.py       restore precedence, saved-config check, init_from
     skipless_jax/data/device_input   host batches -> global device batches, prefetched
     trainers/nonfinite.py            the non-finite guard (in the step) and its host side
     trainers/run.py                  Run (records, checkpoints, final metrics), the preemption rule
+    trainers/loop.py                 the one training loop
 
-A trainer (supervised.py, dino.py, ...) is a flat loop on these pieces:
+A trainer (supervised.py, dino.py, ...) builds its state, step and evaluation on these pieces
+and hands them to the loop:
 
     mesh, is_chief = setup(config, devices)
+    total_steps, warmup_steps = train_steps(config, steps_per_epoch)
     rng, abstract, shardings = abstract_state(init_state, config, mesh)
     mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change)
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract, shardings, ...)
     train_step, cost = perf.compile_for(jax.jit(step), state, batch_spec, ...)
-    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract), cost, ...)
-    data = device_batches(config, mesh, inputs.train_iterator, first_step)
-    for step in ...:  state, metrics = train_step(state, next(data))
-                      run.train_step_done(step, metrics, state); run.end_of_step(step, state, results)
-    run.finish()
+    return loop.train(config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
+                      guarded=nonfinite.guarded_parts(abstract), train_iterator=..., results_at=...)
 """
 
 from __future__ import annotations
@@ -46,11 +47,10 @@ def setup(
     return mesh, is_chief
 
 
-def train_steps(config: ml_collections.ConfigDict, steps_per_epoch: float) -> int:
-    """The run's total steps (`steps_of(config, 'total', ...)`); `config.schedule.warmup_steps` is
-    resolved in place from warm-up epochs, so the optimizer's schedule reads steps only."""
-    config.schedule.warmup_steps = steps_of(config, "warmup", steps_per_epoch)
-    return steps_of(config, "total", steps_per_epoch)
+def train_steps(config: ml_collections.ConfigDict, steps_per_epoch: float) -> tuple[int, int]:
+    """(the run's total steps, its warm-up steps): `steps_of` 'total' and 'warmup', for the
+    optimizer's schedule (`build_optimizer(config, total, warmup)`); the config stays as it is."""
+    return steps_of(config, "total", steps_per_epoch), steps_of(config, "warmup", steps_per_epoch)
 
 
 def device_batches(

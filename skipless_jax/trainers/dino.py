@@ -1,12 +1,13 @@
-"""DINO self-supervised training (docs/method.md §6), top to bottom: schedules → loss, centre and
-EMA → optimizer → mesh → data → model/optimizer (abstract first) → shardings → update step →
-checkpoint load → kNN / linear evaluation of the teacher → loop.
+"""DINO self-supervised training (docs/method.md §6), top to bottom: schedules → centre and EMA
+→ optimizer → mesh → data → model/optimizer (abstract first) → shardings → update step →
+checkpoint load → kNN / linear evaluation of the teacher → the loop (trainers/loop.py).
 
     python -m skipless_jax.main --config=configs/dino_digits.py --workdir=/tmp/dino_digits
 
-A flat loop on trainers/common.py (no other trainer is imported): it shares the model registry,
-the input pipeline, the sharding rules, the checkpoint manager, the optimizer registry and the
-evaluators, and adds the student/teacher pair. Everything DINO keeps across steps is in the one
+Built on trainers/common.py and run by the one loop (no other trainer is imported): it shares
+the model registry, the input pipeline, the sharding rules, the checkpoint manager, the
+optimizer registry, the evaluators and its loss (losses.dino_loss), and adds the
+student/teacher pair. Everything DINO keeps across steps is in the one
 checkpointed state: student params, optimizer state, EMA teacher, centre, step (every schedule
 is a closed form of the step; the values of the last step are stored too, for inspection).
 """
@@ -23,16 +24,15 @@ import ml_collections
 import optax
 from absl import logging
 
-from skipless_jax import checkpoint, evaluators, models, pretrained, sharding, validate
+from skipless_jax import checkpoint, evaluators, losses, models, pretrained, sharding, validate
 from skipless_jax.checks import is_finite, require
 from skipless_jax.data import device_images, inputs, multicrop, sources
-from skipless_jax.models import dino_head, init_schemes
+from skipless_jax.models import dino_head
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
-from skipless_jax.trainers import common, nonfinite, perf
-from skipless_jax.trainers.run import Run, open_workdir
+from skipless_jax.trainers import common, loop, nonfinite, perf
+from skipless_jax.trainers.run import open_workdir
 
-_HIGHEST = jax.lax.Precision.HIGHEST
 EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca", "fewshot", "dino_linear")
 
 # ----------------------------------------------------------------------------------------
@@ -100,13 +100,8 @@ class Schedules:
         }
 
 
-def steps_per_epoch(config: ml_collections.ConfigDict, num_train: int) -> int:
-    """Full batches per epoch (DINO's loader drops the last partial batch)."""
-    return max(num_train // config.input.batch_size, 1)
-
-
 def schedules_from_config(config: ml_collections.ConfigDict, num_train: int) -> Schedules:
-    spe = steps_per_epoch(config, num_train)
+    spe = inputs.steps_per_epoch(config, num_train, **multicrop.EPOCH_STEPS)
     opt, d = config.optimizer, config.dino
     ref = opt.get("lr_reference_batch")
     return Schedules(
@@ -126,27 +121,7 @@ def schedules_from_config(config: ml_collections.ConfigDict, num_train: int) -> 
 
 
 # ----------------------------------------------------------------------------------------
-# Loss, centre, teacher EMA.
-
-
-def dino_loss(
-    student_out: jax.Array,
-    teacher_out: jax.Array,
-    center: jax.Array,
-    student_temp: float,
-    teacher_temp: jax.Array | float,
-) -> jax.Array:
-    """docs/method.md §6: mean over pairs (teacher global view t, student view v ≠ t) of
-    mean_b −Σ_k softmax((t_tb − c)/τ_t)_k · log_softmax(s_vb/τ_s)_k.
-
-    student_out (V, B, K), views 0 and 1 the global ones; teacher_out (2, B, K); center (1, K).
-    """
-    q = jax.nn.softmax((teacher_out - center) / teacher_temp, axis=-1)
-    q = jax.lax.stop_gradient(q)
-    logp = jax.nn.log_softmax(student_out / student_temp, axis=-1)
-    ce = -jnp.einsum("tbk,vbk->tv", q, logp, precision=_HIGHEST) / student_out.shape[1]  # (2, V)
-    pairs = 1.0 - jnp.eye(teacher_out.shape[0], student_out.shape[0])  # drop t == v
-    return jnp.sum(ce * pairs) / jnp.sum(pairs)
+# Centre, teacher EMA (the loss: losses.dino_loss).
 
 
 def update_center(center: jax.Array, teacher_out: jax.Array, momentum: float) -> jax.Array:
@@ -385,7 +360,7 @@ def student_loss(
     student_out = _view_major(out[: 2 * b], b)
     if has_local:
         student_out = jnp.concatenate([student_out, _view_major(out[2 * b:], b)], axis=0)
-    return dino_loss(student_out, teacher_out, center, student_temp, teacher_temp)
+    return losses.dino_loss(student_out, teacher_out, center, student_temp, teacher_temp)
 
 
 def guarded_parts(grads: Any, params: Any, opt_state: Any, teacher: Any) -> dict[str, Any]:
@@ -427,14 +402,14 @@ def make_train_step(
         ok, counters = nonfinite.track_nonfinite(
             loss, guarded_parts(grads, new_params, opt_state, new_teacher), state["nonfinite"], step
         )
-        new_state = {
+        new_state = {  # the entries not named here (rng) pass through
+            **state,
             "step": step + 1,
             "params": nonfinite.keep_if(ok, new_params, params),
             "teacher": nonfinite.keep_if(ok, new_teacher, state["teacher"]),
             "center": nonfinite.keep_if(ok, new_center, state["center"]),
             "opt_state": nonfinite.keep_if(ok, opt_state, state["opt_state"]),
             "schedules": values,
-            "rng": state["rng"],
             "nonfinite": counters,
         }
         metrics = {
@@ -451,14 +426,15 @@ def make_train_step(
 
 
 def init_state_fn(
-    model: dino_head.DINO, tx: optax.GradientTransformation, sched: Schedules, dummy: jax.Array, out_dim: int
+    model_config: ml_collections.ConfigDict, model: dino_head.DINO, tx: optax.GradientTransformation,
+    sched: Schedules, dummy: jax.Array, out_dim: int
 ) -> Callable[[jax.Array], dict[str, Any]]:
-    """rng -> the whole train state; teacher = a copy of the student (same init), centre = 0."""
+    """rng -> the whole train state (the backbone's init that of `model_config`,
+    `models.init_variables`); teacher = a copy of the student (same init), centre = 0."""
 
     def init_state(rng: jax.Array) -> dict[str, Any]:
         init_rng, train_rng = jax.random.split(rng)
-        variables = model.init({"params": init_rng}, (dummy,), train=False)
-        params = init_schemes.reinitialize(model, variables, init_rng)["params"]  # init='timm'
+        params = models.init_variables(model_config, model, init_rng, (dummy,))["params"]
         return {
             "step": jnp.zeros((), jnp.int32),
             "params": params,
@@ -522,7 +498,7 @@ def train_and_evaluate(
     model = build_model(config)
     tx = build_dino_optimizer(config, sched)
     dummy = jnp.zeros((1, global_size, global_size, info.image_shape[-1]), jnp.float32)
-    init_state = init_state_fn(model, tx, sched, dummy, config.dino.out_dim)
+    init_state = init_state_fn(config.model, model, tx, sched, dummy, config.dino.out_dim)
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("DINO: %s student parameters, %d steps (%d per epoch).",
                  f"{common.num_parameters(abstract_state['params']):,}", total_steps, sched.steps_per_epoch)
@@ -542,7 +518,6 @@ def train_and_evaluate(
 
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
                                    load_init_from=load_init_from)
-    first_step = int(jax.device_get(state["step"]))
 
     # ---- The update step (state donated) and the evaluators of the teacher.
     step_fn = make_train_step(model, tx, sched, config.dino, device_images.dataset_stats(config))
@@ -554,24 +529,11 @@ def train_and_evaluate(
     a = abstract_state
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, multicrop.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
-    run = Run(config, workdir, mngr, total_steps, first_step,
-              guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]),
-              cost, config.input.batch_size)  # images, each once however many crops
-    data = common.device_batches(config, mesh, multicrop.train_iterator, first_step)
-    try:  # whatever stops the loop, saves already started are completed
-        with jax.set_mesh(mesh):
-            if first_step == 0 and config.get("eval_at_start", True):
-                # The same network at init.
-                run.evaluate(0, evaluators.run_all(evals, ctx, state["teacher"]), prefix="init_")
-            for step in range(first_step + 1, total_steps + 1):
-                batch = next(data)  # copied to the devices ahead (device_input.device_batches)
-                with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
-                    state, metrics = train_step(state, batch)
-                run.train_step_done(step, metrics, state)
-                run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["teacher"], step, total_steps))
-            if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
-                run.final_evaluation(evaluators.run_all(evals, ctx, state["teacher"], total_steps, total_steps))
-    finally:
-        data.close()  # the pipeline's worker processes stop here, whatever ended the loop
-        run.close()
-    return run.finish()
+    at_start = (lambda state: evaluators.run_all(evals, ctx, state["teacher"])) if config.get(
+        "eval_at_start", True) else None  # the same network at init
+    return loop.train(
+        config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
+        guarded=guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]),
+        train_iterator=multicrop.train_iterator,
+        results_at=lambda step, state: evaluators.run_all(evals, ctx, state["teacher"], step, total_steps),
+        results_at_start=at_start)

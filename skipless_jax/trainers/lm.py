@@ -1,5 +1,5 @@
 """Causal language-model training, top to bottom: mesh → data → model/optimizer (abstract first)
-→ shardings → update step → checkpoint load → evaluation → loop (docs/method.md §26).
+→ shardings → update step → checkpoint load → evaluation → the loop (trainers/loop.py; docs/method.md §26).
 
     python -m skipless_jax.main --config=configs/lm_quickstart.py --workdir=/tmp/lm
 
@@ -26,12 +26,12 @@ import ml_collections
 import optax
 from absl import logging
 
-from skipless_jax import models, pretrained, sharding, validate
+from skipless_jax import losses, models, pretrained, sharding, validate
 from skipless_jax.checks import is_positive_int, require
 from skipless_jax.data import device_input, text
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, nonfinite, perf
-from skipless_jax.trainers.run import Run, every, open_workdir
+from skipless_jax.trainers import common, loop, nonfinite, perf
+from skipless_jax.trainers.run import every, open_workdir
 
 LN2 = math.log(2.0)
 
@@ -88,32 +88,20 @@ def vocab_size(config: ml_collections.ConfigDict) -> int:
     return text.tokenizer(config).vocab_size
 
 
-def token_losses(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """(B, T, V) logits, (B, T) targets -> (B, T) −log softmax(logits)[target] in float32 (§26)."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-
-
-def next_token_loss(logits: jax.Array, tokens: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """(sum of the target losses, number of targets) of windows `tokens` (B, T + 1) whose inputs
-    tokens[:, :T] gave `logits`; `mask` (B, T): which targets count (None: all)."""
-    losses = token_losses(logits, tokens[:, 1:])
-    mask = jnp.ones_like(losses) if mask is None else mask.astype(jnp.float32)
-    return (losses * mask).sum(), mask.sum()
-
-
 def bits_per_byte(loss_nats: float, num_bytes: float | None = None) -> float:
     """Bits per byte (§26): the mean loss per target in nats / ln 2 (byte tokens); with
     `num_bytes`, `loss_nats` is the total over targets of that many bytes: total / bytes / ln 2."""
     return loss_nats / (num_bytes or 1.0) / LN2
 
 
-def make_init_state(model: Any, tx: optax.GradientTransformation, seq_len: int):
-    """rng -> the state {step, params, opt_state, rng, nonfinite}."""
+def make_init_state(model_config: ml_collections.ConfigDict, model: Any, tx: optax.GradientTransformation,
+                    seq_len: int):
+    """rng -> the state {step, params, opt_state, rng, nonfinite} (the init of `model_config`,
+    `models.init_variables`)."""
 
     def init_state(rng: jax.Array) -> dict[str, Any]:
         init_rng, train_rng = jax.random.split(rng)
-        params = model.init({"params": init_rng}, jnp.zeros((1, seq_len), jnp.int32), train=False)["params"]
+        params = models.init_variables(model_config, model, init_rng, jnp.zeros((1, seq_len), jnp.int32))["params"]
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
                 "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
 
@@ -130,7 +118,7 @@ def make_train_step(model: Any, tx: optax.GradientTransformation, schedule: opta
 
     def loss_fn(params, tokens, rng):
         logits, _ = model.apply({"params": params}, tokens[:, :-1], train=True, rngs={"dropout": rng})
-        total, count = next_token_loss(logits, tokens)
+        total, count = losses.next_token_loss(logits, tokens)
         return total / count
 
     grad_fn = jax.value_and_grad(loss_fn)
@@ -167,7 +155,7 @@ def make_evaluate(model: Any, config: ml_collections.ConfigDict, mesh: jax.shard
     @jax.jit
     def sums(params, batch):
         logits, _ = model.apply({"params": params}, batch["tokens"][:, :-1], train=False)
-        total, count = next_token_loss(logits, batch["tokens"], batch["mask"])
+        total, count = losses.next_token_loss(logits, batch["tokens"], batch["mask"])
         return total, count, batch["bytes"].sum()
 
     def evaluate(params: Any) -> list[tuple[str, str, float]]:
@@ -226,7 +214,7 @@ def train_and_evaluate(
     # ---- Model and optimizer, abstract first.
     model = models.build(config.model, vocab_size(config))
     tx, schedule = build_optimizer(config, total_steps)
-    init_state = make_init_state(model, tx, config.model.seq_len)
+    init_state = make_init_state(config.model, model, tx, config.model.seq_len)
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("GPT: %s parameters, %d train steps of %d × %d tokens.",
                  f"{common.num_parameters(abstract_state['params']):,}", total_steps, config.input.batch_size,
@@ -237,7 +225,6 @@ def train_and_evaluate(
     if finished is not None:
         return finished
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings)
-    first_step = int(jax.device_get(state["step"]))
 
     # ---- The update step (state donated), the evaluation and the κ probe.
     train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
@@ -248,30 +235,15 @@ def train_and_evaluate(
     # ---- Loop.
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, text.train_batch_spec(config), sharding.batch_sharding(mesh), config)
-    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
-              cost, config.input.batch_size)
-    data = common.device_batches(config, mesh, text.train_iterator, first_step)
 
-    def results_at(step: int, params: Any) -> list[tuple[str, str, float]]:
-        return evaluate(params) if every(step, config.get("eval_every_steps"), total_steps) else []
+    def results_at(step: int, state: dict[str, Any]) -> list[tuple[str, str, float]]:
+        return evaluate(state["params"]) if every(step, config.get("eval_every_steps"), total_steps) else []
 
-    try:  # whatever stops the loop, saves already started are completed
-        with jax.set_mesh(mesh):
-            for step in range(first_step + 1, total_steps + 1):
-                batch = next(data)
-                with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
-                    state, metrics = train_step(state, batch)
-                run.train_step_done(step, metrics, state)
-                if probe is not None and every(step, config.analysis.every_steps, total_steps):
-                    run.writer.write_scalars(step, probe(state["params"]))
-                run.end_of_step(step, state, results_at(step, state["params"]))
-            if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
-                run.final_evaluation(evaluate(state["params"]))
-    finally:
-        data.close()
-        run.close()
-    run.metrics.update(facts)  # the corpus the numbers belong to
-    return run.finish()
+    hooks = [] if probe is None else [
+        loop.Hook(config.analysis.every_steps, lambda step, state: probe(state["params"]))]
+    return loop.train(config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
+                      guarded=nonfinite.guarded_parts(abstract_state), train_iterator=text.train_iterator,
+                      results_at=results_at, hooks=hooks, metrics=facts)  # the corpus the numbers belong to
 
 
 def unigram_entropy(config: ml_collections.ConfigDict, split: str | None = None) -> float:

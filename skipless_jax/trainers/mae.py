@@ -1,5 +1,5 @@
 """MAE pre-training, top to bottom: mesh → data → model/optimizer (abstract first) → shardings →
-update step → checkpoint load → evaluators → loop (docs/method.md §9).
+update step → checkpoint load → evaluators → the loop (trainers/loop.py; docs/method.md §9).
 
     python -m skipless_jax.main --config=configs/mae_digits_pretrain.py --workdir=/tmp/mae
 
@@ -28,12 +28,12 @@ from absl import logging
 from skipless_jax import evaluators, models, pictures, pretrained, rng_streams, sharding, validate
 from skipless_jax.checks import is_positive_int, require
 from skipless_jax.data import device_images, inputs, sources
-from skipless_jax.models import init_schemes, vit
 from skipless_jax.models import mae as mae_lib
+from skipless_jax.models import vit
 from skipless_jax.models.common import patchify, unpatchify
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, nonfinite, perf
-from skipless_jax.trainers.run import Run, every, open_workdir
+from skipless_jax.trainers import common, loop, nonfinite, perf
+from skipless_jax.trainers.run import open_workdir
 
 EVALUATOR_TYPES = ("knn", "linear_probe", "fewshot", "dino_linear")
 TARGETS = ("raw", "grayed")
@@ -241,27 +241,28 @@ def train_and_evaluate(
     info = sources.dataset_info(config.dataset.name)
     image_size = inputs.image_size(config)
     steps_per_epoch = inputs.steps_per_epoch(config)
-    total_steps = common.train_steps(config, steps_per_epoch)
+    total_steps, warmup_steps = common.train_steps(config, steps_per_epoch)
 
     # ---- Model and optimizer, abstract first.
     model = build_model(config)
-    tx, schedule = build_optimizer(config, total_steps)
+    tx, schedule = build_optimizer(config, total_steps, warmup_steps)
     dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
 
     def init_state(rng: jax.Array) -> dict[str, Any]:
         init_rng, masking_rng, train_rng = jax.random.split(rng, 3)
-        variables = model.init({"params": init_rng, "masking": masking_rng}, dummy, train=False)
-        params = init_schemes.reinitialize(model, variables, init_rng)["params"]  # init='mae'
+        params = models.init_variables(config.model, model, init_rng, dummy, masking=masking_rng)["params"]
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
                 "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
 
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
-    logging.info("MAE: %s parameters (encoder %s), %d train steps (%.1f per epoch).",
+    logging.info("MAE: %s parameters (encoder %s), %d train steps (%.1f per epoch), %d warm-up steps.",
                  f"{common.num_parameters(abstract_state['params']):,}",
-                 f"{common.num_parameters(encoder_params(abstract_state['params'])):,}", total_steps, steps_per_epoch)
+                 f"{common.num_parameters(encoder_params(abstract_state['params'])):,}", total_steps, steps_per_epoch,
+                 warmup_steps)
 
     # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
-    mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change)
+    mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change,
+                                  derived={"schedule.warmup_steps": warmup_steps})
     if finished is not None:
         return finished
 
@@ -273,7 +274,6 @@ def train_and_evaluate(
 
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
                                    load_init_from=load_init_from)
-    first_step = int(jax.device_get(state["step"]))
 
     # ---- The update step (state donated), the evaluators and the picture.
     train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
@@ -285,22 +285,10 @@ def train_and_evaluate(
     # ---- Loop.
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, inputs.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
-    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
-              cost, config.input.batch_size)
-    data = common.device_batches(config, mesh, inputs.train_iterator, first_step)
-    try:  # whatever stops the loop, saves already started are completed
-        with jax.set_mesh(mesh):
-            for step in range(first_step + 1, total_steps + 1):
-                with jax.profiler.StepTraceAnnotation("train", step_num=step):
-                    state, metrics = train_step(state, next(data))
-                run.train_step_done(step, metrics, state)
-                if picture is not None and every(step, config.get("eval_every_steps"), total_steps):
-                    with run.excluded(state):  # not training time (docs/method.md §25)
-                        picture(state["params"], step)
-                run.end_of_step(step, state, evaluators.run_all(evals, ctx, state["params"], step, total_steps))
-            if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
-                run.final_evaluation(evaluators.run_all(evals, ctx, state["params"], total_steps, total_steps))
-    finally:
-        data.close()  # the pipeline's worker processes stop here, whatever ended the loop
-        run.close()
-    return run.finish()
+    hooks = [] if picture is None else [
+        loop.Hook(config.get("eval_every_steps"), lambda step, state: picture(state["params"], step))]
+    return loop.train(
+        config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
+        guarded=nonfinite.guarded_parts(abstract_state), train_iterator=inputs.train_iterator,
+        results_at=lambda step, state: evaluators.run_all(evals, ctx, state["params"], step, total_steps),
+        hooks=hooks)

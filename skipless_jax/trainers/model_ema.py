@@ -101,13 +101,14 @@ def update(average: Any, new: Any, decay: jax.Array) -> Any:
 
 
 def after_update(config: ml_collections.ConfigDict, old: Mapping[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """`new` (the state after the guarded update of `old`) with its EMA moved toward the new
-    tracked entries, only if the update was kept: a rejected (non-finite) update counts one
-    more skipped step, and then the decay is 1 (the EMA stays, with no per-leaf select)."""
+    """`new` (the state after the guarded update of `old`, which passes the EMA through as it
+    was) with its EMA moved toward the new tracked entries, only if the update was kept: a
+    rejected (non-finite) update counts one more skipped step, and then the decay is 1 (the EMA
+    stays, with no per-leaf select)."""
     kept = new["nonfinite"]["count"] == old["nonfinite"]["count"]
     decay = jnp.where(kept, decay_at(config.model_ema, new["step"]), 1.0)
-    tracked = {k: new[k] for k in old["ema"]}
-    return {**new, "ema": update(old["ema"], tracked, decay)}
+    tracked = {k: new[k] for k in new["ema"]}
+    return {**new, "ema": update(new["ema"], tracked, decay)}
 
 
 def results(config: ml_collections.ConfigDict, evals: list[Any], run_all: Any, ctx: Any, ema_tree: Any,

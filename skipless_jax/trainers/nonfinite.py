@@ -68,12 +68,13 @@ def guarded_update(
     state: Mapping[str, Any], loss: jax.Array, grads: Any, tx: Any, schedule: Callable[[Any], Any],
     batch_stats: Any = None, **metrics: jax.Array,
 ) -> tuple[dict[str, Any], dict[str, jax.Array]]:
-    """The tail of a single-model step on a {step, params, opt_state, rng, nonfinite[, batch_stats]}
-    state: the optimizer update (and the step's new running statistics `batch_stats`, if the
-    state keeps them), kept only if the loss, gradient, new parameters, optimizer state and
-    statistics are all finite (else the state stays as it was; the host stops the run or counts
-    the skipped step), and the standard metrics (loss, grad/param norms, lr, skipped steps) plus
-    `metrics`."""
+    """The tail of a single-model step on a state with {step, params, opt_state, nonfinite[,
+    batch_stats]}: the optimizer update (and the step's new running statistics `batch_stats`, if
+    the state keeps them), kept only if the loss, gradient, new parameters, optimizer state and
+    statistics are all finite (else they stay as they were; the host stops the run or counts the
+    skipped step), and the standard metrics (loss, grad/param norms, lr, skipped steps) plus
+    `metrics`. The step always advances; every other entry of `state` (rng, a model EMA, ...)
+    passes through as it is, for the caller to update."""
     step, params = state["step"], state["params"]
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)
@@ -82,10 +83,10 @@ def guarded_update(
         parts["running statistics"] = batch_stats
     ok, nonfinite = track_nonfinite(loss, parts, state["nonfinite"], step)
     new_state = {
+        **state,
         "step": step + 1,
         "params": keep_if(ok, new_params, params),
         "opt_state": keep_if(ok, opt_state, state["opt_state"]),
-        "rng": state["rng"],
         "nonfinite": nonfinite,
     }
     if "batch_stats" in state:

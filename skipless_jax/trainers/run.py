@@ -1,4 +1,4 @@
-"""One run's bookkeeping, shared by every trainer's loop: whether the workdir already holds a
+"""One run's bookkeeping, for the one training loop (trainers/loop.py): whether the workdir already holds a
 finished run, the one preemption/SIGTERM rule, and `Run` (TensorBoard and `history.jsonl`
 records, checkpoints — never a non-finite one —, final metrics written only by a run that
 reached its last step).
@@ -58,16 +58,18 @@ def read_final_metrics(workdir: str) -> dict[str, Any] | None:
 
 
 def open_workdir(
-    config: ml_collections.ConfigDict, workdir: str, total_steps: int, allow_config_change: bool
+    config: ml_collections.ConfigDict, workdir: str, total_steps: int, allow_config_change: bool,
+    derived: Mapping[str, Any] | None = None,
 ) -> tuple[Any, dict[str, Any] | None]:
     """(checkpoint manager of `workdir`, the final metrics if the run already finished there, else None).
 
-    The saved config is compared first (`check_saved_config`, in every process); whether the run
+    The saved config is compared first (`check_saved_config` with the trainer's `derived` values,
+    in every process); whether the run
     finished is decided once, by process 0, and broadcast (`agreed`), so that no process resumes
     while another stops. A finished run's manager is closed.
     """
     mngr = checkpoint.manager(workdir, keep=config.get("keep_checkpoints", 3))
-    finished = agreed(finished_run(config, workdir, mngr, total_steps, allow_config_change))
+    finished = agreed(finished_run(config, workdir, mngr, total_steps, allow_config_change, derived))
     if finished is not None:
         logging.info("%s already finished at step %d; its final metrics are unchanged.", workdir, total_steps)
         mngr.close()
@@ -88,11 +90,12 @@ def agreed(value: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def finished_run(
-    config: ml_collections.ConfigDict, workdir: str, mngr: Any, total_steps: int, allow_config_change: bool
+    config: ml_collections.ConfigDict, workdir: str, mngr: Any, total_steps: int, allow_config_change: bool,
+    derived: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Before anything is restored: the saved config must match (`check_saved_config`); then the
     final metrics of a run that already reached `total_steps` in `workdir`, else None."""
-    changed = check_saved_config(config, workdir, allow_config_change)
+    changed = check_saved_config(config, workdir, allow_config_change, derived)
     final = read_final_metrics(workdir)
     if (
         changed
@@ -197,7 +200,7 @@ def every(step: int, period: int | None, total_steps: int) -> bool:
 
 
 class Run:
-    """One run's bookkeeping, shared by every trainer's loop (the loop itself stays in the trainer).
+    """One run's bookkeeping, which the one training loop (trainers/loop.py) drives.
 
     Writes TensorBoard scalars and `history.jsonl` (one JSON line per logged record; a resumed
     run keeps the records up to its checkpoint), checks the non-finite counters before logging

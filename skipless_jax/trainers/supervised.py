@@ -1,5 +1,5 @@
 """Supervised training, top to bottom: mesh → data → model/optimizer (abstract first) →
-shardings → update step → checkpoint load → evaluators → loop.
+shardings → update step → checkpoint load → evaluators → the loop (trainers/loop.py).
 
     python -m skipless_jax.main --config=configs/quickstart.py --workdir=/tmp/quickstart
 
@@ -20,13 +20,11 @@ import ml_collections
 import optax
 from absl import logging
 
-from skipless_jax import checkpoint, evaluators, models, pretrained, rng_streams, sharding, validate
+from skipless_jax import checkpoint, evaluators, losses, models, pretrained, rng_streams, sharding, validate
 from skipless_jax.data import device_images, device_mix, inputs, sources
-from skipless_jax.evaluators.classification import cross_entropy
-from skipless_jax.models import init_schemes
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, model_ema, nonfinite, perf
-from skipless_jax.trainers.run import Run, every, open_workdir
+from skipless_jax.trainers import common, loop, model_ema, nonfinite, perf
+from skipless_jax.trainers.run import open_workdir
 
 EVALUATOR_TYPES = (
     "classification", "knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca", "fewshot", "dino_linear",
@@ -71,16 +69,16 @@ def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> A
     return lambda name: name
 
 
-def make_init_state(model: Any, tx: optax.GradientTransformation, dummy: jax.Array,
-                    ema: bool = False) -> Callable[[jax.Array], Any]:
-    """rng -> the trainer's state {step, params, opt_state, rng, nonfinite[, batch_stats][, ema]} for
-    inputs shaped like `dummy`; `batch_stats` when the model keeps running statistics; `ema` (model
+def make_init_state(model_config: ml_collections.ConfigDict, model: Any, tx: optax.GradientTransformation,
+                    dummy: jax.Array, ema: bool = False) -> Callable[[jax.Array], Any]:
+    """rng -> the trainer's state {step, params, opt_state, rng, nonfinite[, batch_stats][, ema]} of
+    `model` (built from `model_config`, its init `models.init_variables`) for inputs shaped like
+    `dummy`; `batch_stats` when the model keeps running statistics; `ema` (model
     EMA, trainers/model_ema.py) a copy of params [and batch_stats]."""
 
     def init_state(rng: jax.Array) -> dict[str, Any]:
         init_rng, train_rng = jax.random.split(rng)
-        variables = model.init({"params": init_rng}, dummy, train=False)
-        variables = init_schemes.reinitialize(model, variables, init_rng)  # init='timm' | 'mae'
+        variables = models.init_variables(model_config, model, init_rng, dummy)
         params = variables["params"]
         state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
                  "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
@@ -115,7 +113,7 @@ def make_train_step(
             (logits, _), updated = model.apply({"params": params, "batch_stats": stats}, images, train=True,
                                                rngs={"dropout": rng}, mutable=["batch_stats"])
             new_stats = updated["batch_stats"]
-        loss = cross_entropy(logits, labels, smoothing).mean()
+        loss = losses.cross_entropy(logits, labels, smoothing).mean()
         return loss, ((logits.argmax(-1) == labels.argmax(-1)).mean(), new_stats)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -205,20 +203,21 @@ def train_and_evaluate(
         logging.info("config.model.init_self_share=%g at %d tokens: init_beta=%g (docs/method.md §3).",
                      config.model.init_self_share, models.num_tokens(config.model, image_size), init_beta)
     steps_per_epoch = inputs.steps_per_epoch(config)
-    total_steps = common.train_steps(config, steps_per_epoch)
+    total_steps, warmup_steps = common.train_steps(config, steps_per_epoch)
 
     # ---- Model and optimizer, abstract first.
     model = models.build(config.model, info.num_classes)
-    tx, schedule = build_optimizer(config, total_steps)
+    tx, schedule = build_optimizer(config, total_steps, warmup_steps)
     dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
 
-    init_state = make_init_state(model, tx, dummy, ema=model_ema.enabled(config))
+    init_state = make_init_state(config.model, model, tx, dummy, ema=model_ema.enabled(config))
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
-    logging.info("Model: %s parameters, %d train steps (%.1f per epoch).",
-                 f"{common.num_parameters(abstract_state['params']):,}", total_steps, steps_per_epoch)
+    logging.info("Model: %s parameters, %d train steps (%.1f per epoch), %d warm-up steps.",
+                 f"{common.num_parameters(abstract_state['params']):,}", total_steps, steps_per_epoch, warmup_steps)
 
     # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
-    mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change)
+    mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change,
+                                  derived={"schedule.warmup_steps": warmup_steps})
     if finished is not None:
         return finished
 
@@ -238,7 +237,6 @@ def train_and_evaluate(
 
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
                                    load_init_from=load_init_from)
-    first_step = int(jax.device_get(state["step"]))
 
     # ---- The update step (state donated) and the evaluators.
     train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
@@ -250,11 +248,6 @@ def train_and_evaluate(
     # ---- Loop.
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, inputs.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
-    run = Run(config, workdir, mngr, total_steps, first_step, nonfinite.guarded_parts(abstract_state),
-              cost, config.input.batch_size)
-    if init_beta is not None:  # the chosen β beside the run's results
-        run.metrics["init_beta"] = init_beta
-    data = common.device_batches(config, mesh, inputs.train_iterator, first_step)
 
     def results_at(step: int, state: dict[str, Any]) -> Any:
         """The evaluations due at `step`: (prefix, metric, value) triples."""
@@ -264,25 +257,14 @@ def train_and_evaluate(
                 config, evals, evaluators.run_all, ctx, common.entries(state["ema"], key), step, total_steps))
         return results
 
-    try:  # whatever stops the loop, saves already started are completed
-        with jax.set_mesh(mesh):
-            if first_step == 0 and config.get("eval_at_start", False):
-                run.evaluate(0, evaluators.run_all(evals, ctx, common.entries(state, key)), prefix="init_")
-            for step in range(first_step + 1, total_steps + 1):
-                batch = next(data)  # copied to the devices ahead (device_input.device_batches)
-                with jax.profiler.StepTraceAnnotation("train", step_num=step), jax.transfer_guard("disallow"):
-                    state, metrics = train_step(state, batch)
-                run.train_step_done(step, metrics, state)
-                if probe is not None and every(step, config.analysis.every_steps, total_steps):
-                    with run.excluded(state):  # not training time (docs/method.md §25)
-                        run.writer.write_scalars(step, probe(common.entries(state, key)))
-                run.end_of_step(step, state, results_at(step, state))
-            if first_step == total_steps:  # resumed at its end: the final metrics were lost, evaluate again
-                run.final_evaluation(results_at(total_steps, state))
-    finally:
-        data.close()  # the pipeline's worker processes stop here, whatever ended the loop
-        run.close()
-    return run.finish()
+    at_start = (lambda state: evaluators.run_all(evals, ctx, common.entries(state, key))) if config.get(
+        "eval_at_start", False) else None
+    hooks = [] if probe is None else [
+        loop.Hook(config.analysis.every_steps, lambda step, state: probe(common.entries(state, key)))]
+    return loop.train(config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
+                      guarded=nonfinite.guarded_parts(abstract_state), train_iterator=inputs.train_iterator,
+                      results_at=results_at, results_at_start=at_start, hooks=hooks,
+                      metrics=None if init_beta is None else {"init_beta": init_beta})  # β beside the results
 
 
 def _kappa_probe(config: ml_collections.ConfigDict, model: Any, ctx: evaluators.Context) -> Any:
