@@ -277,14 +277,14 @@ def test_export_and_timm_convert_print_their_one_line(trained, tmp_path):
     code, lines = _tool(f"--workdir={trained}", "--verbosity=1", module="skipless_jax.export")
     assert code == 0 and len(lines) > 1 and lines[0].startswith("wrote "), lines  # the libraries' lines are back
     code, lines = _tool("--reverse", f"--input={trained}", f"--output={tmp_path / 'back.safetensors'}",
-                        module="skipless_jax.models.timm_convert")
+                        module="skipless_jax.timm_convert")
     assert code == 1 and lines == ["error: config.model.gelu='tanh': timm's vit cannot express it (it needs "
                                    "gelu='exact')"], lines
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("module", ["skipless_jax.sweep", "skipless_jax.report", "skipless_jax.export",
-                                    "skipless_jax.models.timm_convert"])
+                                    "skipless_jax.timm_convert"])
 def test_no_tool_prints_orbaxs_type_handler_warning(module):
     code, lines = _tool("--help", module=module)
     assert code == 0 and not [line for line in lines if "Type handler registry" in line or "WARNING" in line], lines
@@ -315,7 +315,7 @@ def test_the_trace_is_taken_once_per_run_without_python_events_or_hlo(tmp_path):
 def test_truncated_or_unreadable_converter_inputs_are_one_line(tmp_path):
     import numpy as np
 
-    from skipless_jax.models import timm_convert
+    from skipless_jax import timm_convert
 
     npz = str(tmp_path / "sd.npz")
     np.savez(npz, **{"cls_token": np.zeros((1, 1, 8), np.float32), "pos_embed": np.zeros((1, 5, 8), np.float32)})
@@ -324,7 +324,7 @@ def test_truncated_or_unreadable_converter_inputs_are_one_line(tmp_path):
                        r"is the file complete\? Write it again with numpy\.savez$"):
         timm_convert.load_state_dict(npz)
     code, lines = _tool("--family=vit", "--variant=Ti/16", f"--input={npz}", f"--output={tmp_path / 'out'}",
-                        module="skipless_jax.models.timm_convert")
+                        module="skipless_jax.timm_convert")
     assert code == 1 and len(lines) == 1 and lines[0].startswith(f"error: --input='{npz}' is not a readable"), lines
 
     st = str(tmp_path / "sd.safetensors")
@@ -344,7 +344,7 @@ def test_truncated_or_unreadable_converter_inputs_are_one_line(tmp_path):
 def test_reverse_of_a_dino_workdir_says_it_is_not_supported(tmp_path):
     import numpy as np
 
-    from skipless_jax.models import timm_convert
+    from skipless_jax import timm_convert
 
     folder = str(tmp_path / "dino")
     timm_convert.save_state(folder, {"params": {"w": np.zeros((2,), np.float32)}},
@@ -361,8 +361,7 @@ def test_evaluate_runs_on_a_converted_checkpoint_with_the_dataset_of_config(tmp_
     import numpy as np
     from test_timm_convert import VIT_CFG, vit_state_dict
 
-    from skipless_jax import evaluate
-    from skipless_jax.models import timm_convert
+    from skipless_jax import evaluate, timm_convert
 
     sd = vit_state_dict(channels=1)  # digits: 8×8 grey images, 10 classes
     rng = np.random.default_rng(0)
