@@ -151,8 +151,8 @@ def _init_from(
         )
     for target, src in wanted.items():
         have, want = tuple(available[src]), _leaf_shape(params, target)
-        if have != want and not (models.role_of(target) == roles.POSITION_TABLE
-                                 and posemb_extra(have, want) is not None):
+        if have != want and not (posemb_extra(have, want) is not None
+                                 and models.role_of(target) == roles.POSITION_TABLE):
             raise ValueError(
                 f"config.init_from={path!r}: {key}/{src} has shape {have}, this model's {target} needs {want}"
             )

@@ -42,10 +42,13 @@ def family_config(family: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(VIT if family == "vit" else tiny_model({"name": family}, SIZE))
 
 
-def param_paths(model, *args, **kwargs) -> list[str]:
-    shapes = jax.eval_shape(lambda: model.init({"params": jax.random.PRNGKey(0), "masking": jax.random.PRNGKey(1)},
-                                               *args, **kwargs))
-    return sorted(flatten(shapes["params"]))
+def param_shapes(model, *args) -> dict:
+    rngs = {"params": jax.random.PRNGKey(0), "masking": jax.random.PRNGKey(1)}
+    return jax.eval_shape(lambda: model.init(rngs, *args))["params"]
+
+
+def param_paths(model, *args) -> list[str]:
+    return sorted(flatten(param_shapes(model, *args)))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -65,14 +68,14 @@ def test_the_vit_s_other_layouts_and_poolings_have_roles():
         paths = param_paths(models.build(config, 10, SIZE), jnp.zeros((1, SIZE, SIZE, 3)))
         assert all(models.describe(config).role_of(p) in roles.ROLES for p in paths)
     assert models.role_of("fc_norm/bias") == roles.NORM_BIAS
+    assert models.role_of("backbone/pos_embedding") == roles.POSITION_TABLE  # a DINO student's backbone
     assert models.role_of("encoder_layers/block/MultiHeadAttention_0/out") == roles.ATTENTION_OUT
 
 
 def test_mae_and_the_causal_decoder_have_roles():
     model = mae.MAE(patch_size=4, width=16, depth=1, mlp_dim=32, num_heads=2, decoder_width=8, decoder_depth=1,
                     decoder_num_heads=2)
-    paths = param_paths(model, jnp.zeros((1, 16, 16, 3)))
-    found = {path: roles.role_of(path, mae.ROLES) for path in paths}
+    found = roles.roles(param_shapes(model, jnp.zeros((1, 16, 16, 3))), mae.ROLES)
     assert found["decoder/mask_token"] == roles.MASK_TOKEN and found["cls"] == roles.CLASS_TOKEN
     assert found["decoder/decoder_embed/kernel"] == roles.KERNEL
     assert found["decoder/decoder_norm/scale"] == roles.NORM_SCALE
@@ -82,6 +85,17 @@ def test_mae_and_the_causal_decoder_have_roles():
     found = {path: models.describe(config).role_of(path) for path in paths}
     assert found["token_embedding/embedding"] == roles.TOKEN_TABLE
     assert found["pos_embedding"] == roles.POSITION_TABLE and found["head/kernel"] == roles.HEAD_KERNEL
+
+
+def test_a_dino_model_has_roles_under_its_backbone_prefix():
+    from skipless_jax.models import dino_head
+
+    model = dino_head.DINO(models.build(ml_collections.ConfigDict(VIT), 0, SIZE),
+                           dino_head.DINOHead(out_dim=16, hidden_dim=8, bottleneck_dim=4))
+    paths = param_paths(model, (jnp.zeros((1, SIZE, SIZE, 3)),))
+    found = {path: models.role_of(path) for path in paths}
+    assert found["backbone/cls"] == roles.CLASS_TOKEN and found["head/last_layer_v"] == roles.KERNEL
+    assert found["backbone/block_0/MultiHeadAttention_0/query"] == roles.ATTENTION_QKV
 
 
 def test_a_parameter_without_a_role_is_an_error_naming_it():

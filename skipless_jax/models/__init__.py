@@ -80,8 +80,8 @@ def family(model_config: Any) -> ModuleType:
     return importlib.import_module(FAMILIES[name])
 
 
-# Every model module that declares parameter roles: the families and MAE's pre-training model.
-ROLE_MODULES = (*FAMILIES, "mae")
+# Every model module that declares parameter roles: the families, MAE's pre-training model, DINO's head.
+ROLE_MODULES = (*FAMILIES, "mae", "dino_head")
 
 
 @functools.cache
@@ -90,9 +90,14 @@ def _every_role_table() -> roles.Table:
 
 
 def role_of(path: str) -> str:
-    """The role of a parameter path of any model here (every family's and MAE's names: what
-    family-blind code reads, e.g. the weight-decay mask of whatever tree the optimizer gets)."""
+    """The role of a parameter path of any model here (the names of every family, of MAE and of
+    DINO's head: what family-blind code reads, e.g. the decay mask of whatever tree the optimizer gets)."""
     return roles.role_of(path, _every_role_table())
+
+
+def find_role(path: str) -> str | None:
+    """`role_of`, None for a name no model here spells (a toy tree's)."""
+    return roles.find_role(path, _every_role_table())
 
 
 def build(model_config: Any, num_classes: int, image_size: int | None = None) -> nn.Module:

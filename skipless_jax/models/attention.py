@@ -108,13 +108,14 @@ class MultiHeadAttention(InitFields):
             k = kernels[name].astype(self.dtype)
             return inputs.astype(self.dtype) @ k + biases[name].astype(self.dtype)
 
-        keys = project(x if kv is None else kv, "key")
+        tokens = x if kv is None else kv
+        keys = project(tokens, "key")
         details = {"keys": keys}
+        q, v = project(x, "query"), project(tokens, "value")
         if kv is None and bias is None and not self.talking_heads and x.ndim == 3:
-            merged = self._fused(project(x, "query"), keys, project(x, "value"), key_mask, details)
+            merged = self._fused(q, keys, v, key_mask, details)
         else:
-            merged = self._explicit(project(x, "query"), keys, project(x if kv is None else kv, "value"), bias,
-                                    key_mask, details)
+            merged = self._explicit(q, keys, v, bias, key_mask, details)
         return project(merged, "out"), details
 
     def _fused(self, q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None,

@@ -45,7 +45,7 @@ FIELDS: dict[str, Any] = dict(
     layerscale_init=1e-5, skip_class_sab=True, skip_class_ffn=True,
 )
 # The roles of the names this module spells (models/roles.py).
-ROLES = ((r"^cls$", roles.CLASS_TOKEN), (r"^pos_embedding$", roles.POSITION_TABLE),
+ROLES = ((r"(^|/)cls$", roles.CLASS_TOKEN), (r"(^|/)pos_embedding$", roles.POSITION_TABLE),
          (r"/gamma_[12]$", roles.LAYER_SCALE), *STEM_ROLES)
 # timm's cait_xxs24_224 and cait_s24_224.
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -35,7 +35,7 @@ from skipless_jax.models.vit import layer_id as vit_layer_id
 FAMILY = "gpt"
 SIZE_FIELDS = ("width", "depth", "mlp_dim", "num_heads", "seq_len")
 # The roles of the names this module spells (models/roles.py).
-ROLES = ((r"^token_embedding/embedding$", roles.TOKEN_TABLE), (r"^pos_embedding$", roles.POSITION_TABLE))
+ROLES = ((r"(^|/)token_embedding/embedding$", roles.TOKEN_TABLE), (r"(^|/)pos_embedding$", roles.POSITION_TABLE))
 EMBEDDING_STD = 0.02  # GPT-2's init of both tables
 
 

@@ -41,7 +41,7 @@ from skipless_jax.models.common import patchify, posemb_sincos_2d, posemb_sincos
 from skipless_jax.models.stem import PatchStem
 
 # The roles of the names this module spells (models/roles.py), after the encoder's (the ViT's).
-ROLES = (*vit.ROLES, (r"^decoder/mask_token$", roles.MASK_TOKEN))
+ROLES = (*vit.ROLES, (r"(^|/)decoder/mask_token$", roles.MASK_TOKEN))
 
 
 def num_kept(length: int, mask_ratio: float) -> int:

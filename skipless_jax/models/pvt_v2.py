@@ -45,7 +45,7 @@ FAMILY = "pvt_v2"
 BLOCK_EPS, EMBED_EPS = 1e-6, 1e-5
 # The roles of the names this module spells (models/roles.py): the stem's conv is the patch
 # embedding, the downsampling and spatial-reduction convs are convolutions.
-ROLES = ((r"^embedding/proj/kernel$", roles.PATCH_KERNEL), (r"^embedding/proj/bias$", roles.PATCH_BIAS),
+ROLES = ((r"(^|/)embedding/proj/kernel$", roles.PATCH_KERNEL), (r"(^|/)embedding/proj/bias$", roles.PATCH_BIAS),
          (r"/dwconv/kernel$", roles.DEPTHWISE_KERNEL), (r"/dwconv/bias$", roles.DEPTHWISE_BIAS),
          (r"/(proj|sr)/kernel$", roles.CONV_KERNEL), (r"/(proj|sr)/bias$", roles.CONV_BIAS))
 FIELDS: dict[str, Any] = dict(

@@ -45,7 +45,7 @@ SIZE_FIELDS = ("width", "depth", "mlp_dim", "num_heads", "patch_size")
 POOLS = ("tok", "gap", "gap_fc_norm")  # gap_fc_norm: MAE fine-tuning (docs/method.md §9)
 POSEMBS = ("learn", "sincos2d")
 # The roles of the names this module spells (models/roles.py); MAE's encoder has the same names.
-ROLES = ((r"^cls$", roles.CLASS_TOKEN), (r"^pos_embedding$", roles.POSITION_TABLE), *STEM_ROLES)
+ROLES = ((r"(^|/)cls$", roles.CLASS_TOKEN), (r"(^|/)pos_embedding$", roles.POSITION_TABLE), *STEM_ROLES)
 
 
 class ViT(ModelFields):

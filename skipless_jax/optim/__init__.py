@@ -80,7 +80,8 @@ def decay_mask(params: Any, rule: str = "deit") -> Any:
     class token are not. 'mae_pretrain' (MAE's main_pretrain: timm add_weight_decay without a
     skip list): the kernels and the class and mask tokens. 'all' (torch AdamW over
     `model.parameters()`, the ConvMixer CIFAR-10 reference): every leaf. Leaves are told apart by
-    their role (`models.role_of`: the names of every model here)."""
+    their role (`models.find_role`: the names of every model here); a leaf without one (a name
+    no model spells) is decayed by its rank alone."""
     from skipless_jax import models, sharding
     from skipless_jax.models.common import layer_ndim
 
@@ -91,7 +92,7 @@ def decay_mask(params: Any, rule: str = "deit") -> Any:
         if rule == "all":
             return True
         name = sharding.path_str(path)
-        role = models.role_of(name)
+        role = models.find_role(name)
         if rule == "mae_pretrain" and role in MAE_DECAYED_TOKENS:
             return True
         return layer_ndim(name, p) >= 2 and role not in NO_DECAY
