@@ -50,8 +50,8 @@ def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> A
     'params' of a classifier run: the same names. 'teacher' (a DINO run): the backbone's
     parameters under 'backbone/'; the classifier head is new. 'params' of an MAE run (the
     source's saved `trainer`): the encoder's parameters by name, the decoder unused, `fc_norm` and
-    `head` new, `pos_embedding` the encoder's fixed table at its grid (docs/method.md §9).
-    """
+    the head new, the position table the encoder's fixed table at its grid (docs/method.md §9).
+    The head and the position table are found by their roles (models/roles.py)."""
     if key == "teacher":
         return lambda name: None if models.role_of(name) in HEAD_ROLES else f"backbone/{name}"
     if (source_config or {}).get("trainer") == "mae":
