@@ -35,7 +35,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5"],
-        # optional: timm weight import (models/timm_convert.py); tested pins in requirements-timm.txt
+        # optional: timm weight import (timm_convert.py); tested pins in requirements-timm.txt
         "timm": ["torch", "torchvision", "timm", "safetensors"],
         # optional: hosted tracking (config.wandb.project; trainers/wandb_writer.py)
         "wandb": ["wandb"],

@@ -31,7 +31,6 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 FIGURES = os.path.join(ROOT, "docs", "figures")
 
 # name -> (init, alpha, beta, c); the skipless constants are those of configs/quickstart.py.
@@ -47,6 +46,13 @@ EMBEDDING_VARIANTS = {
 PAPER = {"paper ① ≈ 6": 6.0, "paper ③ ≈ 3": 3.0}
 
 
+def load_config(name: str, arg: str | None = None) -> Any:
+    """configs/<name>.py's get_config(arg), the file loaded as the sweep loads it."""
+    from skipless_jax import sweep
+
+    return sweep.load_config_module(os.path.join(ROOT, "configs", f"{name}.py")).get_config(arg)
+
+
 # ------------------------------------------------------------------ Jacobians
 
 
@@ -57,8 +63,6 @@ def jacobian_at_init(setting: str, init_name: str, seed: int) -> list[dict[str, 
 
     from skipless_jax import analyze
     from skipless_jax.models import vit
-
-    from util import load_config
 
     scheme, alpha, beta, c = INITS[init_name]
     if setting == "noise":
@@ -211,8 +215,6 @@ def summarize_width(results: dict[str, Any]) -> str:
 def run_embeddings(results: dict[str, Any], seeds: list[int], num_images: int = 64) -> None:
     from skipless_jax import analyze
     from skipless_jax.trainers import supervised
-
-    from util import load_config
 
     table = results.setdefault("embedding", {})
     for name, arg in EMBEDDING_VARIANTS.items():

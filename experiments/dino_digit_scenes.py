@@ -80,8 +80,6 @@ def evaluate_all(out: str, epochs: dict[str, int], worker: int = 0, workers: int
     function on every kept checkpoint of this worker's share not yet in `<out>_eval.json`."""
     from skipless_jax import evaluate
 
-    from util import load_config
-
     path, pictures = f"{out}_eval.json", f"{out}_pictures"
     os.makedirs(pictures, exist_ok=True)
     for run in runs(epochs)[worker::workers]:
@@ -89,8 +87,8 @@ def evaluate_all(out: str, epochs: dict[str, int], worker: int = 0, workers: int
         if run.key in grid.load(path) or not os.path.exists(os.path.join(workdir, "final_metrics.json")):
             continue
         t = time.time()
-        metrics = evaluate.evaluate(workdir, load_config(run.config, run.arg))
-        config = load_config(run.config, run.arg)
+        metrics = evaluate.evaluate(workdir, grid.load_config(run.config, run.arg))
+        config = grid.load_config(run.config, run.arg)
         name = f"{'skips' if config.model.skip_sab else 'skipless'}_{config.optimizer.name}_seed{config.seed}"
         for png in glob.glob(os.path.join(workdir, "pictures", "*.png")):
             shutil.copy(png, os.path.join(pictures, f"{name}_{os.path.basename(png).split('_step')[0]}.png"))

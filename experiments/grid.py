@@ -12,19 +12,24 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 
 class Run(NamedTuple):
     key: str
     config: str  # a file name under configs/, without .py
     arg: str  # the config's args, e.g. "depth=8,seed=1"
+
+
+def load_config(name: str, arg: str | None = None) -> Any:
+    """configs/<name>.py's get_config(arg), the file loaded as the sweep loads it."""
+    from skipless_jax import sweep
+
+    return sweep.load_config_module(os.path.join(ROOT, "configs", f"{name}.py")).get_config(arg)
 
 
 def _default_record(metrics: dict[str, float], workdir: str, config: Any) -> dict[str, Any]:
@@ -65,8 +70,6 @@ def run_grid(
     `workdir_of(keep_workdirs, key)`, for evaluations after training; None: temporary workdirs.
     """
     from skipless_jax import trainers
-
-    from util import load_config
 
     if not 0 <= worker < workers:
         raise ValueError(f"worker={worker} must be in [0, workers={workers})")

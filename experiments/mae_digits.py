@@ -37,9 +37,7 @@ FINETUNE = {
 def _train(config_name: str, arg: str, workdir: str) -> dict:
     from skipless_jax import trainers
 
-    from util import load_config
-
-    config = load_config(config_name, arg)
+    config = grid.load_config(config_name, arg)
     start = time.time()
     metrics = trainers.get(config.trainer).train_and_evaluate(config, workdir)
     return {**metrics, "wall_s": round(time.time() - start, 1)}

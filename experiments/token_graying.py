@@ -27,7 +27,6 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 FIGURES = os.path.join(ROOT, "docs", "figures")
 EPS_GRID = (0.95, 0.9, 0.7, 0.6, 0.5)
 ABLATION_EPS = (1.0, 0.9, 0.7, 0.6, 0.5)

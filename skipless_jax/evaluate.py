@@ -6,7 +6,7 @@ r"""Evaluate a finished (or pretrained) checkpoint without training.
 The config is the one saved with the workdir's checkpoint (what its parameters are); a
 `--config` adds or replaces the evaluators (`config.evals`) and data settings, and a config that
 trains another model than the saved one is refused in one line. A checkpoint converted from
-timm (models/timm_convert.py) saved its model only: `--config` gives the rest (dataset,
+timm (timm_convert.py) saved its model only: `--config` gives the rest (dataset,
 evaluators), the model is the checkpoint's. The trainer's evaluators run
 on the state entry the trainer evaluates (a classifier's parameters, DINO's EMA teacher); the
 metrics are printed and written to `DIR/evaluation[_step<N>].json`, and each evaluator's to
@@ -60,7 +60,7 @@ def resolve_config(workdir: str, config: ml_collections.ConfigDict | None) -> ml
 
 def converted_config(workdir: str, saved: dict[str, Any], config: ml_collections.ConfigDict | None
                      ) -> ml_collections.ConfigDict:
-    """A converted checkpoint (models/timm_convert.py; its saved config is its model only): `config`
+    """A converted checkpoint (timm_convert.py; its saved config is its model only): `config`
     (the dataset, evaluators, data and mesh settings) with the checkpoint's model; without a
     `config`, the one-line ValueError saying to name one."""
     if config is None:

@@ -16,7 +16,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from skipless_jax import checkpoint, sharding
+from skipless_jax import checkpoint, models, sharding
+from skipless_jax.models import roles
 from skipless_jax.nested import flatten
 
 # Config fields that may differ between a run and its resumption: they change how a run is
@@ -121,8 +122,8 @@ def _init_from(
     (e.g. 'block_0/...' <- 'backbone/block_0/...' for a DINO teacher), None (keep the fresh
     initialization, e.g. a new classifier head), or a function of the target shape returning the
     value (e.g. the fixed position table an MAE encoder did not store). Identity by default; every
-    kept leaf is logged. A position table (`pos_embedding`) of another grid is resized
-    (docs/method.md §9); any other shape mismatch is a one-line error.
+    kept leaf is logged. A position table (a leaf whose role is `roles.POSITION_TABLE`) of another
+    grid is resized (docs/method.md §9); any other shape mismatch is a one-line error.
     """
     rename = rename or (lambda name: name)
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
@@ -156,7 +157,8 @@ def _init_from(
         )
     for target, src in wanted.items():
         have, want = tuple(available[src]), _leaf_shape(params, target)
-        if have != want and not (target.endswith("pos_embedding") and posemb_extra(have, want) is not None):
+        if have != want and not (posemb_extra(have, want) is not None
+                                 and models.role_of(target) == roles.POSITION_TABLE):
             raise ValueError(
                 f"config.init_from={path!r}: {key}/{src} has shape {have}, this model's {target} needs {want}"
             )

@@ -277,7 +277,7 @@ def test_export_and_timm_convert_print_their_one_line(trained, tmp_path):
     code, lines = _tool(f"--workdir={trained}", "--verbosity=1", module="skipless_jax.export")
     assert code == 0 and len(lines) > 1 and lines[0].startswith("wrote "), lines  # the libraries' lines are back
     code, lines = _tool("--reverse", f"--input={trained}", f"--output={tmp_path / 'back.safetensors'}",
-                        module="skipless_jax.models.timm_convert")
+                        module="skipless_jax.timm_convert")
     assert code == 1 and lines == ["error: config.model.gelu='tanh': timm's vit cannot express it (it needs "
                                    "gelu='exact')"], lines
 
@@ -288,7 +288,7 @@ def test_timm_convert_prints_its_one_line(tmp_path):
     the success line alone (it printed 61-66 lines of orbax's bookkeeping)."""
     import numpy as np
 
-    from skipless_jax.models import timm_convert
+    from skipless_jax import timm_convert
 
     cfg = timm_convert.model_config("vit", "Ti/16")
     params: dict = {}
@@ -301,13 +301,13 @@ def test_timm_convert_prints_its_one_line(tmp_path):
     npz = str(tmp_path / "vit_ti.npz")
     np.savez(npz, **timm_convert.to_timm("vit", params, cfg))
     code, lines = _tool("--family=vit", "--variant=Ti/16", f"--input={npz}", f"--output={tmp_path / 'out'}",
-                        module="skipless_jax.models.timm_convert")
+                        module="skipless_jax.timm_convert")
     assert code == 0 and len(lines) == 1 and str(tmp_path / "out") in lines[0], lines
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("module", ["skipless_jax.sweep", "skipless_jax.report", "skipless_jax.export",
-                                    "skipless_jax.models.timm_convert"])
+                                    "skipless_jax.timm_convert"])
 def test_no_tool_prints_orbaxs_type_handler_warning(module):
     code, lines = _tool("--help", module=module)
     assert code == 0 and not [line for line in lines if "Type handler registry" in line or "WARNING" in line], lines
@@ -338,7 +338,7 @@ def test_the_trace_is_taken_once_per_run_without_python_events_or_hlo(tmp_path):
 def test_truncated_or_unreadable_converter_inputs_are_one_line(tmp_path):
     import numpy as np
 
-    from skipless_jax.models import timm_convert
+    from skipless_jax import timm_convert
 
     npz = str(tmp_path / "sd.npz")
     np.savez(npz, **{"cls_token": np.zeros((1, 1, 8), np.float32), "pos_embed": np.zeros((1, 5, 8), np.float32)})
@@ -347,7 +347,7 @@ def test_truncated_or_unreadable_converter_inputs_are_one_line(tmp_path):
                        r"is the file complete\? Write it again with numpy\.savez$"):
         timm_convert.load_state_dict(npz)
     code, lines = _tool("--family=vit", "--variant=Ti/16", f"--input={npz}", f"--output={tmp_path / 'out'}",
-                        module="skipless_jax.models.timm_convert")
+                        module="skipless_jax.timm_convert")
     assert code == 1 and len(lines) == 1 and lines[0].startswith(f"error: --input='{npz}' is not a readable"), lines
 
     st = str(tmp_path / "sd.safetensors")
@@ -367,7 +367,7 @@ def test_truncated_or_unreadable_converter_inputs_are_one_line(tmp_path):
 def test_reverse_of_a_dino_workdir_says_it_is_not_supported(tmp_path):
     import numpy as np
 
-    from skipless_jax.models import timm_convert
+    from skipless_jax import timm_convert
 
     folder = str(tmp_path / "dino")
     timm_convert.save_state(folder, {"params": {"w": np.zeros((2,), np.float32)}},
@@ -384,8 +384,7 @@ def test_evaluate_runs_on_a_converted_checkpoint_with_the_dataset_of_config(tmp_
     import numpy as np
     from test_timm_convert import VIT_CFG, vit_state_dict
 
-    from skipless_jax import evaluate
-    from skipless_jax.models import timm_convert
+    from skipless_jax import evaluate, timm_convert
 
     sd = vit_state_dict(channels=1)  # digits: 8×8 grey images, 10 classes
     rng = np.random.default_rng(0)

@@ -106,8 +106,7 @@ def test_one_line_errors(tmp_path):
 
 @pytest.mark.slow
 def test_the_model_ema_evaluates_exports_and_converts_as_the_run_logged_it(trained, tmp_path):
-    from skipless_jax import analyze, checkpoint, evaluate
-    from skipless_jax.models import timm_convert
+    from skipless_jax import analyze, checkpoint, evaluate, timm_convert
 
     workdir, metrics = trained
     logged = json.loads(open_text(workdir, "final_metrics.json"))
@@ -136,8 +135,7 @@ def test_the_model_ema_evaluates_exports_and_converts_as_the_run_logged_it(train
 def _cudnn_copy(workdir, folder):
     """The trained run's weights in a checkpoint whose saved config names cuDNN attention and
     remat (a GPU run's config), without an EMA."""
-    from skipless_jax import checkpoint
-    from skipless_jax.models import timm_convert
+    from skipless_jax import checkpoint, timm_convert
 
     saved = checkpoint.saved_config(workdir)
     saved["model"].update(attention_impl="cudnn", remat="full")

@@ -14,6 +14,7 @@ import pytest
 
 from skipless_jax import conditioning, models
 from skipless_jax.models import cait, common, convmixer, family_parts, pvt_v2, stem, swin
+from skipless_jax.models.attention import MultiHeadAttention
 
 from util import init_params, tiny_model
 
@@ -216,13 +217,13 @@ def test_skipless_init_per_family(family):
 @pytest.mark.slow
 def test_cait_identity_talking_heads_is_plain_attention():
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 8))
-    plain = family_parts.Attention(2, init_scheme="skipless", init_c=1.0)
-    talking = family_parts.Attention(2, init_scheme="skipless", init_c=1.0, talking_heads=True)
+    plain = MultiHeadAttention(2, init_scheme="skipless", init_c=1.0)
+    talking = MultiHeadAttention(2, init_scheme="skipless", init_c=1.0, talking_heads=True)
     params = talking.init({"params": jax.random.PRNGKey(2)}, x)["params"]
     inner = {k: v for k, v in params.items() if not k.startswith("proj_")}
-    np.testing.assert_allclose(talking.apply({"params": params}, x), plain.apply({"params": inner}, x), rtol=1e-5)
+    np.testing.assert_allclose(talking.apply({"params": params}, x)[0], plain.apply({"params": inner}, x)[0], rtol=1e-5)
     mixed = dict(params, proj_l=params["proj_l"][::-1])
-    assert not np.allclose(talking.apply({"params": mixed}, x), plain.apply({"params": inner}, x), atol=1e-4)
+    assert not np.allclose(talking.apply({"params": mixed}, x)[0], plain.apply({"params": inner}, x)[0], atol=1e-4)
 
 
 # ------------------------------------------------------------------ Swin windows vs numpy

@@ -93,7 +93,7 @@ def test_missing_init_from_is_one_line_and_leaves_no_workdir(tmp_path):
 
 
 @pytest.mark.parametrize("module", ["skipless_jax.evaluate", "skipless_jax.analyze",
-                                    "skipless_jax.models.timm_convert"])
+                                    "skipless_jax.timm_convert"])
 @pytest.mark.slow
 def test_help_exits_0(module):
     result = _cli("--help", module=module)

@@ -1,4 +1,4 @@
-"""Official DINO and MAE checkpoints (skipless_jax/models/official_convert.py) on random weights in
+"""Official DINO and MAE checkpoints (skipless_jax/official_convert.py) on random weights in
 their repositories' formats: the converted workdir's forward equals float64 numpy readings of the
 official forward (DINO's backbone and head with its weight-normalized last layer; MAE's encoder
 with its own sin-cos table, and its fine-tuned global-pool classifier); `evaluate` and `export`
@@ -10,9 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from skipless_jax import evaluate, export, models
+from skipless_jax import evaluate, export, models, official_convert
 from skipless_jax.models import mae as mae_lib
-from skipless_jax.models import official_convert
 from skipless_jax.models.common import posemb_sincos_2d
 from skipless_jax.trainers import dino
 from tests.test_timm_convert import (
@@ -227,7 +226,7 @@ def test_cli_converts_a_flat_state_dict_and_refuses_an_unknown_source(tmp_path):
     path = str(tmp_path / "teacher.npz")
     np.savez(path, **dino_checkpoint()["teacher"])  # a released-style flat state dict
     workdir = str(tmp_path / "dino")
-    command = [sys.executable, "-m", "skipless_jax.models.official_convert", f"--input={path}",
+    command = [sys.executable, "-m", "skipless_jax.official_convert", f"--input={path}",
                f"--config={ROOT}/configs/dino_digits.py", f"--workdir={workdir}", "--num_heads=2"]
     done = subprocess.run([*command, "--source=dino"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

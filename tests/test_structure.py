@@ -4,6 +4,8 @@
 (b) no module uses another module's private (`_x`) name;
 (c) no library-internal import (`_src` and other `_`-prefixed module paths of a library);
 (d) one training loop: `jax.transfer_guard` (the guard around the step) in one module of trainers/.
+(e) layers point down: `skipless_jax.models` imports nothing of the packages above it;
+(f) no file outside tests/ puts tests/ on `sys.path` (scripts use the package, not the tests' helpers).
 
 Run alone: `python -m pytest tests/test_structure.py -q`.
 """
@@ -163,6 +165,45 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
+# What `skipless_jax.models` sits below: the code that trains, evaluates, resumes, sweeps and exports runs.
+ABOVE_MODELS = ("trainers", "evaluators", "pretrained", "sweep", "export", "report", "main")
+
+
+def upward_imports(modules: dict[str, ast.Module], layer: str = f"{PACKAGE}.models",
+                   above: tuple[str, ...] = ABOVE_MODELS) -> list[tuple[str, str]]:
+    """(module of `layer`, higher module) for every import, at the top or inside a function, from
+    `layer` (the package and its modules) to one of the packages or modules `above` it."""
+    root = layer.split(".")[0]
+    higher = tuple(f"{root}.{name}" for name in above)
+    found = []
+    for module, imported in imports(modules).items():
+        if module != layer and not module.startswith(layer + "."):
+            continue
+        for target, name, _ in imported:
+            full = target if name is None or target != root else f"{target}.{name}"
+            if any(full == h or full.startswith(h + ".") for h in higher):
+                found.append((module, full))
+    return sorted(set(found))
+
+
+def insertions_of_tests_dir(root: str) -> list[str]:
+    """'file: line' for every `sys.path` change naming 'tests' in a .py file outside `root`/tests."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("tests", "__pycache__", "node_modules")]
+        for file in files:
+            if not file.endswith(".py"):
+                continue
+            path = os.path.join(folder, file)
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), filename=path)
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and _dotted(node.func.value) == "sys.path" and "tests" in ast.unparse(node)):
+                    found.append(f"{os.path.relpath(path, root)}:{node.lineno}")
+    return found
+
+
 def library_internal_imports(modules: dict[str, ast.Module]) -> list[tuple[str, str]]:
     """(module, path) for every import of a library module path with a private part (`x._src`)."""
     found, ours = [], {m.split(".")[0] for m in modules}
@@ -189,11 +230,24 @@ def test_the_checks_see_the_violations_they_forbid():
         "p.b": "def f():\n    from p import c\n    return c._hidden\n",
         "p.c": "from p.a import _x\nfrom orbax.checkpoint._src.tree import utils\nimport jax._src.core\n",
         "p.d": "from p import a\nfrom jax import numpy\n",
+        "p.low": "",
+        "p.low.x": "from p import high\ndef f():\n    from p.high import y\n    import p.top\n",
+        "p.high": "", "p.high.y": "", "p.top": "",
     }
     mods = {name: ast.parse(text) for name, text in sources.items()}
     assert cycles(import_graph(mods)) == [frozenset({"p.a", "p.b", "p.c"})]
     assert private_uses(mods) == [("p.b", "p.c._hidden"), ("p.c", "p.a._x")]
     assert library_internal_imports(mods) == [("p.c", "jax._src.core"), ("p.c", "orbax.checkpoint._src.tree.utils")]
+    assert upward_imports(mods, "p.low", ("high", "top")) == [("p.low.x", "p.high"), ("p.low.x", "p.high.y"),
+                                                               ("p.low.x", "p.top")]
+
+
+def test_the_path_check_sees_a_tests_insertion(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "conftest.py").write_text("import sys\nsys.path.insert(0, 'tests')\n")
+    (tmp_path / "script.py").write_text("import os, sys\nsys.path.insert(0, os.path.join(ROOT, 'tests'))\n"
+                                        "sys.path.insert(0, ROOT)\n")
+    assert insertions_of_tests_dir(str(tmp_path)) == ["script.py:2"]
 
 
 def test_no_import_cycle(modules):
@@ -218,6 +272,20 @@ def test_no_library_internal_import(modules):
     assert not unexpected, f"library-internal imports: {unexpected}"
     stale = [u for u in ALLOWED_LIBRARY_INTERNAL if u not in found]
     assert not stale, f"allow-listed library-internal imports that no longer exist (remove them): {stale}"
+
+
+def test_models_import_nothing_above_them(modules):
+    """models/ is below the trainers, evaluators, pretrained, sweep, export, report and main: a
+    converter that writes a run directory lives above it (big_vision: models/ never imports trainers/)."""
+    found = upward_imports(modules)
+    assert not found, f"skipless_jax.models imports from the layers above it: {found}"
+
+
+def test_no_script_puts_tests_on_the_path():
+    """Scripts (experiments/, benchmarks/, examples/, ...) take what they need from the package or
+    write it themselves; tests/ helpers are the tests' own."""
+    found = insertions_of_tests_dir(os.path.dirname(ROOT))
+    assert not found, f"sys.path insertions of tests/ outside tests/: {found}"
 
 
 def test_no_config_file_reads_another():

@@ -1,4 +1,4 @@
-"""The timm converter (skipless_jax/models/timm_convert.py): synthetic state dicts with timm's
+"""The timm converter (skipless_jax/timm_convert.py): synthetic state dicts with timm's
 names and shapes → this project's parameters; the converted tiny ViT and CaiT equal float64
 numpy readings of timm's forward written from the state dict; every family's tree fits its
 model; the written checkpoint loads through `config.init_from`. With timm installed, logits
@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from skipless_jax import models
-from skipless_jax.models import timm_convert
+from skipless_jax import models, timm_convert
 
 D, HEADS, MLP, P, IMG, CLASSES = 8, 2, 16, 4, 8, 5
 N = (IMG // P) ** 2
@@ -534,7 +533,7 @@ def test_reverse_cli_writes_safetensors(tmp_path):
     folder = str(tmp_path / "converted")
     timm_convert.write_checkpoint(result["params"], folder, cfg, "synthetic", result["batch_stats"])
     out = str(tmp_path / "back.safetensors")
-    command = [sys.executable, "-m", "skipless_jax.models.timm_convert", "--reverse", f"--input={folder}"]
+    command = [sys.executable, "-m", "skipless_jax.timm_convert", "--reverse", f"--input={folder}"]
     done = subprocess.run([*command, f"--output={out}"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     back = load_file(out)

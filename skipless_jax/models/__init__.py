@@ -16,6 +16,7 @@ sets a config's β from its target self-attention share (docs/method.md §3).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from collections.abc import Callable
 from types import ModuleType
@@ -25,7 +26,7 @@ import flax.linen as nn
 import jax
 
 from skipless_jax.models import init as init_lib
-from skipless_jax.models import init_schemes
+from skipless_jax.models import init_schemes, roles
 
 FAMILIES = {
     "vit": "skipless_jax.models.vit",
@@ -50,7 +51,8 @@ class ModelDescription:
     `normed`, its output through that norm on `encoded`'s tokens (multi-block dense probes);
     block_keys: every block's out has `keys` (B, [prefix +] grid tokens, width) of its attention
     on `encoded`'s grid (TokenCut); num_layers and layer_id(path) -> 0 … num_layers + 1: the
-    layer of a '/'-joined parameter path for layer-wise lr decay (docs/method.md §9).
+    layer of a '/'-joined parameter path for layer-wise lr decay (docs/method.md §9);
+    role_of(path): the role of a parameter path (models/roles.py), from the family's `ROLES`.
     """
 
     family: str
@@ -66,6 +68,10 @@ class ModelDescription:
     num_layers: int
     layer_id: Callable[[str], int]
 
+    def role_of(self, path: str) -> str:
+        """The role of a '/'-joined parameter path of this family's model (models/roles.py)."""
+        return roles.role_of(path, roles.table_of(self.family))
+
 
 def family(model_config: Any) -> ModuleType:
     """The family module of `config.model` (its `name`, default 'vit')."""
@@ -73,6 +79,26 @@ def family(model_config: Any) -> ModuleType:
     if name not in FAMILIES:
         raise ValueError(f"config.model.name={name!r} is unknown; allowed: {sorted(FAMILIES)}")
     return importlib.import_module(FAMILIES[name])
+
+
+# Every model module that declares parameter roles: the families, MAE's pre-training model, DINO's head.
+ROLE_MODULES = (*FAMILIES, "mae", "dino_head")
+
+
+@functools.cache
+def _every_role_table() -> roles.Table:
+    return tuple(pattern for module in ROLE_MODULES for pattern in roles.table_of(module))
+
+
+def role_of(path: str) -> str:
+    """The role of a parameter path of any model here (the names of every family, of MAE and of
+    DINO's head: what family-blind code reads, e.g. the decay mask of whatever tree the optimizer gets)."""
+    return roles.role_of(path, _every_role_table())
+
+
+def find_role(path: str) -> str | None:
+    """`role_of`, None for a name no model here spells (a toy tree's)."""
+    return roles.find_role(path, _every_role_table())
 
 
 def build(model_config: Any, num_classes: int, image_size: int | None = None) -> nn.Module:

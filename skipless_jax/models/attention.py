@@ -1,14 +1,17 @@
-"""Multi-head self-attention with (d, d) kernels (docs/method.md §1, §3).
+"""Multi-head attention with (d, d) kernels (docs/method.md §1, §3): the one attention module of
+every family.
 
 SA(X) = softmax(Q Kᵀ/√d_h) V Wᴼ, Q = X Wᵠ, K = X Wᴷ, V = X Wⱽ (heads = column groups). The
 four kernels are (d, d) params `query`, `key`, `value`, `out`, so that the skipless
 initialization (models/init.py) can set the full WⱽWᴼ product of the layer at once. The
 module also returns the keys (TokenCut's features, docs/method.md §7) and, with
-`capture_attention`, the attention maps.
+`capture_attention`, the attention maps. The families' variants are arguments of the same
+module: keys/values from other tokens, an additive logit bias, talking heads (CaiT).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -42,8 +45,7 @@ def kernel_params(module: InitFields, d: int) -> dict[str, jax.Array]:
     """The four (d, d) float32 params `query`, `key`, `value`, `out` of an attention `module` (its
     `InitFields` and num_heads; called in its compact method):
     Xavier uniform each under the default init; one joint draw of the four (models/init.py,
-    docs/method.md §3) under the skipless and mimetic inits. Both attention modules (this one and
-    `family_parts.Attention`) build their kernels here."""
+    docs/method.md §3) under the skipless and mimetic inits."""
     if module.init_scheme in init_lib.PLAIN_SCHEMES:
         xavier = nn.initializers.xavier_uniform()
         return {n: module.param(n, xavier, (d, d), jnp.float32) for n in ATTENTION_KERNELS}
@@ -64,14 +66,24 @@ def kernel_params(module: InitFields, d: int) -> dict[str, jax.Array]:
 
 
 class MultiHeadAttention(InitFields):
-    """(B, n, d) -> ((B, n, d), {'keys': (B, n, d) with bias, heads concatenated[, 'attention': (B, h, n, n)]}).
+    """Multi-head attention of every family: (B…, n_q, d) queries over (B…, n_kv, d) keys/values
+    -> ((B…, n_q, d), {'keys': (B…, n_kv, d) with bias, heads concatenated[, 'attention': (B…, h, n_q, n_kv)]}).
 
-    `key_mask` (B, n) bool, optional: keys where it is False take no part in any query's softmax
-    (TokenCut's padded token grids, docs/method.md §7); None: every key. `causal`: query t attends
-    to keys 0 … t only (the causal language model, models/gpt.py). `decode`: causal with a KV
-    cache (collection `cache`: the keys and values so far and their count); the call with the full
-    (B, max_len) shape creates the cache, each later call writes its n new keys and values at the
-    cache's index and attends over the cache (generation, skipless_jax/generate.py)."""
+    `kv` (default: `x`, self-attention): the tokens keys and values come from (CaiT's class
+    attention, PVTv2's spatial-reduction attention). `bias` broadcasts against the logits
+    (B…, h, n_q, n_kv) (Swin's relative position bias and shift mask). `talking_heads` (CaiT):
+    logits ← Σ_h logits_h·proj_l[h, g] + b_l[g] before the softmax and probs ← Σ_h
+    probs_h·proj_w[h, g] + b_w[g] after it; under the skipless/mimetic init the mixings start as
+    the identity with zero biases, so the layer starts as plain attention. `key_mask` (B, n) bool,
+    optional: keys where it is False take no part in any query's softmax (TokenCut's padded token
+    grids, docs/method.md §7). `causal`: query t attends to keys 0 … t only (models/gpt.py).
+    `decode`: causal with a KV cache (collection `cache`: the keys and values so far and their
+    count); the call with the full (B, max_len) shape creates the cache, each later call writes its
+    n new keys and values at the cache's index and attends over the cache (skipless_jax/generate.py).
+
+    Plain self-attention on (B, n, d) (no `kv`, `bias` or talking heads) runs
+    `jax.nn.dot_product_attention` (`implementation`); the others form the logits explicitly,
+    in float32."""
 
     num_heads: int
     capture_attention: bool = False
@@ -80,11 +92,12 @@ class MultiHeadAttention(InitFields):
     implementation: str | None = None
     causal: bool = False
     decode: bool = False
+    talking_heads: bool = False
 
     @nn.compact
-    def __call__(self, x: jax.Array, key_mask: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-        b, n, d = x.shape
-        h = self.num_heads
+    def __call__(self, x: jax.Array, kv: jax.Array | None = None, bias: jax.Array | None = None,
+                 key_mask: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        d = x.shape[-1]
         kernels = kernel_params(self, d)
         biases = {
             name: self.param(f"{name}_bias", nn.initializers.zeros, (d,), jnp.float32)
@@ -95,8 +108,22 @@ class MultiHeadAttention(InitFields):
             k = kernels[name].astype(self.dtype)
             return inputs.astype(self.dtype) @ k + biases[name].astype(self.dtype)
 
-        keys = project(x, "key")
-        q, k, v = (t.reshape(b, n, h, d // h) for t in (project(x, "query"), keys, project(x, "value")))
+        tokens = x if kv is None else kv
+        keys = project(tokens, "key")
+        details = {"keys": keys}
+        q, v = project(x, "query"), project(tokens, "value")
+        if kv is None and bias is None and not self.talking_heads and x.ndim == 3:
+            merged = self._fused(q, keys, v, key_mask, details)
+        else:
+            merged = self._explicit(q, keys, v, bias, key_mask, details)
+        return project(merged, "out"), details
+
+    def _fused(self, q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None,
+               details: dict[str, jax.Array]) -> jax.Array:
+        """(B, n, d) projections -> (B, n, d) heads merged, by `jax.nn.dot_product_attention`."""
+        b, n, d = q.shape
+        h = self.num_heads
+        q, k, v = (t.reshape(b, t.shape[1], h, d // h) for t in (q, k, v))
         mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, n): every head and query
         causal = self.causal or self.decode
         if self.decode:
@@ -105,7 +132,6 @@ class MultiHeadAttention(InitFields):
                 mask, causal = cache_mask, False
         heads = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal,
                                              implementation=self.implementation)  # scale 1/√d_h
-        details = {"keys": keys}
         if self.capture_attention:
             logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(d // h, q.dtype))
             if mask is not None:
@@ -113,7 +139,45 @@ class MultiHeadAttention(InitFields):
             if causal:  # the maps the causal softmax used: query t over keys 0 … t
                 logits = jnp.where(jnp.tril(jnp.ones(logits.shape[-2:], bool)), logits, jnp.finfo(logits.dtype).min)
             details["attention"] = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-        return project(heads.reshape(b, n, d), "out"), details
+        return heads.reshape(b, n, d)
+
+    def _explicit(self, q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
+                  key_mask: jax.Array | None, details: dict[str, jax.Array]) -> jax.Array:
+        """(B…, n_q, d) queries, (B…, n_kv, d) keys and values -> (B…, n_q, d): float32 logits
+        (+ bias, talking heads, the key mask), softmax, heads merged."""
+        if self.causal or self.decode:
+            raise ValueError("causal attention is self-attention on (B, n, d) without bias or talking heads")
+        d = q.shape[-1]
+        h = self.num_heads
+
+        def heads(t: jax.Array) -> jax.Array:  # (..., n, d) -> (..., h, n, d_h)
+            return jnp.swapaxes(t.reshape(*t.shape[:-1], h, d // h), -2, -3)
+
+        q, k, v = heads(q), heads(k), heads(v)
+        logits = (q @ jnp.swapaxes(k, -1, -2)).astype(jnp.float32) / math.sqrt(d // h)
+        if bias is not None:
+            logits = logits + bias
+        if self.talking_heads:
+            w_l, b_l = self._mixing("proj_l", h)
+            logits = jnp.einsum("...hqk,hg->...gqk", logits, w_l) + b_l[:, None, None]
+        if key_mask is not None:  # (B, n_kv) over (B, h, n_q, n_kv)
+            logits = jnp.where(key_mask[:, None, None, :], logits, jnp.finfo(logits.dtype).min)
+        probs = jax.nn.softmax(logits, axis=-1)
+        if self.talking_heads:
+            w_w, b_w = self._mixing("proj_w", h)
+            probs = jnp.einsum("...hqk,hg->...gqk", probs, w_w) + b_w[:, None, None]
+        if self.capture_attention:
+            details["attention"] = probs
+        merged = jnp.swapaxes(probs.astype(self.dtype) @ v, -2, -3)  # (..., n_q, h, d_h)
+        return merged.reshape(*merged.shape[:-2], d)
+
+    def _mixing(self, name: str, h: int) -> tuple[jax.Array, jax.Array]:
+        """A talking-heads (h, h) mixing and its bias: Xavier under the plain inits, else the identity."""
+        if self.init_scheme in init_lib.PLAIN_SCHEMES:
+            kernel = self.param(name, nn.initializers.xavier_uniform(), (h, h), jnp.float32)
+        else:
+            kernel = self.param(name, lambda _: jnp.eye(h, dtype=jnp.float32))
+        return kernel, self.param(f"{name}_bias", nn.initializers.zeros, (h,), jnp.float32)
 
     def _cached(self, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, Any]:
         """(q, cache keys, cache values, mask (1, 1, n, L)) after writing k, v at the cache index;

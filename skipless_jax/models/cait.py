@@ -31,11 +31,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from skipless_jax.models import ModelDescription
+from skipless_jax.models import ModelDescription, roles
 from skipless_jax.models import family_parts as parts
+from skipless_jax.models.attention import MultiHeadAttention
 from skipless_jax.models.blocks import SwitchFields, residual
 from skipless_jax.models.common import MlpBlock, resize_posemb, top_name
-from skipless_jax.models.stem import PatchStem
+from skipless_jax.models.stem import STEM_ROLES, PatchStem
 
 FAMILY = "cait"
 LN_EPS = 1e-6
@@ -43,6 +44,9 @@ FIELDS: dict[str, Any] = dict(
     width=None, depth=None, num_heads=None, mlp_dim=None, patch_size=16, depth_token_only=2,
     layerscale_init=1e-5, skip_class_sab=True, skip_class_ffn=True,
 )
+# The roles of the names this module spells (models/roles.py).
+ROLES = ((r"(^|/)cls$", roles.CLASS_TOKEN), (r"(^|/)pos_embedding$", roles.POSITION_TABLE),
+         (r"/gamma_[12]$", roles.LAYER_SCALE), *STEM_ROLES)
 # timm's cait_xxs24_224 and cait_s24_224.
 VARIANTS: dict[str, dict[str, Any]] = {
     "XXS24": dict(width=192, depth=24, num_heads=4, mlp_dim=768, patch_size=16),
@@ -68,17 +72,18 @@ class LayerScaleBlock(SwitchFields):
     def __call__(self, x: jax.Array, tokens: jax.Array | None, train: bool) -> tuple[jax.Array, dict[str, Any]]:
         out: dict[str, Any] = {}
         d = x.shape[-1]
-        attention = parts.Attention(self.num_heads, talking_heads=not self.class_attention, dtype=self.dtype,
-                                    name="attention", **self.init_fields)
+        attention = MultiHeadAttention(self.num_heads, talking_heads=not self.class_attention, dtype=self.dtype,
+                                       name="attention", **self.init_fields)
         gamma_1 = self.param("gamma_1", nn.initializers.constant(layerscale_value(self.skip_sab, self.layerscale_init)),
                              (d,), jnp.float32)
         gamma_2 = self.param("gamma_2", nn.initializers.constant(layerscale_value(self.skip_ffn, self.layerscale_init)),
                              (d,), jnp.float32)
         if self.class_attention:
             u = parts.layer_norm(LN_EPS, self.dtype, "norm1")(jnp.concatenate([x, tokens], axis=1))
-            y = attention(u[:, :1], kv=u)
+            y, _ = attention(u[:, :1], kv=u)
         else:
-            y = attention(parts.layer_norm(LN_EPS, self.dtype, "norm1")(x), out=out)  # records the keys
+            y, details = attention(parts.layer_norm(LN_EPS, self.dtype, "norm1")(x))
+            out["keys"] = details["keys"]
         x = residual(x, gamma_1.astype(self.dtype) * y, self.skip_sab, self.drop_path, train, out, "sab")  # ②
         z = MlpBlock(self.mlp_dim, self.init_scheme, 0.0, self.gelu_approximate, self.dtype, name="mlp")(
             parts.layer_norm(LN_EPS, self.dtype, "norm2")(x), train)
@@ -168,15 +173,14 @@ def check_config(model_config: Any, image_size: int) -> None:
 
 
 def layer_id(path: str, depth: int, depth_token_only: int) -> int:
-    """Layer-decay id (docs/method.md §9): 0 the stem, position table and class token; i + 1 for
-    `block_i`; depth + k + 1 for `class_block_k`; depth + depth_token_only + 1 the rest."""
+    """Layer-decay id (docs/method.md §9): i + 1 for `block_i`; depth + k + 1 for `class_block_k`;
+    0 the embedding (`roles.EMBEDDING_ROLES`: the stem, position table and class token);
+    depth + depth_token_only + 1 the rest."""
     name = top_name(path)
-    if name in ("embedding", "pos_embedding", "cls"):
-        return 0
     for prefix, offset in (("block_", 0), ("class_block_", depth)):
         if name.startswith(prefix) and name[len(prefix):].isdigit():
             return offset + int(name[len(prefix):]) + 1
-    return depth + depth_token_only + 1
+    return 0 if roles.role_of(path, ROLES) in roles.EMBEDDING_ROLES else depth + depth_token_only + 1
 
 
 def describe(model_config: Any) -> ModelDescription:

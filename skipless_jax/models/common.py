@@ -49,6 +49,12 @@ def posemb_sincos_2d(grid_h: int, grid_w: int, width: int, temperature: float = 
     return pe[None].astype(jnp.float32)
 
 
+def posemb_sincos_2d_cls(grid_h: int, grid_w: int, width: int) -> jax.Array:
+    """(1, 1 + grid_h·grid_w, width): a zero row for the class token, then `posemb_sincos_2d` (the
+    MAE encoder's and decoder's fixed tables, and init='mae''s start of a learned one)."""
+    return jnp.concatenate([jnp.zeros((1, 1, width)), posemb_sincos_2d(grid_h, grid_w, width)], axis=1)
+
+
 def resize_posemb(posemb: jax.Array, grid_h: int, grid_w: int, antialias: bool = True, extra: int = 0) -> jax.Array:
     """(1, extra + g·g, d) position table -> (1, extra + grid_h·grid_w, d): the `extra` leading rows
     (a class token's) kept, the square grid part resized bicubically. The one position-table

@@ -27,16 +27,19 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from skipless_jax.models import ModelDescription
+from skipless_jax.models import ModelDescription, roles
 from skipless_jax.models import family_parts as parts
 from skipless_jax.models import init as init_lib
 from skipless_jax.models.blocks import residual
 from skipless_jax.models.common import top_name
-from skipless_jax.models.stem import PatchStem
+from skipless_jax.models.stem import STEM_ROLES, PatchStem
 
 FAMILY = "convmixer"
 RUNNING_STATS = True  # BatchNorm: `batch_stats` kept and updated by the supervised trainer
 ACTIVATIONS = ("gelu", "relu")
+# The roles of the names this module spells (models/roles.py).
+ROLES = ((r"(^|/)block_\d+_depthwise/kernel$", roles.DEPTHWISE_KERNEL),
+         (r"(^|/)block_\d+_depthwise/bias$", roles.DEPTHWISE_BIAS), *STEM_ROLES)
 FIELDS: dict[str, Any] = dict(width=None, depth=None, kernel_size=9, patch_size=7, activation="gelu")
 # timm's convmixer_768_32 / convmixer_1536_20 and the CIFAR-10 reference ConvMixer-256/8.
 VARIANTS: dict[str, dict[str, Any]] = {

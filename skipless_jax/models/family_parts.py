@@ -7,12 +7,6 @@
   `check_patch_divides`.
 - `FamilyModel`: the module fields every family has (its models subclass it and add their
   sizes), `init_fields` for the blocks, and `classify`, the pooled features → head tail.
-- `Attention`: multi-head attention with the ViT's (d, d) kernels `query`, `key`, `value`, `out`
-  (same names, same init rules as `attention.MultiHeadAttention`, so the skipless init of
-  docs/method.md §3 and the analysis read them alike), generalized for the families: queries and
-  keys/values from different token sets (CaiT's class attention, PVTv2's spatial-reduction
-  attention), an additive logit bias (Swin's relative position bias and shift mask), and
-  talking heads (CaiT: (h, h) mixings `proj_l` before and `proj_w` after the softmax).
 - `BatchNorm`: ConvMixer's BatchNorm; it uses running statistics when the `batch_stats`
   collection is present, else the batch's own statistics (a trainer that carries only
   `params` trains and evaluates it with batch statistics).
@@ -33,7 +27,6 @@ import jax.numpy as jnp
 from skipless_jax import token_graying
 from skipless_jax.checks import DTYPES, GELUS, require
 from skipless_jax.models import init as init_lib
-from skipless_jax.models.attention import ATTENTION_KERNELS, InitFields, kernel_params
 from skipless_jax.models.blocks import ModelFields
 from skipless_jax.models.common import top_name
 
@@ -212,64 +205,6 @@ def skipless_kernel_init(scheme: str, default: Any = None) -> Any:
     if scheme == "skipless":
         return init_lib.scaled_uniform_orthogonal
     return default or nn.initializers.xavier_uniform()
-
-
-# ------------------------------------------------------------------ attention
-
-
-class Attention(InitFields):
-    """Multi-head attention (B…, n_q, d) × (B…, n_kv, d) -> (B…, n_q, d), heads as column groups.
-
-    logits_h = Q_h K_hᵀ/√d_h + bias; with `talking_heads`, logits ← Σ_h logits_h·proj_l[h, g]
-    + b_l[g] before the softmax and probs ← Σ_h probs_h·proj_w[h, g] + b_w[g] after it (CaiT).
-    `bias` broadcasts against (B…, h, n_q, n_kv). Under the skipless/mimetic init the four
-    kernels are one joint draw (models/init.py) and the talking-heads mixings start as the
-    identity with zero biases, so the layer starts as plain attention.
-    """
-
-    num_heads: int
-    talking_heads: bool = False
-
-    def _mixing(self, name: str, h: int) -> tuple[jax.Array, jax.Array]:
-        if self.init_scheme in init_lib.PLAIN_SCHEMES:
-            kernel = self.param(name, nn.initializers.xavier_uniform(), (h, h), jnp.float32)
-        else:
-            kernel = self.param(name, lambda _: jnp.eye(h, dtype=jnp.float32))
-        return kernel, self.param(f"{name}_bias", nn.initializers.zeros, (h,), jnp.float32)
-
-    @nn.compact
-    def __call__(self, x: jax.Array, kv: jax.Array | None = None, bias: jax.Array | None = None,
-                 out: dict[str, Any] | None = None) -> jax.Array:
-        """`out`: where to record `keys` (B…, n_kv, d), heads concatenated (TokenCut's features)."""
-        kv = x if kv is None else kv
-        d = x.shape[-1]
-        h = self.num_heads
-        kernels = kernel_params(self, d)
-        biases = {n: self.param(f"{n}_bias", nn.initializers.zeros, (d,), jnp.float32) for n in ATTENTION_KERNELS}
-
-        def project(inputs: jax.Array, name: str) -> jax.Array:
-            y = inputs.astype(self.dtype) @ kernels[name].astype(self.dtype) + biases[name].astype(self.dtype)
-            return y
-
-        def heads(t: jax.Array) -> jax.Array:  # (..., n, d) -> (..., h, n, d_h)
-            return jnp.swapaxes(t.reshape(*t.shape[:-1], h, d // h), -2, -3)
-
-        keys = project(kv, "key")
-        if out is not None:
-            out["keys"] = keys
-        q, k, v = heads(project(x, "query")), heads(keys), heads(project(kv, "value"))
-        logits = (q @ jnp.swapaxes(k, -1, -2)).astype(jnp.float32) / math.sqrt(d // h)
-        if bias is not None:
-            logits = logits + bias
-        if self.talking_heads:
-            w_l, b_l = self._mixing("proj_l", h)
-            logits = jnp.einsum("...hqk,hg->...gqk", logits, w_l) + b_l[:, None, None]
-        probs = jax.nn.softmax(logits, axis=-1)
-        if self.talking_heads:
-            w_w, b_w = self._mixing("proj_w", h)
-            probs = jnp.einsum("...hqk,hg->...gqk", probs, w_w) + b_w[:, None, None]
-        merged = jnp.swapaxes(probs.astype(self.dtype) @ v, -2, -3)  # (..., n_q, h, d_h)
-        return project(merged.reshape(*merged.shape[:-2], d), "out")
 
 
 # ------------------------------------------------------------------ normalization

@@ -26,16 +26,16 @@ import jax
 import jax.numpy as jnp
 
 from skipless_jax.checks import DTYPES, GELUS, is_positive_int, require
-from skipless_jax.models import ModelDescription
+from skipless_jax.models import ModelDescription, roles
 from skipless_jax.models import init as init_lib
 from skipless_jax.models.blocks import SwitchFields
-from skipless_jax.models.common import top_name
 from skipless_jax.models.vit import ATTENTION_IMPLS, REMAT_POLICIES, encoder_blocks
 from skipless_jax.models.vit import layer_id as vit_layer_id
 
 FAMILY = "gpt"
 SIZE_FIELDS = ("width", "depth", "mlp_dim", "num_heads", "seq_len")
-EMBEDDING_NAMES = ("token_embedding", "pos_embedding")  # layer 0 for layer decay
+# The roles of the names this module spells (models/roles.py).
+ROLES = ((r"(^|/)token_embedding/embedding$", roles.TOKEN_TABLE), (r"(^|/)pos_embedding$", roles.POSITION_TABLE))
 EMBEDDING_STD = 0.02  # GPT-2's init of both tables
 
 
@@ -106,7 +106,7 @@ def build(model_config: Any, num_classes: int, image_size: int | None = None) ->
 
 def layer_id(path: str, num_layers: int) -> int:
     """0 for the embedding tables, i + 1 for `block_i/*`, num_layers + 1 the rest (final norm, head)."""
-    return 0 if top_name(path) in EMBEDDING_NAMES else vit_layer_id(path, num_layers)
+    return vit_layer_id(path, num_layers, ROLES)
 
 
 def describe(model_config: Any) -> ModelDescription:

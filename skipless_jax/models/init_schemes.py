@@ -1,9 +1,10 @@
 """The references' initializations as `config.model.init` schemes 'timm' and 'mae' (docs/method.md §24).
 
 The model initializes as under `init='default'`; `reinitialize` then redraws every parameter by
-the first rule of its family's table whose regex matches the parameter's path ('a/b/c'). An
-unmatched parameter is an error (a new parameter needs a rule). Kernels are (in, out) with a
-conv's window flattened into `in` ((kh, kw, in/groups, out) for the 2-D convs).
+the rule its family's table gives the parameter's role (models/roles.py: the family's `ROLES`
+read on its path 'a/b/c'). A parameter without a role, or whose role the table has no rule for,
+is an error (a new parameter needs both). Kernels are (in, out) with a conv's window flattened
+into `in` ((kh, kw, in/groups, out) for the 2-D convs).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from skipless_jax.models import init as init_lib
-from skipless_jax.models.common import posemb_sincos_2d
+from skipless_jax.models import roles
+from skipless_jax.models.common import posemb_sincos_2d_cls
 
 SCHEMES = init_lib.REFERENCE_SCHEMES
 # The family of a model class; the MAE pre-training model is 'mae'.
@@ -79,30 +81,34 @@ def mae_position_table(key, shape, kernel):
     g = int(round((shape[1] - 1) ** 0.5))
     if len(shape) != 3 or shape[0] != 1 or g * g != shape[1] - 1:
         raise ValueError(f"init='mae' needs a (1, 1 + g², d) position table (a class token), got {shape}")
-    return jnp.concatenate([jnp.zeros((1, 1, shape[2])), posemb_sincos_2d(g, g, shape[2])], axis=1)
+    return posemb_sincos_2d_cls(g, g, shape[2])
 
 
-ATTENTION = r"/(query|key|value)$"
-NORM = r"(^|/)(LayerNorm_\d+|norm\d?|\w*_norm)"
-NORMS = [(NORM + "/scale$", ones), (NORM + "/bias$", zeros)]
-LINEAR_TIMM = [(r"/(query|key|value|out|proj_l|proj_w)$", trunc(0.02)), (r"_bias$", zeros),
-               (r"/kernel$", trunc(0.02)), (r"/bias$", zeros)]
-TOKENS_TIMM = [(r"^embedding/(kernel|bias)$", torch_default), (r"^(cls|pos_embedding)$", trunc(0.02))]
-MAE_ENCODER = [(r"^embedding/kernel$", xavier()), (r"^embedding/bias$", torch_default),
-               (r"(^|/)(cls|mask_token)$", normal(0.02)), (ATTENTION, xavier(fused=3)), (r"/out$", xavier()),
-               (r"_bias$", zeros), (r"/kernel$", xavier()), (r"/bias$", zeros)]
+NORMS = {roles.NORM_SCALE: ones, roles.NORM_BIAS: zeros}
+LINEAR_TIMM = {role: trunc(0.02) for role in (roles.ATTENTION_QKV, roles.ATTENTION_OUT, roles.TALKING_HEADS,
+                                              roles.KERNEL, roles.HEAD_KERNEL)}
+LINEAR_TIMM.update({role: zeros for role in (roles.ATTENTION_BIAS, roles.BIAS, roles.HEAD_BIAS)})
+TOKENS_TIMM = {roles.PATCH_KERNEL: torch_default, roles.PATCH_BIAS: torch_default, roles.CLASS_TOKEN: trunc(0.02),
+               roles.POSITION_TABLE: trunc(0.02)}
+MAE_ENCODER = {roles.PATCH_KERNEL: xavier(), roles.PATCH_BIAS: torch_default, roles.CLASS_TOKEN: normal(0.02),
+               roles.MASK_TOKEN: normal(0.02), roles.ATTENTION_QKV: xavier(fused=3), roles.ATTENTION_OUT: xavier(),
+               roles.ATTENTION_BIAS: zeros, roles.KERNEL: xavier(), roles.BIAS: zeros}
+TORCH_DEFAULT = {role: torch_default for role in (roles.PATCH_KERNEL, roles.PATCH_BIAS, roles.DEPTHWISE_KERNEL,
+                                                  roles.DEPTHWISE_BIAS, roles.KERNEL, roles.BIAS, roles.HEAD_KERNEL,
+                                                  roles.HEAD_BIAS)}
 
-RULES: dict[tuple[str, str], list[tuple[str, Rule]]] = {
-    ("timm", "vit"): NORMS + TOKENS_TIMM + LINEAR_TIMM,
-    ("timm", "cait"): NORMS + TOKENS_TIMM + [(r"/gamma_[12]$", keep)] + LINEAR_TIMM,
-    ("timm", "swin"): NORMS + TOKENS_TIMM + [(r"/relative_position_bias$", trunc(0.02))] + LINEAR_TIMM,
-    ("timm", "pvt_v2"): NORMS + [(r"/dwconv/kernel$", fan_out_normal(True)),
-                                 (r"(/proj|/sr)/kernel$", fan_out_normal(False)),
-                                 (r"(/proj|/sr|/dwconv)/bias$", zeros)] + LINEAR_TIMM,
-    ("timm", "convmixer"): NORMS + [(r"/(kernel|bias)$", torch_default)],
-    ("mae", "mae"): NORMS + MAE_ENCODER,
-    ("mae", "vit"): NORMS + [(r"^head/kernel$", trunc(2e-5)), (r"^pos_embedding$", mae_position_table)]
-    + MAE_ENCODER,
+# (scheme, family) -> {role: rule}.
+RULES: dict[tuple[str, str], dict[str, Rule]] = {
+    ("timm", "vit"): {**NORMS, **TOKENS_TIMM, **LINEAR_TIMM},
+    ("timm", "cait"): {**NORMS, **TOKENS_TIMM, roles.LAYER_SCALE: keep, **LINEAR_TIMM},
+    ("timm", "swin"): {**NORMS, **TOKENS_TIMM, roles.RELATIVE_POSITION_TABLE: trunc(0.02), **LINEAR_TIMM},
+    ("timm", "pvt_v2"): {**NORMS, roles.DEPTHWISE_KERNEL: fan_out_normal(True), roles.DEPTHWISE_BIAS: zeros,
+                         roles.PATCH_KERNEL: fan_out_normal(False), roles.PATCH_BIAS: zeros,
+                         roles.CONV_KERNEL: fan_out_normal(False), roles.CONV_BIAS: zeros, **LINEAR_TIMM},
+    ("timm", "convmixer"): {**NORMS, **TORCH_DEFAULT},
+    ("mae", "mae"): {**NORMS, **MAE_ENCODER},
+    ("mae", "vit"): {**NORMS, **MAE_ENCODER, roles.HEAD_KERNEL: trunc(2e-5), roles.HEAD_BIAS: zeros,
+                     roles.POSITION_TABLE: mae_position_table},
 }
 
 
@@ -125,13 +131,14 @@ def redraw(params: Any, scheme: str, family: str, key: jax.Array) -> Any:
     """`params` (a flax params tree) with every leaf redrawn by the (scheme, family) table; leaf
     i draws from fold_in(key, i) in path order."""
     check(scheme, family)
-    rules = [(re.compile(pattern), rule) for pattern, rule in RULES[scheme, family]]
+    rules, table = RULES[scheme, family], roles.table_of(family)
     flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
     out = {}
     for index, (path, value) in enumerate(sorted(flat.items())):
-        rule = next((r for pattern, r in rules if pattern.search(path)), None)
-        if rule is None:
-            raise ValueError(f"init={scheme!r} has no rule for the {family} parameter {path!r}")
+        role = roles.role_of(path, table)
+        if role not in rules:
+            raise ValueError(f"init={scheme!r} has no rule for the {family} parameter {path!r} (role {role!r})")
+        rule = rules[role]
         sibling = flat.get(re.sub(r"(bias|_bias)$", lambda m: "kernel" if m.group(1) == "bias" else "", path))
         kernel = tuple((sibling if sibling is not None else value).shape)
         new = rule(jax.random.fold_in(key, index), tuple(value.shape), kernel)
@@ -158,12 +165,10 @@ def reinitialize(model: Any, variables: dict[str, Any], key: jax.Array) -> dict[
 
 def _reference_qk(scheme: str) -> Callable[[jax.Array, int], tuple[jax.Array, jax.Array]]:
     """The (w_q, w_k) draw of one (d, d) ViT attention layer under `scheme`'s table (init.REFERENCE_QK)."""
-    table = RULES[scheme, "vit"]
-    rules = [next(r for pattern, r in table if re.search(pattern, f"block/attention/{name}"))
-             for name in ("query", "key")]
+    rule = RULES[scheme, "vit"][roles.ATTENTION_QKV]
 
     def draw(keys: jax.Array, d: int) -> tuple[jax.Array, jax.Array]:
-        return tuple(rule(k, (d, d), (d, d)) for rule, k in zip(rules, keys))
+        return tuple(rule(k, (d, d), (d, d)) for k in keys)
 
     return draw
 

@@ -37,10 +37,13 @@ import jax
 import jax.numpy as jnp
 
 from skipless_jax import losses
-from skipless_jax.models import vit
+from skipless_jax.models import roles, vit
 from skipless_jax.models.blocks import EncoderBlock, ModelFields
-from skipless_jax.models.common import posemb_sincos_2d, resize_posemb
+from skipless_jax.models.common import posemb_sincos_2d, posemb_sincos_2d_cls, resize_posemb
 from skipless_jax.models.stem import PatchStem
+
+# The roles of the names this module spells (models/roles.py), after the encoder's (the ViT's).
+ROLES = (*vit.ROLES, (r"(^|/)decoder/mask_token$", roles.MASK_TOKEN))
 
 
 def num_kept(length: int, mask_ratio: float) -> int:
@@ -72,16 +75,11 @@ def restore_tokens(x_kept: jax.Array, mask_token: jax.Array, ids_restore: jax.Ar
     return jnp.take_along_axis(shuffled, ids_restore[:, :, None], axis=1)
 
 
-def _with_cls_posemb(grid_h: int, grid_w: int, width: int) -> jax.Array:
-    """(1, 1 + grid_h·grid_w, width): a zero row for CLS, then the fixed sin-cos table."""
-    return jnp.concatenate([jnp.zeros((1, 1, width)), posemb_sincos_2d(grid_h, grid_w, width)], axis=1)
-
-
 def encoder_position_table(grid: int, width: int, shape: tuple[int, ...]) -> jax.Array:
     """The MAE encoder's fixed table as a classifier's learned `pos_embedding` of `shape`
     (1, 1 + g², width): [0; sincos2d(grid, grid)] at the pre-training grid, resized to g × g
     bicubically if g differs (MAE's `interpolate_pos_embed`, docs/method.md §9)."""
-    table = _with_cls_posemb(grid, grid, width)
+    table = posemb_sincos_2d_cls(grid, grid, width)
     if tuple(shape) == tuple(table.shape):
         return table
     g = int(round((shape[1] - 1) ** 0.5))
@@ -115,7 +113,7 @@ class MAEDecoder(nn.Module):
         x = nn.Dense(self.width, dtype=self.dtype, name="decoder_embed", **_XAVIER)(latent)
         mask_token = self.param("mask_token", nn.initializers.normal(stddev=0.02), (self.width,), jnp.float32)
         x = jnp.concatenate([x[:, :1], restore_tokens(x[:, 1:], mask_token, ids_restore)], axis=1)
-        x = x + _with_cls_posemb(*self.grid_hw, self.width).astype(x.dtype)
+        x = x + posemb_sincos_2d_cls(*self.grid_hw, self.width).astype(x.dtype)
         for layer in range(self.depth):
             x, _ = EncoderBlock(
                 mlp_dim=self.mlp_ratio * self.width,

@@ -33,16 +33,21 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from skipless_jax.models import ModelDescription
+from skipless_jax.models import ModelDescription, roles
 from skipless_jax.models import family_parts as parts
 from skipless_jax.models import init as init_lib
-from skipless_jax.models.attention import InitFields
+from skipless_jax.models.attention import InitFields, MultiHeadAttention
 from skipless_jax.models.blocks import SwitchFields, residual
 from skipless_jax.models.common import patchify
 from skipless_jax.models.stem import token_gray_images
 
 FAMILY = "pvt_v2"
 BLOCK_EPS, EMBED_EPS = 1e-6, 1e-5
+# The roles of the names this module spells (models/roles.py): the stem's conv is the patch
+# embedding, the downsampling and spatial-reduction convs are convolutions.
+ROLES = ((r"(^|/)embedding/proj/kernel$", roles.PATCH_KERNEL), (r"(^|/)embedding/proj/bias$", roles.PATCH_BIAS),
+         (r"/dwconv/kernel$", roles.DEPTHWISE_KERNEL), (r"/dwconv/bias$", roles.DEPTHWISE_BIAS),
+         (r"/(proj|sr)/kernel$", roles.CONV_KERNEL), (r"/(proj|sr)/bias$", roles.CONV_BIAS))
 FIELDS: dict[str, Any] = dict(
     widths=None, depths=None, num_heads=None, sr_ratios=(8, 4, 2, 1), mlp_ratios=(8, 8, 4, 4), patch_size=4,
 )
@@ -94,7 +99,8 @@ class SRAttention(InitFields):
                          kernel_init=parts.skipless_kernel_init(self.init_scheme, nn.initializers.lecun_normal()))(
                 x.reshape(b, *self.grid, d))
             kv = parts.layer_norm(EMBED_EPS, self.dtype, "sr_norm")(kv.reshape(b, -1, d))
-        return parts.Attention(self.num_heads, dtype=self.dtype, name="attention", **self.init_fields)(x, kv=kv)
+        y, _ = MultiHeadAttention(self.num_heads, dtype=self.dtype, name="attention", **self.init_fields)(x, kv=kv)
+        return y
 
 
 class DWMlp(nn.Module):

@@ -17,7 +17,11 @@ import jax
 import jax.numpy as jnp
 
 from skipless_jax import token_graying as tg_lib
+from skipless_jax.models import roles
 from skipless_jax.models.common import patchify, unpatchify
+
+# The roles of a `PatchStem`'s parameters under the name every family gives it, `embedding`.
+STEM_ROLES = ((r"(^|/)embedding/kernel$", roles.PATCH_KERNEL), (r"(^|/)embedding/bias$", roles.PATCH_BIAS))
 
 
 def token_gray_patches(patches: jax.Array, method: str | None, eps: float) -> jax.Array:

@@ -31,15 +31,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from skipless_jax.models import ModelDescription
+from skipless_jax.models import ModelDescription, roles
 from skipless_jax.models import family_parts as parts
-from skipless_jax.models.attention import InitFields
+from skipless_jax.models.attention import InitFields, MultiHeadAttention
 from skipless_jax.models.blocks import SwitchFields, residual
 from skipless_jax.models.common import MlpBlock
-from skipless_jax.models.stem import PatchStem
+from skipless_jax.models.stem import STEM_ROLES, PatchStem
 
 FAMILY = "swin"
 LN_EPS = 1e-5
+# The roles of the names this module spells (models/roles.py).
+ROLES = ((r"/relative_position_bias$", roles.RELATIVE_POSITION_TABLE), *STEM_ROLES)
 MASK_VALUE = -100.0
 FIELDS: dict[str, Any] = dict(width=None, depths=None, num_heads=None, window_size=7, patch_size=4, mlp_ratio=4)
 # timm's swin_{tiny,small,base}_patch4_window7_224.
@@ -97,7 +99,8 @@ class WindowAttention(InitFields):
             bias = bias[None] + jnp.asarray(shift_mask(h, w, ws, shift))  # (nW, h, N, N)
         windows = x.reshape(b, h // ws, ws, w // ws, ws, c).transpose(0, 1, 3, 2, 4, 5)
         windows = windows.reshape(b, (h // ws) * (w // ws), ws * ws, c)
-        y = parts.Attention(self.num_heads, dtype=self.dtype, name="attention", **self.init_fields)(windows, bias=bias)
+        y, _ = MultiHeadAttention(self.num_heads, dtype=self.dtype, name="attention", **self.init_fields)(
+            windows, bias=bias)
         y = y.reshape(b, h // ws, w // ws, ws, ws, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
         return jnp.roll(y, (shift, shift), axis=(1, 2)) if shift else y
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from skipless_jax import sharding, token_graying
 from skipless_jax.checks import DTYPES, GELUS, require
-from skipless_jax.models import ModelDescription
+from skipless_jax.models import ModelDescription, roles
 from skipless_jax.models import init as init_lib
 from skipless_jax.models.attention import ATTENTION_KERNELS, MultiHeadAttention  # noqa: F401 (re-exported)
 from skipless_jax.models.blocks import EncoderBlock, ModelFields
@@ -36,7 +36,7 @@ from skipless_jax.models.common import (  # noqa: F401
     resize_posemb,
     top_name,
 )
-from skipless_jax.models.stem import PatchStem
+from skipless_jax.models.stem import STEM_ROLES, PatchStem
 from skipless_jax.models.variants import VARIANTS, decode_variant, resolve_sizes  # noqa: F401 (re-exported)
 
 FAMILY = "vit"
@@ -44,6 +44,8 @@ FAMILY = "vit"
 SIZE_FIELDS = ("width", "depth", "mlp_dim", "num_heads", "patch_size")
 POOLS = ("tok", "gap", "gap_fc_norm")  # gap_fc_norm: MAE fine-tuning (docs/method.md §9)
 POSEMBS = ("learn", "sincos2d")
+# The roles of the names this module spells (models/roles.py); MAE's encoder has the same names.
+ROLES = ((r"(^|/)cls$", roles.CLASS_TOKEN), (r"(^|/)pos_embedding$", roles.POSITION_TABLE), *STEM_ROLES)
 
 
 class ViT(ModelFields):
@@ -262,17 +264,15 @@ def build(model_config: Any, num_classes: int, image_size: int | None = None) ->
     return ViT(**kwargs)
 
 
-EMBEDDING_NAMES = ("cls", "pos_embedding", "embedding")  # layer 0 (MAE: cls_token, pos_embed, patch_embed)
-
-
-def layer_id(path: str, num_layers: int) -> int:
-    """MAE's `get_layer_id_for_vit` on a '/'-joined parameter path (docs/method.md §9): 0 for
-    `cls`, `pos_embedding`, `embedding/*`; i + 1 for `block_i/*`; num_layers + 1 the rest."""
-    first = top_name(path)
-    if first in EMBEDDING_NAMES:
-        return 0
-    match = _BLOCK_NAME.fullmatch(first)
-    return int(match.group(1)) + 1 if match else num_layers + 1
+def layer_id(path: str, num_layers: int, table: roles.Table = ROLES) -> int:
+    """MAE's `get_layer_id_for_vit` on a '/'-joined parameter path (docs/method.md §9): i + 1 for
+    `block_i/*`; 0 for the embedding (`roles.EMBEDDING_ROLES` in `table`: the class token, the
+    position table, the patch embedding; MAE: cls_token, pos_embed, patch_embed); num_layers + 1
+    the rest."""
+    match = _BLOCK_NAME.fullmatch(top_name(path))
+    if match:
+        return int(match.group(1)) + 1
+    return 0 if roles.role_of(path, table) in roles.EMBEDDING_ROLES else num_layers + 1
 
 
 def describe(model_config: Any) -> ModelDescription:

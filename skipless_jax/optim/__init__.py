@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from skipless_jax.models import roles
 from skipless_jax.optim.soap import scale_by_soap, soap
 
 __all__ = [
@@ -65,11 +66,12 @@ def build_schedule(config: Any, total_steps: int, warmup_steps: int | None = Non
     )
 
 
-# No weight decay on: the position table and class token (DeiT / timm `no_weight_decay`), Swin's
-# relative-position bias tables (Swin `no_weight_decay_keywords`: relative_position_bias_table).
-NO_DECAY = ("pos_embedding", "cls", "relative_position_bias")
+# No weight decay on the roles (models/roles.py): the position table and class token (DeiT / timm
+# `no_weight_decay`), Swin's relative-position bias tables (Swin `no_weight_decay_keywords`:
+# relative_position_bias_table).
+NO_DECAY = (roles.POSITION_TABLE, roles.CLASS_TOKEN, roles.RELATIVE_POSITION_TABLE)
 # MAE's pre-training decays its (1, 1, d) class and mask tokens (stored (1, 1, d) and (d,) here).
-MAE_DECAYED_TOKENS = ("cls", "mask_token")
+MAE_DECAYED_TOKENS = (roles.CLASS_TOKEN, roles.MASK_TOKEN)
 DECAY_RULES = ("deit", "mae_pretrain", "all")
 
 
@@ -78,20 +80,23 @@ def decay_mask(params: Any, rule: str = "deit") -> Any:
     MAE fine-tuning alike): kernels (≥ 2 dims per layer); biases, norms, the position table and
     class token are not. 'mae_pretrain' (MAE's main_pretrain: timm add_weight_decay without a
     skip list): the kernels and the class and mask tokens. 'all' (torch AdamW over
-    `model.parameters()`, the ConvMixer CIFAR-10 reference): every leaf."""
-    from skipless_jax import sharding
+    `model.parameters()`, the ConvMixer CIFAR-10 reference): every leaf. Leaves are told apart by
+    their role (`models.find_role`: the names of every model here); a leaf without one (a name
+    no model spells) is decayed by its rank alone."""
+    from skipless_jax import models, sharding
     from skipless_jax.models.common import layer_ndim
 
     if rule not in DECAY_RULES:
         raise ValueError(f"config.optimizer.weight_decay_rule={rule!r} is unknown; allowed: {list(DECAY_RULES)}")
 
     def leaf(path: tuple[Any, ...], p: Any) -> bool:
-        names = {getattr(k, "key", None) for k in path}
         if rule == "all":
             return True
-        if rule == "mae_pretrain" and names & set(MAE_DECAYED_TOKENS):
+        name = sharding.path_str(path)
+        role = models.find_role(name)
+        if rule == "mae_pretrain" and role in MAE_DECAYED_TOKENS:
             return True
-        return layer_ndim(sharding.path_str(path), p) >= 2 and not names & set(NO_DECAY)
+        return layer_ndim(name, p) >= 2 and role not in NO_DECAY
 
     return jax.tree_util.tree_map_with_path(leaf, params)
 

@@ -22,6 +22,7 @@ from absl import logging
 
 from skipless_jax import checkpoint, evaluators, losses, models, pretrained, rng_streams, sharding, validate
 from skipless_jax.data import device_images, device_mix, inputs, sources
+from skipless_jax.models import roles
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common, loop, model_ema, nonfinite, perf
 from skipless_jax.trainers.run import open_workdir
@@ -39,16 +40,19 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
     evaluators.check_data(config)
 
 
+HEAD_ROLES = (roles.HEAD_KERNEL, roles.HEAD_BIAS)  # a classifier's own: never read from another run
+
+
 def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> Any:
     """Target parameter path -> its source in the checkpoint's `state[key]` (see `pretrained.init_from`).
 
     'params' of a classifier run: the same names. 'teacher' (a DINO run): the backbone's
     parameters under 'backbone/'; the classifier head is new. 'params' of an MAE run (the
     source's saved `trainer`): the encoder's parameters by name, the decoder unused, `fc_norm` and
-    `head` new, `pos_embedding` the encoder's fixed table at its grid (docs/method.md §9).
-    """
+    the head new, the position table the encoder's fixed table at its grid (docs/method.md §9).
+    The head and the position table are found by their roles (models/roles.py)."""
     if key == "teacher":
-        return lambda name: None if name.startswith("head/") else f"backbone/{name}"
+        return lambda name: None if models.role_of(name) in HEAD_ROLES else f"backbone/{name}"
     if (source_config or {}).get("trainer") == "mae":
         from skipless_jax.models import mae
 
@@ -59,9 +63,10 @@ def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> A
         grid = image_size // source.patch_size
 
         def rename(name: str) -> Any:
-            if name.startswith(("head/", "fc_norm/")):
+            role = models.role_of(name)
+            if role in HEAD_ROLES or name.startswith("fc_norm/"):
                 return None
-            if name == "pos_embedding":
+            if role == roles.POSITION_TABLE:
                 return lambda shape: mae.encoder_position_table(grid, source.width, shape)
             return name
 

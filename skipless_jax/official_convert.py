@@ -1,8 +1,8 @@
 r"""Official DINO and MAE checkpoints as this project's workdirs (docs/method.md §20).
 
-    python -m skipless_jax.models.official_convert --source=dino --input=dino_deitsmall16_pretrain_full_checkpoint.pth \
+    python -m skipless_jax.official_convert --source=dino --input=dino_deitsmall16_pretrain_full_checkpoint.pth \
         --config=configs/dino_vits_baseline.py --workdir=/tmp/dino_official [--which=teacher]
-    python -m skipless_jax.models.official_convert --source=mae --input=mae_pretrain_vit_base.pth \
+    python -m skipless_jax.official_convert --source=mae --input=mae_pretrain_vit_base.pth \
         --config=configs/mae_vitb_finetune.py --workdir=/tmp/mae_official [--target=mae]
     python -m skipless_jax.evaluate --workdir=/tmp/dino_official    # kNN, linear, dense probes
 
@@ -44,7 +44,8 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from skipless_jax.models import timm_convert
+from skipless_jax import models, timm_convert
+from skipless_jax.models import roles
 from skipless_jax.nested import flatten
 
 SOURCES = ("dino", "mae")
@@ -104,6 +105,11 @@ def official_model_config(config: ml_collections.ConfigDict, sizes: Mapping[str,
     ))
 
 
+def position_table(params: Mapping[str, Any]) -> str:
+    """The name of a ViT's learned position table (its role, models/roles.py)."""
+    return next(path for path in flatten(params) if models.role_of(path) == roles.POSITION_TABLE)
+
+
 def _backbone_params(backbone: Mapping[str, np.ndarray], config: ml_collections.ConfigDict) -> dict[str, Any]:
     """timm_convert's ViT, its position table resized to `config`'s grid if it has another (§9)."""
     from skipless_jax.data import inputs
@@ -112,11 +118,12 @@ def _backbone_params(backbone: Mapping[str, np.ndarray], config: ml_collections.
     params = timm_convert.convert("vit", backbone)["params"]
     grid = inputs.image_size(config) // config.model.patch_size
     want = (1, 1 + grid * grid, config.model.width)
-    table = params["pos_embedding"]
+    name = position_table(params)
+    table = params[name]
     if tuple(table.shape) != want:
         if posemb_extra(tuple(table.shape), want) != 1:
             raise ValueError(f"the checkpoint's pos_embed {tuple(table.shape)} is no (1, 1 + g², d) table")
-        params["pos_embedding"] = np.asarray(resize_posemb_table(table, want))
+        params[name] = np.asarray(resize_posemb_table(table, want))
     return params
 
 
@@ -237,7 +244,7 @@ def convert_mae_pretraining(checkpoint: Mapping[str, Any], config: ml_collection
     config.trainer = "mae"
     official_model_config(config, vit_sizes(encoder, num_heads), "tok")
     params = timm_convert.convert("vit", encoder)["params"]
-    del params["pos_embedding"]  # fixed: the model computes it
+    del params[position_table(params)]  # fixed: the model computes it
     r = timm_convert.Reader({k: v for k, v in sd.items() if k.startswith(("decoder_", "mask_token"))})
     r("decoder_pos_embed")
     width = int(r.sd["decoder_embed.weight"].shape[0])
@@ -262,7 +269,6 @@ def _check_tree(config: ml_collections.ConfigDict, params: Mapping[str, Any]) ->
     import jax
     import jax.numpy as jnp
 
-    from skipless_jax import models
     from skipless_jax.data import inputs, sources
     from skipless_jax.trainers import dino
 

@@ -1,6 +1,6 @@
 r"""Weights of timm models (ViT/DeiT, ConvMixer, Swin, CaiT, PVTv2) as this project's parameters.
 
-    python -m skipless_jax.models.timm_convert --family=swin --variant=S \
+    python -m skipless_jax.timm_convert --family=swin --variant=S \
         --input=swin_small_patch4_window7_224.pth --output=/tmp/swin_s_timm [--num_classes=10]
 
 `--input` is a timm state dict: a torch file (`.pth`/`.pt`/`.bin`, read with torch, which is
@@ -15,7 +15,7 @@ as `batch_stats`; the checkpoint holds the parameters only).
 
 Back to timm (`to_timm`, the exact inverse of `convert`):
 
-    python -m skipless_jax.models.timm_convert --reverse --input=WORKDIR --output=model.safetensors [--params=ema]
+    python -m skipless_jax.timm_convert --reverse --input=WORKDIR --output=model.safetensors [--params=ema]
 
 reads the newest checkpoint of a workdir (or a folder written here) with its saved
 `config.model` (`--params=ema`: the run's model EMA instead of the trained weights) and writes
