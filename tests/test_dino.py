@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from skipless_jax import checkpoint, losses, sharding
 from skipless_jax.data import multicrop
 from skipless_jax.models import dino_head
-from skipless_jax.trainers import dino
+from skipless_jax.trainers import dino, model_ema
 
 from util import load_config
 
@@ -122,7 +122,7 @@ def test_center_update_and_teacher_ema_equal_their_formulas():
 
     t = {"a": rng.normal(size=(3, 4)), "b": rng.normal(size=(5,))}
     s = {"a": rng.normal(size=(3, 4)), "b": rng.normal(size=(5,))}
-    out = dino.ema(jax.tree.map(jnp.asarray, t), jax.tree.map(jnp.asarray, s), 0.996)
+    out = model_ema.update(jax.tree.map(jnp.asarray, t), jax.tree.map(jnp.asarray, s), jnp.float32(0.996))
     for key in t:
         np.testing.assert_allclose(np.asarray(out[key]), 0.996 * t[key] + 0.004 * s[key], rtol=1e-5, atol=1e-6)
 

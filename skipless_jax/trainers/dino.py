@@ -30,7 +30,7 @@ from skipless_jax.data import device_images, inputs, multicrop, sources
 from skipless_jax.models import dino_head
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
-from skipless_jax.trainers import common, loop, nonfinite, perf
+from skipless_jax.trainers import common, loop, model_ema, nonfinite, perf
 from skipless_jax.trainers.run import open_workdir
 
 EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca", "fewshot", "dino_linear")
@@ -121,18 +121,13 @@ def schedules_from_config(config: ml_collections.ConfigDict, num_train: int) -> 
 
 
 # ----------------------------------------------------------------------------------------
-# Centre, teacher EMA (the loss: losses.dino_loss).
+# Centre (the teacher's EMA: model_ema.update; the loss: losses.dino_loss).
 
 
 def update_center(center: jax.Array, teacher_out: jax.Array, momentum: float) -> jax.Array:
     """c ← m·c + (1 − m)·mean of the teacher outputs over views and the global batch; (1, K)."""
     batch_center = jnp.mean(teacher_out.reshape(-1, teacher_out.shape[-1]), axis=0, keepdims=True)
     return center * momentum + batch_center * (1.0 - momentum)
-
-
-def ema(teacher: Any, student: Any, momentum: jax.Array | float) -> Any:
-    """θ_t ← m·θ_t + (1 − m)·θ_s, leaf by leaf."""
-    return jax.tree.map(lambda t, s: t * momentum + s * (1.0 - momentum), teacher, student)
 
 
 def teacher_entropy(teacher_out: jax.Array, center: jax.Array, teacher_temp: jax.Array | float) -> dict[str, jax.Array]:
@@ -395,7 +390,7 @@ def make_train_step(
         )(params)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         new_params = optax.apply_updates(params, updates)
-        new_teacher = ema(state["teacher"], new_params, values["momentum"])
+        new_teacher = model_ema.update(state["teacher"], new_params, values["momentum"])
         new_center = update_center(state["center"], teacher_out, center_momentum)  # after the loss
 
         # A non-finite loss, gradient, parameter or optimizer state leaves the state untouched.
@@ -476,19 +471,14 @@ def evaluation(
     return ctx, "teacher"
 
 
-def train_and_evaluate(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    devices: Sequence[jax.Device] | None = None,
-    allow_config_change: bool = False,
-) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices: Sequence[jax.Device] | None = None,
+                       allow_config_change: bool = False) -> dict[str, Any]:
     """Trains DINO per `config` in `workdir` (resuming from it); returns the final metrics.
 
     `devices` (default: all) is the set the mesh is laid over. Raises `Preempted` after
     saving when stopped by SIGTERM or a preemption notice.
     """
-    check_config(config, len(devices) if devices is not None else None)
-    mesh, _ = common.setup(config, devices)
+    mesh = common.setup(config, devices, check_config)
     info = sources.dataset_info(config.dataset.name)
     sched = schedules_from_config(config, inputs.num_train_examples(config))
     total_steps = sched.total_steps
@@ -508,16 +498,10 @@ def train_and_evaluate(
     if finished is not None:
         return finished
 
-    def load_init_from(state: dict[str, Any]) -> dict[str, Any]:
-        key = config.get("init_from_key") or "params"
-        rename = init_from_rename(checkpoint.param_shapes(config.init_from, key))
-        state["params"] = pretrained.init_from(config.init_from, state["params"], shardings["params"], key, rename)
-        state["teacher"] = jax.tree.map(jnp.copy, state["params"])  # teacher = student at the start
-        state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
-        return state
-
+    load_init_from = common.init_from_loader(
+        config, tx, shardings, lambda key: init_from_rename(checkpoint.param_shapes(config.init_from, key)))
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
-                                   load_init_from=load_init_from)
+                                       load_init_from=load_init_from)
 
     # ---- The update step (state donated) and the evaluators of the teacher.
     step_fn = make_train_step(model, tx, sched, config.dino, device_images.dataset_stats(config))

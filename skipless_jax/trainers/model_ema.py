@@ -87,15 +87,18 @@ def decay_at(ema: Any, update: jax.Array) -> jax.Array:
     return jnp.where(s <= 0, 0.0, decay)
 
 
-def update(average: Any, new: Any, decay: jax.Array) -> Any:
-    """average + (1 − decay)·(new − average) per floating leaf (torch `lerp_`, as ModelEmaV3);
-    other leaves are copied. decay = 1 leaves the average exactly as it was."""
-    weight = 1.0 - decay
+def update(average: Any, new: Any, decay: jax.Array | float) -> Any:
+    """The one parameter EMA (the model EMA here, DINO's teacher in trainers/dino.py):
+    decay·average + (1 − decay)·new per floating leaf, in the average's dtype (DINO's
+    `param_k.data.mul_(m).add_((1 - m) * param_q.detach().data)`; timm's `lerp_` is the same
+    average to rounding, docs/method.md §22); other leaves are copied. decay = 1 leaves the
+    average exactly as it was, decay = 0 copies `new` exactly (for finite values)."""
+    decay = jnp.asarray(decay)
 
     def leaf(a: jax.Array, n: jax.Array) -> jax.Array:
         if not jnp.issubdtype(a.dtype, jnp.inexact):
             return n
-        return (a + weight.astype(a.dtype) * (n.astype(a.dtype) - a)).astype(a.dtype)
+        return (a * decay.astype(a.dtype) + n.astype(a.dtype) * (1.0 - decay).astype(a.dtype)).astype(a.dtype)
 
     return jax.tree.map(leaf, average, new)
 
