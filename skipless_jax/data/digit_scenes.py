@@ -195,19 +195,16 @@ class DigitScenesSource:
     'digit_indices': int32 (k,) (the split's digits used)}; fresh arrays on every call.
     """
 
-    def __init__(
-        self,
-        split: str,
-        image_size: int | tuple[int, int] = 32,
-        channels: int = 1,
-        seed: int = 0,
-        num_scenes: int | None = None,
-        digit_size: tuple[int, int] = DIGIT_SIZE,
-    ):
-        if not isinstance(image_size, (int, np.integer)):
-            image_size = tuple(int(v) for v in image_size)
+    def __init__(self, split: str, **options: Any):
+        """`options`: those of `build_digit_scenes` (image_size, channels, seed, num_scenes,
+        digit_size), by name; sizes may come as lists (a config's)."""
+        for name in ("image_size", "digit_size"):
+            if name in options and not isinstance(options[name], (int, np.integer)):
+                options[name] = tuple(int(v) for v in options[name])
+        if "seed" in options:
+            options["seed"] = int(options["seed"])
         self.split = split
-        self.arrays = build_digit_scenes(split, image_size, channels, int(seed), num_scenes, tuple(digit_size))
+        self.arrays = build_digit_scenes(split, **options)
 
     def __len__(self) -> int:
         return len(self.arrays["label"])

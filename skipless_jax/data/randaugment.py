@@ -164,23 +164,20 @@ APPLY_OP: dict[str, Callable[[Image.Image, Any, OpContext], Image.Image]] = {
     "Invert": lambda img, _, ctx: invert(img),
     "Rotate": lambda img, a, ctx: rotate(img, a, ctx.fill, ctx.resample),
     "Posterize": lambda img, a, ctx: posterize(img, a),
-    "PosterizeIncreasing": lambda img, a, ctx: posterize(img, a),
     "Solarize": lambda img, a, ctx: solarize(img, a),
-    "SolarizeIncreasing": lambda img, a, ctx: solarize(img, a),
     "SolarizeAdd": lambda img, a, ctx: solarize_add(img, a),
     "Color": lambda img, a, ctx: color(img, a),
-    "ColorIncreasing": lambda img, a, ctx: color(img, a),
     "Contrast": lambda img, a, ctx: contrast(img, a),
-    "ContrastIncreasing": lambda img, a, ctx: contrast(img, a),
     "Brightness": lambda img, a, ctx: brightness(img, a),
-    "BrightnessIncreasing": lambda img, a, ctx: brightness(img, a),
     "Sharpness": lambda img, a, ctx: sharpness(img, a),
-    "SharpnessIncreasing": lambda img, a, ctx: sharpness(img, a),
     "ShearX": lambda img, a, ctx: shear_x(img, a, ctx.fill, ctx.resample),
     "ShearY": lambda img, a, ctx: shear_y(img, a, ctx.fill, ctx.resample),
     "TranslateXRel": lambda img, a, ctx: translate_x(img, a * img.size[0], ctx.fill, ctx.resample),
     "TranslateYRel": lambda img, a, ctx: translate_y(img, a * img.size[1], ctx.fill, ctx.resample),
 }
+# An "...Increasing" op applies its plain op; only its level -> argument differs (LEVEL_TO_ARG).
+APPLY_OP.update({name: APPLY_OP[name.removesuffix("Increasing")]
+                 for name in LEVEL_TO_ARG if name.endswith("Increasing")})
 
 # timm's _RAND_TRANSFORMS and _RAND_INCREASING_TRANSFORMS (Cutout is random erasing instead).
 RAND_OPS = (

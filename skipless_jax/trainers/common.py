@@ -28,23 +28,60 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from skipless_jax import distributed, sharding
+from skipless_jax import checkpoint, distributed, pretrained, sharding
 from skipless_jax.data import device_input
+from skipless_jax.trainers import model_ema
 
 
 def setup(
-    config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None
-) -> tuple[jax.sharding.Mesh, bool]:
-    """(mesh over `devices` (default all), is_chief); only process 0 logs beyond warnings."""
+    config: ml_collections.ConfigDict,
+    devices: Sequence[jax.Device] | None = None,
+    check: Callable[[ml_collections.ConfigDict, int | None], None] | None = None,
+) -> jax.sharding.Mesh:
+    """A trainer's opening: `check(config, number of devices or None)` (the trainer's one-line
+    errors, before anything compiles), then the mesh over `devices` (default all); only process 0
+    logs beyond warnings."""
+    if check is not None:
+        check(config, len(devices) if devices is not None else None)
     mesh = sharding.make_mesh(config.mesh, devices)
     distributed.log_topology(mesh)
-    is_chief = jax.process_index() == 0
-    if not is_chief:
+    if jax.process_index() != 0:
         logging.set_verbosity(logging.WARNING)
-    return mesh, is_chief
+    return mesh
+
+
+def init_from_loader(
+    config: ml_collections.ConfigDict,
+    tx: Any,
+    shardings: Mapping[str, Any],
+    rename: Callable[[str], Any] | None = None,
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """`pretrained.restore_or_init`'s `load_init_from` for every trainer: the parameters of
+    `config.init_from` under `config.init_from_key` (default 'params'; `rename(key)` gives the
+    trainer's renames, if any), a fresh optimizer state for them, and each entry of the state that
+    starts from the model: the source's running statistics where both keep them, the model EMA,
+    DINO's teacher (= the student)."""
+
+    def load(state: dict[str, Any]) -> dict[str, Any]:
+        key = config.get("init_from_key") or "params"
+        names = None if rename is None else rename(key)
+        state["params"] = pretrained.init_from(config.init_from, state["params"], shardings["params"], key, names)
+        state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
+        if "batch_stats" in state and "batch_stats" in checkpoint.state_entries(config.init_from):
+            # running statistics: the source's (a converted timm ConvMixer, another run), else fresh
+            state["batch_stats"] = pretrained.init_from(
+                config.init_from, state["batch_stats"], shardings["batch_stats"], "batch_stats")
+        if "ema" in state:  # the EMA starts from the loaded model
+            state["ema"] = jax.jit(model_ema.init, out_shardings=shardings["ema"])(state)
+        if "teacher" in state:  # DINO: teacher = student at the start
+            state["teacher"] = jax.tree.map(jnp.copy, state["params"])
+        return state
+
+    return load
 
 
 def train_steps(config: ml_collections.ConfigDict, steps_per_epoch: float) -> tuple[int, int]:

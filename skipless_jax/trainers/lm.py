@@ -195,18 +195,13 @@ def make_kappa_probe(model: Any, config: ml_collections.ConfigDict, mesh: jax.sh
     return log_kappa
 
 
-def train_and_evaluate(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    devices: Sequence[jax.Device] | None = None,
-    allow_config_change: bool = False,
-) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices: Sequence[jax.Device] | None = None,
+                       allow_config_change: bool = False) -> dict[str, Any]:
     """Trains the causal LM of `config` in `workdir` (resuming from it); returns the final metrics.
 
     Raises `Preempted` after saving when stopped by SIGTERM or a preemption notice.
     """
-    check_config(config, len(devices) if devices is not None else None)
-    mesh, _ = common.setup(config, devices)
+    mesh = common.setup(config, devices, check_config)
     total_steps = config.total_steps
     facts = text.corpus_facts(config)
     logging.info("Corpus %s: %s", config.dataset.name, facts)

@@ -226,18 +226,13 @@ def picture_fn(config: ml_collections.ConfigDict, model: mae_lib.MAE, ctx: evalu
     return write
 
 
-def train_and_evaluate(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    devices: Sequence[jax.Device] | None = None,
-    allow_config_change: bool = False,
-) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices: Sequence[jax.Device] | None = None,
+                       allow_config_change: bool = False) -> dict[str, Any]:
     """Pre-trains MAE per `config` in `workdir` (resuming from it); returns the final metrics.
 
     Raises `Preempted` after saving when stopped by SIGTERM or a preemption notice.
     """
-    check_config(config, len(devices) if devices is not None else None)
-    mesh, _ = common.setup(config, devices)
+    mesh = common.setup(config, devices, check_config)
     info = sources.dataset_info(config.dataset.name)
     image_size = inputs.image_size(config)
     steps_per_epoch = inputs.steps_per_epoch(config)
@@ -266,14 +261,8 @@ def train_and_evaluate(
     if finished is not None:
         return finished
 
-    def load_init_from(state: dict[str, Any]) -> dict[str, Any]:
-        key = config.get("init_from_key") or "params"
-        state["params"] = pretrained.init_from(config.init_from, state["params"], shardings["params"], key)
-        state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
-        return state
-
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
-                                   load_init_from=load_init_from)
+                                       load_init_from=common.init_from_loader(config, tx, shardings))
 
     # ---- The update step (state donated), the evaluators and the picture.
     train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,

@@ -188,19 +188,14 @@ def _evaluated(config: ml_collections.ConfigDict) -> tuple[str | tuple[str, ...]
     return "params", lambda params: {"params": params}
 
 
-def train_and_evaluate(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    devices: Sequence[jax.Device] | None = None,
-    allow_config_change: bool = False,
-) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices: Sequence[jax.Device] | None = None,
+                       allow_config_change: bool = False) -> dict[str, Any]:
     """Trains `config` in `workdir` (resuming from it) and returns the final metrics.
 
     `devices` (default: all) is the set the mesh is laid over, e.g. one device for a reference.
     Raises `Preempted` after saving when stopped by SIGTERM or a preemption notice.
     """
-    check_config(config, len(devices) if devices is not None else None)
-    mesh, _ = common.setup(config, devices)
+    mesh = common.setup(config, devices, check_config)
     info = sources.dataset_info(config.dataset.name)
     image_size = inputs.image_size(config)
     init_beta = models.apply_init_self_share(config.model, image_size)  # β from its target share, if set
@@ -226,22 +221,10 @@ def train_and_evaluate(
     if finished is not None:
         return finished
 
-    def load_init_from(state: dict[str, Any]) -> dict[str, Any]:
-        key = config.get("init_from_key") or "params"
-        rename = init_from_rename(key, checkpoint.saved_config(config.init_from))
-        state["params"] = pretrained.init_from(config.init_from, state["params"], shardings["params"], key, rename)
-        state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
-        if "batch_stats" in state and "batch_stats" in checkpoint.state_entries(config.init_from):
-            # running statistics: the source's (a converted timm ConvMixer, another run), else fresh
-            state["batch_stats"] = pretrained.init_from(
-                config.init_from, state["batch_stats"], shardings["batch_stats"], "batch_stats"
-            )
-        if "ema" in state:  # the EMA starts from the loaded model
-            state["ema"] = jax.jit(model_ema.init, out_shardings=shardings["ema"])(state)
-        return state
-
+    load_init_from = common.init_from_loader(
+        config, tx, shardings, lambda key: init_from_rename(key, checkpoint.saved_config(config.init_from)))
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
-                                   load_init_from=load_init_from)
+                                       load_init_from=load_init_from)
 
     # ---- The update step (state donated) and the evaluators.
     train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
