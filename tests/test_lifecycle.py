@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -244,9 +243,9 @@ def test_final_metrics_lost_after_the_last_checkpoint_are_evaluated_again(tmp_pa
         assert f.read() == history  # nothing recorded twice
 
 
-def _slowed_run(tmp_path, environ, at_least: int):
+def _slowed_run(tmp_path, environ, at_least: int, delay: str = DELAY):
     workdir, progress, log = str(tmp_path / "run"), str(tmp_path / "progress"), str(tmp_path / "run.log")
-    proc = sr.start(sr.command(workdir, OVERRIDES), dict(environ, SKIPLESS_STEP_DELAY=DELAY,
+    proc = sr.start(sr.command(workdir, OVERRIDES), dict(environ, SKIPLESS_STEP_DELAY=delay,
                                                          SKIPLESS_PROGRESS=progress), log)
     sr.wait_until(lambda: EVERY in sr.steps_on_disk(workdir) and sr.read_progress(progress) >= at_least,
                   [proc], log, TIMEOUT)
@@ -277,9 +276,11 @@ def test_first_ctrl_c_saves_exits_130_and_the_rerun_ends_bitwise_equal(tmp_path,
 
 @pytest.mark.slow
 def test_second_ctrl_c_exits_at_once(tmp_path, environ):
-    workdir, proc, log = _slowed_run(tmp_path, environ, EVERY + 1)
+    # 2 s a step: the second Ctrl-C comes while the first waits for the step's end (two signals
+    # sent back to back could reach a process that a loaded machine has not scheduled as one).
+    workdir, proc, log = _slowed_run(tmp_path, environ, EVERY + 1, delay="2")
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.05)
+    sr.wait_until(lambda: "Ctrl-C: saving this step" in sr.tail(log, 10**6), [proc], log, TIMEOUT)
     proc.send_signal(signal.SIGINT)
     assert sr.finish(proc, log, 30) == 130, sr.tail(log)
     text = sr.tail(log, 10**6)
