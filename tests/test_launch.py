@@ -41,6 +41,13 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _default_sigint() -> None:
+    """In the child: Ctrl-C as a terminal delivers it. A job started in the background of a
+    non-interactive shell (`pytest ... &`) inherits SIGINT ignored, and bash cannot trap a signal
+    ignored on entry."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def launch(script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 30):
     return subprocess.run(
         ["bash", str(LAUNCH / script), *args],
@@ -245,7 +252,7 @@ def test_gpu_node_forwards_ctrl_c_as_sigterm(tmp_path: Path, fake_python: Path, 
         ["bash", str(LAUNCH / "gpu_node.sh"), "--config", CONFIG, "--workdir", str(tmp_path), "--platform", "cpu",
          "--num-processes", "2", "--grace", "600", "--python", str(fake_python)],
         env=clean_env(FAKE_SLEEP_0="600", FAKE_SLEEP_1="600"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        text=True, preexec_fn=_default_sigint,
     )
     logs = [tmp_path / "launch_logs" / f"process-{i}.log" for i in range(2)]
     deadline = time.monotonic() + 300  # a hang guard only
