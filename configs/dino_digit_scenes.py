@@ -29,17 +29,23 @@ flips — a mirrored digit is another shape; test at 32 px, one window), TokenCu
 block's keys (τ 0.2), and the PCA picture of 8 test scenes; pictures in `<workdir>/pictures/`.
 
 Args: skip_sab, skip_ffn, depth, seed, init ('default' | 'skipless' | 'mimetic'), opt
-('adamw' | 'soap'), epochs.
+('adamw' | 'soap'), epochs, evals ('all', or 'knn': the kNN evaluation only, the dense ones
+left to `python -m skipless_jax.evaluate` on the kept checkpoint, as experiments/dino_digit_scenes.py does).
 """
 
 import ml_collections
 
 from skipless_jax import config_args, config_blocks
 
+EVALS = ("all", "knn")  # arg evals=: every evaluator below, or the kNN one only
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The digits recipe (config_blocks.dino_digits, as configs/dino_digits.py) with 20 epochs.
-    a = config_args.parse(arg, skip_sab=True, skip_ffn=True, depth=4, seed=0, init="default", opt="adamw", epochs=20)
+    a = config_args.parse(arg, skip_sab=True, skip_ffn=True, depth=4, seed=0, init="default", opt="adamw", epochs=20,
+                          evals="all")
+    if a["evals"] not in EVALS:
+        raise ValueError(f"config arg evals={a['evals']!r} is not allowed; allowed: {' | '.join(EVALS)}")
     c = config_blocks.dino_digits(a)
     c.schedule.warmup_epochs = 3
     c.dataset.name = "digit_scenes"
@@ -53,6 +59,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         objects=dict(type="tokencut", block=-1, tau=0.2, prefix="test", picture_images=8),
         pca=dict(type="feature_pca", images=8, prefix="test_pca"),
     ))
+    if a["evals"] == "knn":
+        c.evals = ml_collections.ConfigDict(dict(knn=c.evals.knn))
     c.eval_at_start = False
     c.eval_every_steps = 0  # at the end only
     return c

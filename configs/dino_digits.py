@@ -23,7 +23,8 @@ agree too little at initialization and the head drifts to uniform outputs, entro
 and drop-path is 0.
 
 Args: skip_sab, skip_ffn, depth, seed, init ('default' | 'skipless' | 'mimetic'), opt
-('adamw' | 'soap'), epochs.
+('adamw' | 'soap'), epochs, evals ('default', or 'fewshot_linear': the few-shot and DINO
+linear-evaluation protocols added at the last step, config_blocks.eval_set).
 """
 
 import ml_collections
@@ -32,5 +33,6 @@ from skipless_jax import config_args, config_blocks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    a = config_args.parse(arg, skip_sab=True, skip_ffn=True, depth=4, seed=0, init="default", opt="adamw", epochs=60)
-    return config_blocks.dino_digits(a)
+    a = config_args.parse(arg, skip_sab=True, skip_ffn=True, depth=4, seed=0, init="default", opt="adamw", epochs=60,
+                          evals="default")
+    return config_blocks.eval_set(config_blocks.dino_digits(a), a["evals"])

@@ -15,7 +15,8 @@ Hardware: any CPU (2 cores: about 3 minutes, more when loaded). Expected: the en
 accuracy and the fine-tuned accuracies of docs/results.md (section "MAE on digits", 3 seeds).
 
 Args: tg / eps (Token Graying in pre-training), target ('raw' | 'grayed'), skip_sab, skip_ffn,
-init, seed, epochs, norm_pix (norm_pix_loss).
+init, seed, epochs, norm_pix (norm_pix_loss), evals ('default', or 'fewshot_linear': the few-shot
+and DINO linear-evaluation protocols added at the last step, config_blocks.eval_set).
 """
 
 import ml_collections
@@ -27,7 +28,7 @@ from skipless_jax import config_args, config_blocks
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(
         arg, skip_sab=True, skip_ffn=True, init="default", seed=0, tg="none", eps=0.95, target="raw", epochs=100,
-        norm_pix=False,
+        norm_pix=False, evals="default",
     )
     c = ml_collections.ConfigDict()
     c.trainer = "mae"
@@ -55,4 +56,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     ))
     c.update(config_blocks.runtime(eval_every=1000, checkpoint_every=500, log_every=100, analysis=False))
     c.keep_checkpoints = 2
-    return c
+    return config_blocks.eval_set(c, a["evals"])

@@ -43,7 +43,9 @@ The miniature's own knobs (none given: the recipe above, unchanged): lr (default
 patches; see TOKENS), label_smoothing (default 0), self_share (config.model.init_self_share: β
 set so that a token's attention on itself at init is that share, docs/method.md §3; this
 project's extension, not the paper's), val=True (train on train[:90%], report val_accuracy on
-train[90%:] beside test_accuracy).
+train[90%:] beside test_accuracy), aug (none, or pad_crop: a ±1-pixel pad-and-crop, see AUGS),
+repeats (repeated augmentation's r, docs/method.md §21), ema (the model EMA's decay, 0: off;
+docs/method.md §22).
 """
 
 import ml_collections
@@ -58,6 +60,14 @@ from skipless_jax import config_args, config_blocks
 # number and a rank-1 patch matrix; only the number of tokens changes.
 TOKENS = {16: None, 64: 16}
 VAL_TRAIN, VAL = "train[:90%]", "train[90%:]"  # val=True: the train split's last 10 % held out
+# aug -> config.input.aug (None: images as stored). The digits are 8×8 single-channel: pad_crop
+# shifts by up to one pixel (pad 1, random 8×8 crop), no flip (digits are not mirror-symmetric),
+# nothing else; eval images as stored (crop_pct 1).
+AUGS = {
+    "none": None,
+    "pad_crop": dict(randaug=None, scale=(0.08, 1.0), flip=False, reprob=0.0, mixup=0.0, cutmix=0.0,
+                     mixup_switch_prob=0.5, crop="pad", crop_padding=1),
+}
 
 # Named grids for `python -m skipless_jax.sweep --config=configs/quickstart.py --grid=NAME`
 # (docs/results.md shows each as a table via `python -m skipless_jax.report`). A list is the
@@ -93,6 +103,9 @@ GRIDS = {
     # knob an axis between depth and seed, written only where it is not the default, so that a
     # run another grid has (Table 1's, the depth grid's) is the same folder under one root.
     # 225 runs, 155 of them in no other grid.
+    # Repeated augmentation (r = 1, 3) and a model EMA (decay 0.98) without and with the
+    # pad-and-crop augmentation, 3 seeds (experiments/ra_ema_digits.py, docs/results.md).
+    "ra_ema": "aug=none,pad_crop repeats=1,3 ema=0.98 seed=0,1,2",
     "claims": [
         # The runs of Table 1 and the depth grid at depths 8-16 that the claims compare.
         f"skip_sab=True skip_ffn=True init=default opt=adamw,soap depth=8 seed={_SEEDS}",
@@ -174,7 +187,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         label_smoothing=0.0,
         self_share=None,
         val=False,
+        aug="none",
+        repeats=1,
+        ema=0.0,
     )
+    if a["aug"] not in AUGS:
+        raise ValueError(f"config arg aug={a['aug']!r} is not allowed; allowed: {' | '.join(AUGS)}")
     if a["tokens"] not in TOKENS:
         raise ValueError(f"config arg tokens={a['tokens']!r} is not allowed; allowed: {' | '.join(map(str, TOKENS))}")
     c = ml_collections.ConfigDict()
@@ -192,6 +210,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if TOKENS[a["tokens"]]:
         c.input.image_size = TOKENS[a["tokens"]]
         c.input.crop_pct = 1.0  # the whole upsampled digit, no centre crop
+    if AUGS[a["aug"]] is not None:
+        c.input.aug, c.input.crop_pct = ml_collections.ConfigDict(AUGS[a["aug"]]), 1.0
+    c.input.repeated_augmentation = a["repeats"]
 
     # Skips, init (the ViT-B/16 constants of Cutting the Skip) and Token Graying from the args.
     c.model = config_blocks.vit_model(
@@ -219,7 +240,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.grad_clip_norm = 1.0
     c.label_smoothing = a["label_smoothing"]
     c.skip_nonfinite_steps = False
-    c.model_ema = config_blocks.model_ema(decay=0.0)  # off; docs/results.md measures it on
+    c.model_ema = config_blocks.model_ema(decay=a["ema"])  # off by default; docs/results.md measures it on
 
     c.update(config_blocks.runtime(eval_every=0, checkpoint_every=500, log_every=50))  # eval at the end only
     c.keep_checkpoints = 2

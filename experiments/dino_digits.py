@@ -1,11 +1,14 @@
 r"""DINO pre-training on digits, with and without skips (skipless with the skipless init), 3 seeds.
 
-    OPENBLAS_NUM_THREADS=1 python experiments/dino_digits.py --out=docs/figures/dino_digits
+    OPENBLAS_NUM_THREADS=1 python experiments/dino_digits.py --out=docs/figures/dino_digits \
+        [--root=docs/figures/dino_digits_runs] [--workers=2] [--config.x=y ...]
 
-Runs configs/dino_digits.py through `experiments/grid.py` (≈ 2 min of CPU each); results go
-to `<out>.json` as runs finish (a rerun skips finished runs), then a table
-(`<out>.md`) and a plot of the teacher entropies and kNN accuracy over training (`<out>.png`).
-The kNN / linear accuracies at step 0 are the same network at initialization.
+Trains configs/dino_digits.py's runs with `python -m skipless_jax.sweep`'s runner (≈ 2 min of
+CPU each), one kept folder per run under --root (default `<out>_runs`, git-ignored; a rerun
+resumes, and `python -m skipless_jax.report ROOT` tabulates it); `--config.*` overrides pass to
+every run. Then `<out>.json` is written from the finished runs' folders, a table (`<out>.md`) and
+a plot of the teacher entropies and kNN accuracy over training (`<out>.png`). The kNN / linear
+accuracies at step 0 are the same network at initialization.
 """
 
 from __future__ import annotations
@@ -14,38 +17,47 @@ import argparse
 import json
 import math
 import os
-import time
+import sys
 
-import grid
+from skipless_jax import report, sweep
 
+CONFIG = "configs/dino_digits.py"  # relative to the checkout, where the sweep runs its runs
 VARIANTS = {
     "both skips, default init": "skip_sab=True,skip_ffn=True,init=default",
     "no skips, skipless init": "skip_sab=False,skip_ffn=False,init=skipless",
 }
 
 
-def run_all(out: str, seeds: list[int], worker: int = 0, workers: int = 1) -> dict[str, dict]:
-    """Every run not yet in `<out>.json` (this worker's share); returns all results."""
-    clock: dict[str, float] = {}
+def runs(seeds: list[int]) -> dict[str, sweep.SweepRun]:
+    """{result key: its sweep run}."""
+    module = sweep.load_config_module(os.path.join(sweep.ROOT, CONFIG))
+    return {f"{name}|seed={seed}": sweep.one_run(CONFIG, f"{arg},seed={seed}", module)
+            for name, arg in VARIANTS.items() for seed in seeds}
 
-    def configure(config):
-        clock.update(wall=time.time(), cpu=time.process_time())
 
-    def record(metrics, workdir, config):
-        return {
-            "final": {k: v for k, v in metrics.items() if "accuracy" in k or "entropy" in k},
-            "history": [json.loads(line) for line in open(os.path.join(workdir, "history.jsonl"))],
-            "wall_s": round(time.time() - clock["wall"], 1),
-            "cpu_s": round(time.process_time() - clock["cpu"], 1),
-            "log_k": math.log(config.dino.out_dim),
-        }
+def record(workdir: str, metrics: dict) -> dict:
+    from skipless_jax import evaluate
 
-    runs = [
-        grid.Run(f"{name}|seed={seed}", "dino_digits", f"{arg},seed={seed}")
-        for name, arg in VARIANTS.items()
-        for seed in seeds
-    ]
-    return grid.run_grid(f"{out}.json", runs, configure=configure, record=record, worker=worker, workers=workers)
+    config = evaluate.resolve_config(workdir, None)  # the config the run saved with its checkpoint
+    return {
+        "final": {k: v for k, v in metrics.items() if "accuracy" in k or "entropy" in k},
+        "history": report.history(workdir),
+        "core_hours": report.core_hours(workdir),
+        "log_k": math.log(config.dino.out_dim),
+    }
+
+
+def run_all(out: str, seeds: list[int], root: str | None = None, overrides: list[str] = (), workers: int = 1
+            ) -> tuple[dict[str, dict], int]:
+    """Trains the unfinished runs under `root` (default `<out>_runs`), writes `<out>.json` from
+    the finished ones; (results, the sweep's exit status)."""
+    root = os.path.abspath(root or f"{out}_runs")
+    grid = runs(seeds)
+    status = sweep.train(list(grid.values()), root, overrides, workers)
+    results = sweep.collect(grid, root, overrides, record)
+    with open(f"{out}.json", "w") as f:
+        json.dump(results, f, indent=1)
+    return results, status
 
 
 def _series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -111,24 +123,34 @@ def summarize(results: dict[str, dict], out: str) -> str:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(f"{out}.png", dpi=120)
-    cpu = sum(r["cpu_s"] for r in results.values())
-    lines.append(
-        f"\nlog K = {log_k:.2f} nats (uniform). {len(results)} runs, {cpu / 60:.1f} min of process CPU time in all."
-    )
+    lines.append(f"\nlog K = {log_k:.2f} nats (uniform). {len(results)} runs, {cost(results)}.")
     table = "\n".join(lines)
     with open(f"{out}.md", "w") as fh:
         fh.write(table + "\n")
     return table
 
 
+def cost(results: dict[str, dict]) -> str:
+    """The runs' time in all: process CPU minutes where every run has them (results made before
+    the sweep ran them), else the training loops' core hours (each run's perf/core_hours_total)."""
+    if results and all("cpu_s" in r for r in results.values()):
+        return f"{sum(r['cpu_s'] for r in results.values()) / 60:.1f} min of process CPU time in all"
+    hours = [r["core_hours"] for r in results.values() if r.get("core_hours") is not None]
+    return f"{60 * sum(hours):.1f} core-minutes of training loops in all ({len(hours)} runs timed)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="docs/figures/dino_digits")
+    parser.add_argument("--root", default=None, help="the runs' folders (default <out>_runs)")
     parser.add_argument("--seeds", default="0,1,2")
-    grid.add_worker_args(parser)
-    args = parser.parse_args()
-    results = run_all(args.out, [int(s) for s in args.seeds.split(",")], args.worker, args.workers)
-    print(summarize(results, args.out))
+    parser.add_argument("--workers", type=int, default=1, help="runs at a time")
+    args, rest = parser.parse_known_args()
+    overrides = sweep.overrides_of(parser, rest)
+    results, status = run_all(args.out, [int(s) for s in args.seeds.split(",")], args.root, overrides, args.workers)
+    if results:
+        print(summarize(results, args.out))
+    sys.exit(status)
 
 
 if __name__ == "__main__":

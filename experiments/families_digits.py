@@ -1,6 +1,6 @@
 r"""Model families on digits, 3 seeds (docs/results.md, "Model families on digits"):
 
-    OPENBLAS_NUM_THREADS=1 python experiments/families_digits.py [--worker=0 --workers=2]
+    OPENBLAS_NUM_THREADS=1 python experiments/families_digits.py [--workers=2] [--root=DIR] [--config.x=y ...]
 
 - ConvMixer with and without its one skip, depth 4 and 8 (configs/families_digits.py,
   family=convmixer, default init, AdamW): the paper's control, next to the ViT rows of the skip
@@ -9,8 +9,12 @@ r"""Model families on digits, 3 seeds (docs/results.md, "Model families on digit
 - Per-layer log κ of ①, ①+②, ③, ③+④ (64 test images, float64 SVD; analyze.embedding_kappa)
   of every trained Swin, the hierarchical model whose stages change the token count.
 
-Every run trains `--epochs` (default 15) epochs; results go to `<out>.json` as runs finish (a
-rerun skips them), then a Markdown table to `<out>.md` and the κ figure to `<out>_kappa.png`.
+Every run trains `--epochs` (default 15) epochs with `python -m skipless_jax.sweep`'s runner, one
+kept folder per run under --root (default `<out>_runs`, git-ignored; a rerun resumes; at 15
+epochs the folders are those of the config's named grid `families`, and
+`python -m skipless_jax.report ROOT --mean_over=seed` tabulates them); `--config.*` overrides
+pass to every run. Then `<out>.json` is written from the finished runs' folders, a Markdown
+table to `<out>.md` and the κ figure to `<out>_kappa.png`.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 
-import grid
+from skipless_jax import sweep
 
+CONFIG = "configs/families_digits.py"  # relative to the checkout, where the sweep runs its runs
 SEEDS = (0, 1, 2)
 ROWS = {  # row name -> config args of configs/families_digits.py
     "ConvMixer depth 4, with its skip": "family=convmixer,skip_sab=True,depth=4",
@@ -36,13 +42,18 @@ ROWS = {  # row name -> config args of configs/families_digits.py
 }
 
 
-def runs(epochs: int) -> list[grid.Run]:
-    return [grid.Run(f"{row}|seed={s}", "families_digits", f"{arg},epochs={epochs},seed={s}")
-            for row, arg in ROWS.items() for s in SEEDS]
+def runs(epochs: int, seeds=SEEDS) -> dict[str, sweep.SweepRun]:
+    """{result key: its sweep run}."""
+    module = sweep.load_config_module(os.path.join(sweep.ROOT, CONFIG))
+    return {f"{row}|seed={s}": sweep.one_run(CONFIG, f"{arg},epochs={epochs},seed={s}", module)
+            for row, arg in ROWS.items() for s in seeds}
 
 
-def record(metrics: dict, workdir: str, config) -> dict:
+def record(workdir: str, metrics: dict) -> dict:
+    from skipless_jax import evaluate
+
     out = {k: metrics[k] for k in ("test_accuracy", "test_loss", "train_loss")}
+    config = evaluate.resolve_config(workdir, None)  # the config the run saved with its checkpoint
     if config.model.name == "swin":
         from skipless_jax import analyze, checkpoint, models
 
@@ -100,18 +111,26 @@ def plot(results: dict, path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(grid.ROOT, "docs", "figures", "families_digits"))
+    parser.add_argument("--out", default=os.path.join(sweep.ROOT, "docs", "figures", "families_digits"))
+    parser.add_argument("--root", default=None, help="the runs' folders (default <out>_runs)")
     parser.add_argument("--epochs", type=int, default=15)
-    grid.add_worker_args(parser)
-    args = parser.parse_args()
-    results = grid.run_grid(f"{args.out}.json", runs(args.epochs), record=record,
-                            worker=args.worker, workers=args.workers)
+    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    parser.add_argument("--workers", type=int, default=1, help="runs at a time")
+    args, rest = parser.parse_known_args()
+    overrides = sweep.overrides_of(parser, rest)
+    root = os.path.abspath(args.root or f"{args.out}_runs")
+    grid = runs(args.epochs, [int(s) for s in args.seeds.split(",")])
+    status = sweep.train(list(grid.values()), root, overrides, args.workers)
+    results = sweep.collect(grid, root, overrides, record)
+    with open(f"{args.out}.json", "w") as f:
+        json.dump(results, f, indent=1)
     text = table(results)
     with open(f"{args.out}.md", "w") as f:
         f.write(text + "\n")
     plot(results, f"{args.out}_kappa.png")
     print(text)
     print(json.dumps({k: round(v["test_accuracy"], 4) for k, v in results.items()}))
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -1,41 +1,50 @@
 r"""Few-shot (docs/method.md §17) and DINO's linear evaluation (§18) on the digits DINO and MAE
 runs (configs/dino_digits.py, configs/mae_digits_pretrain.py), seeds 0-2, mean ± std.
 
-    OPENBLAS_NUM_THREADS=1 python experiments/fewshot_linear_digits.py --out=docs/figures/fewshot_linear_digits
+    OPENBLAS_NUM_THREADS=1 python experiments/fewshot_linear_digits.py --out=docs/figures/fewshot_linear_digits \
+        [--root=DIR] [--workers=2] [--config.x=y ...]
 
-Each run trains its config as it is and evaluates at the last step only: `fewshot` (shots
-1/5/10/25 × seeds 0-2 on digits) and `dino_linear` with DINO's protocol as written (n = 4 class
-tokens for these width-64 backbones, batch 1024, lr 0.001·B/256, 100 epochs) and, as a second
-row, the same protocol at lr 0.1·B/256 (digits has 1,437 train images, 900× fewer than ImageNet,
-so the protocol's lr × steps is 900× smaller). Results go to `<out>.json` as runs finish (a
-rerun skips them); the table (mean ± sample std, ddof 1) is printed and written to `<out>.md`.
+Each run trains its config as it is with the config arg `evals=fewshot_linear`: evaluated at the
+last step only, `fewshot` (shots 1/5/10/25 × seeds 0-2 on digits) and `dino_linear` with DINO's
+protocol as written (n = 4 class tokens for these width-64 backbones, batch 1024, lr 0.001·B/256,
+100 epochs) and, as a second row, the same protocol at lr 0.1·B/256 (digits has 1,437 train
+images, 900× fewer than ImageNet, so the protocol's lr × steps is 900× smaller)
+(config_blocks.FEWSHOT_LINEAR_EVALS). The runs train with `python -m skipless_jax.sweep`'s
+runner into kept folders under --root (default `<out>_runs`, git-ignored; `recipe=dino/...`,
+`recipe=mae/...`; a rerun resumes), `--config.*` overrides passed to every run; `<out>.json` is
+written from the finished ones; the table (mean ± sample std, ddof 1) is printed and written to
+`<out>.md`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
 
-import ml_collections
 import numpy as np
 
-import grid
+from skipless_jax import config_blocks, sweep
 
 RECIPES = {"DINO": "dino_digits", "MAE": "mae_digits_pretrain"}
-EVALS = dict(
-    fewshot=dict(type="fewshot", every_steps=0),
-    dino_linear=dict(type="dino_linear", every_steps=0),
-    dino_linear_lr0p1=dict(type="dino_linear", every_steps=0, lr=0.1),
-)
+EVALS = config_blocks.FEWSHOT_LINEAR_EVALS
 
 
-def configure(config: ml_collections.ConfigDict) -> None:
-    config.eval_at_start = False
-    for name, entry in EVALS.items():
-        config.evals[name] = ml_collections.ConfigDict(entry)
+def runs(trainers: list[str], seeds: list[str]) -> dict[str, sweep.SweepRun]:
+    """{result key: its sweep run}, each recipe's runs in the folder `recipe=<name>/`."""
+    out = {}
+    for t in trainers:
+        config = f"configs/{RECIPES[t]}.py"  # relative to the checkout, where the sweep runs its runs
+        module = sweep.load_config_module(os.path.join(sweep.ROOT, config))
+        for s in seeds:
+            run = sweep.one_run(config, f"evals=fewshot_linear,seed={s}", module)
+            out[f"{t}|seed={s}"] = run._replace(name=f"recipe={t.lower()}/{run.name}")
+    return out
 
 
-def record(metrics: dict[str, float], workdir: str, config) -> dict[str, float]:
-    del workdir, config
+def record(workdir: str, metrics: dict[str, float]) -> dict[str, float]:
+    del workdir
     return {k: v for k, v in metrics.items() if k.startswith(tuple(EVALS)) or k.startswith("test_")}
 
 
@@ -64,12 +73,17 @@ def summarize(results: dict[str, dict], out: str) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="docs/figures/fewshot_linear_digits")
+    parser.add_argument("--root", default=None, help="the runs' folders (default <out>_runs)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--trainers", default="DINO,MAE")
-    grid.add_worker_args(parser)
-    args = parser.parse_args()
-    runs = [grid.Run(f"{t}|seed={s}", RECIPES[t], f"seed={s}")
-            for t in args.trainers.split(",") for s in args.seeds.split(",")]
-    results = grid.run_grid(f"{args.out}.json", runs, configure=configure, record=record, worker=args.worker,
-                            workers=args.workers)
+    parser.add_argument("--workers", type=int, default=1, help="runs at a time")
+    args, rest = parser.parse_known_args()
+    overrides = sweep.overrides_of(parser, rest)
+    root = os.path.abspath(args.root or f"{args.out}_runs")
+    grid = runs(args.trainers.split(","), args.seeds.split(","))
+    status = sweep.train(list(grid.values()), root, overrides, args.workers)
+    results = sweep.collect(grid, root, overrides, record)
+    with open(f"{args.out}.json", "w") as f:
+        json.dump(results, f, indent=1)
     print(summarize(results, args.out))
+    sys.exit(status)

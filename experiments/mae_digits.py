@@ -2,14 +2,17 @@ r"""MAE on digits, 3 seeds: pre-training with and without DCT Token Graying, the
 to the same fine-tuning recipe from scratch (docs/results.md, "MAE on digits").
 
     OPENBLAS_NUM_THREADS=1 python experiments/mae_digits.py --out=docs/figures/mae_digits \
-        --workdirs=/tmp/mae_digits_runs
+        [--root=DIR] [--workers=2] [--config.x=y ...]
 
-Pre-training runs configs/mae_digits_pretrain.py into `<workdirs>/pretrain_<tg>_seed<s>` (kept:
-the fine-tuning runs load them; a rerun reuses a finished one), fine-tuning runs
-configs/mae_digits_finetune.py with `init_from` pointing there. Results go to `<out>.json` as runs
-finish (a rerun skips finished runs), then a Markdown table to `<out>.md`, and the seed-0
-reconstruction pictures are copied to `<out>_reconstruction_<tg>.png`. Worker i of n
-(`--worker`, `--workers`) takes every n-th run of each phase.
+Both phases train with `python -m skipless_jax.sweep`'s runner into kept folders under --root
+(default `<out>_runs`, git-ignored; a rerun resumes; `python -m skipless_jax.report ROOT`
+tabulates it), `--config.*` overrides passed to every run of both. Pre-training runs
+configs/mae_digits_pretrain.py into `<root>/pretrain/tg=<tg>/seed=<s>`; fine-tuning runs
+configs/mae_digits_finetune.py with `init_from` pointing there, into
+`<root>/finetune/pretrain=<none|dct|scratch>[/tg=dct]/seed=<s>` (a fine-tuning run whose
+pre-training has not finished is left for a rerun). `<out>.json` is written from the finished
+runs, then a Markdown table to `<out>.md`, and the seed-0 reconstruction pictures are copied to
+`<out>_reconstruction_<tg>.png`.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import argparse
 import json
 import os
 import shutil
-import time
+import sys
 
 import numpy as np
 
-import grid
+from skipless_jax import report, sweep
 
+PRETRAIN_CONFIG = "configs/mae_digits_pretrain.py"  # relative to the checkout, where the sweep runs its runs
+FINETUNE_CONFIG = "configs/mae_digits_finetune.py"
 PRETRAIN = {"none": "tg=none", "dct": "tg=dct"}
 # fine-tuning row -> (pre-training or None, fine-tuning args)
 FINETUNE = {
@@ -34,43 +39,65 @@ FINETUNE = {
 }
 
 
-def _train(config_name: str, arg: str, workdir: str) -> dict:
-    from skipless_jax import trainers
-
-    config = grid.load_config(config_name, arg)
-    start = time.time()
-    metrics = trainers.get(config.trainer).train_and_evaluate(config, workdir)
-    return {**metrics, "wall_s": round(time.time() - start, 1)}
+def _nested(*args: str) -> str:
+    """'a=1', 'b=x,c=2' -> 'a=1/b=x/c=2': one folder per arg, so that a path names no comma
+    (it is passed as the config arg init_from) and `report` still reads every arg."""
+    return "/".join(a for arg in args for a in arg.split(",") if a)
 
 
-def run_all(out: str, workdirs: str, seeds: list[int], worker: int = 0, workers: int = 1) -> dict:
-    path = f"{out}.json"
-    pre = [(tg, seed) for tg in PRETRAIN for seed in seeds]
-    for tg, seed in pre[worker::workers]:
-        key = f"pretrain|{tg}|seed={seed}"
-        if key not in grid.load(path):
-            workdir = os.path.join(workdirs, f"pretrain_{tg}_seed{seed}")
-            grid.merge_save(path, key, _train("mae_digits_pretrain", f"{PRETRAIN[tg]},seed={seed}", workdir))
-    runs = [(name, seed) for name in FINETUNE for seed in seeds]
-    for name, seed in runs[worker::workers]:
-        key = f"finetune|{name}|seed={seed}"
-        if key in grid.load(path):
-            continue
-        source, arg = FINETUNE[name]
-        args = [a for a in (arg, f"seed={seed}") if a]
-        if source is not None:
-            src = os.path.join(workdirs, f"pretrain_{source}_seed{seed}")
-            if not os.path.exists(os.path.join(src, "final_metrics.json")):
-                continue  # its pre-training is another worker's and not finished yet: rerun later
-            args.insert(0, f"init_from={src}")
-        workdir = os.path.join(workdirs, f"finetune_{name.replace(' ', '_').replace('+', 'plus')}_seed{seed}")
-        shutil.rmtree(workdir, ignore_errors=True)
-        grid.merge_save(path, key, _train("mae_digits_finetune", ",".join(args), workdir))
-    for tg in PRETRAIN:
-        picture = os.path.join(workdirs, f"pretrain_{tg}_seed0", "reconstruction.png")
+def pretrain_runs(seeds: list[int]) -> dict[str, sweep.SweepRun]:
+    """{result key: its sweep run} of the pre-training."""
+    module = sweep.load_config_module(os.path.join(sweep.ROOT, PRETRAIN_CONFIG))
+    out = {}
+    for tg, arg in PRETRAIN.items():
+        for seed in seeds:
+            run = sweep.one_run(PRETRAIN_CONFIG, f"{arg},seed={seed}", module)
+            out[f"pretrain|{tg}|seed={seed}"] = run._replace(name=_nested("pretrain", arg, f"seed={seed}"))
+    return out
+
+
+def finetune_runs(root: str, seeds: list[int]) -> dict[str, sweep.SweepRun]:
+    """{result key: its sweep run} of the fine-tuning, `init_from` the pre-training's folder under `root`."""
+    module = sweep.load_config_module(os.path.join(sweep.ROOT, FINETUNE_CONFIG))
+    out = {}
+    for name, (source, arg) in FINETUNE.items():
+        for seed in seeds:
+            init = f"init_from={os.path.join(root, _nested('pretrain', PRETRAIN[source], f'seed={seed}'))}," \
+                if source else ""
+            run = sweep.one_run(FINETUNE_CONFIG, f"{init}{arg},seed={seed}", module)
+            folder = _nested("finetune", f"pretrain={source or 'scratch'}", arg, f"seed={seed}")
+            out[f"finetune|{name}|seed={seed}"] = run._replace(name=folder)
+    return out
+
+
+def _source(key: str) -> str | None:
+    """The key of a fine-tuning run's pre-training (None: from scratch)."""
+    _, name, seed = key.split("|")
+    source = FINETUNE[name][0]
+    return None if source is None else f"pretrain|{source}|{seed}"
+
+
+def record(workdir: str, metrics: dict) -> dict:
+    return {**metrics, "core_hours": report.core_hours(workdir)}
+
+
+def run_all(out: str, root: str, seeds: list[int], overrides: list[str], workers: int = 1) -> tuple[dict, int]:
+    """Trains the unfinished runs of both phases under `root`, writes `<out>.json` from the
+    finished ones; (results, the exit status: the fine-tuning's, else the pre-training's)."""
+    pre = pretrain_runs(seeds)
+    status = sweep.train(list(pre.values()), root, overrides, workers)
+    done = {k for k, r in pre.items() if sweep.is_finished(os.path.join(root, r.name), r, overrides)}
+    fine = finetune_runs(root, seeds)
+    ready = [r for k, r in fine.items() if _source(k) is None or _source(k) in done]  # the others: a rerun
+    status = sweep.train(ready, root, overrides, workers) or status
+    results = {**sweep.collect(pre, root, overrides, record), **sweep.collect(fine, root, overrides, record)}
+    with open(f"{out}.json", "w") as f:
+        json.dump(results, f, indent=1)
+    for tg, arg in PRETRAIN.items():
+        picture = os.path.join(root, _nested("pretrain", arg, "seed=0"), "reconstruction.png")
         if os.path.exists(picture):
             shutil.copy(picture, f"{out}_reconstruction_{tg}.png")
-    return grid.load(path)
+    return results, status
 
 
 def _mean_std(values: list[float]) -> str:
@@ -91,20 +118,21 @@ def table(results: dict, seeds: list[int]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(grid.ROOT, "docs", "figures", "mae_digits"))
-    parser.add_argument("--workdirs", default="/tmp/mae_digits_runs")
+    parser.add_argument("--out", default=os.path.join(sweep.ROOT, "docs", "figures", "mae_digits"))
+    parser.add_argument("--root", default=None, help="the runs' folders (default <out>_runs)")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--worker", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--workers", type=int, default=1, help="runs at a time")
+    args, rest = parser.parse_known_args()
+    overrides = sweep.overrides_of(parser, rest)
     seeds = [int(s) for s in args.seeds.split(",")]
-    os.makedirs(args.workdirs, exist_ok=True)
-    results = run_all(args.out, args.workdirs, seeds, args.worker, args.workers)
+    results, status = run_all(args.out, os.path.abspath(args.root or f"{args.out}_runs"), seeds, overrides,
+                              args.workers)
     text = table(results, seeds)
     with open(f"{args.out}.md", "w") as f:
         f.write(text + "\n")
     print(text)
-    print(json.dumps({k: v.get("wall_s") for k, v in results.items()}))
+    print(json.dumps({k: v.get("wall_s", v.get("core_hours")) for k, v in results.items()}))
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -4,51 +4,58 @@ docs/method.md §21), each with a model EMA (decay 0.98, docs/method.md §22) ev
 model, 3 seeds; once with the quickstart as it is (no augmentation: the r copies are the same
 image) and once with a ±1-pixel pad-and-crop augmentation (each copy differs).
 
-    OPENBLAS_NUM_THREADS=1 python experiments/ra_ema_digits.py --out=docs/figures/ra_ema_digits
+    OPENBLAS_NUM_THREADS=1 python experiments/ra_ema_digits.py --out=docs/figures/ra_ema_digits \
+        [--root=DIR] [--workers=2] [--config.x=y ...]
 
-The EMA does not act on training, so one run gives both the model's accuracy (`test_accuracy`)
-and its EMA's (`ema_test_accuracy`). Decay 0.98 averages over ~50 of the ~900 updates (1/(1 − d)
-= 5.6 % of the run; DeiT's 0.99996 is 6.7 % of its 375k updates). Results go to `<out>.json` as
-runs finish (a rerun skips finished runs; `--workers=2 --worker=i` share the grid), then
-`<out>.md` holds the table.
+The runs are configs/quickstart.py's args `aug`, `repeats` and `ema` (its named grid `ra_ema`
+for seeds 0-2), trained with `python -m skipless_jax.sweep`'s runner into kept folders under
+--root (default `<out>_runs`, git-ignored; a rerun resumes; `python -m skipless_jax.report ROOT`
+tabulates it), `--config.*` overrides passed to every run. The EMA does not act on training, so
+one run gives both the model's accuracy (`test_accuracy`) and its EMA's (`ema_test_accuracy`).
+Decay 0.98 averages over ~50 of the ~900 updates (1/(1 − d) = 5.6 % of the run; DeiT's 0.99996
+is 6.7 % of its 375k updates). `<out>.json` is written from the finished runs, then `<out>.md`
+holds the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
 
-import grid
+from skipless_jax import sweep
 
-# The digits are 8×8 single-channel: a shift by up to one pixel (pad 1, random 8×8 crop), no
-# flip (digits are not mirror-symmetric), nothing else; eval images as stored (crop_pct 1).
-PAD_CROP = dict(randaug=None, scale=(0.08, 1.0), flip=False, reprob=0.0, mixup=0.0, cutmix=0.0,
-                mixup_switch_prob=0.5, crop="pad", crop_padding=1)
-AUGS = {"none": None, "pad-crop": PAD_CROP}
+CONFIG = "configs/quickstart.py"  # relative to the checkout, where the sweep runs its runs
+AUGS = {"none": "none", "pad-crop": "pad_crop"}  # row name -> configs/quickstart.py's arg aug
 REPEATS = (1, 3)
 EMA_DECAY = 0.98
 
 
-def record(metrics, workdir, config):
+def runs(seeds: list[int]) -> dict[str, sweep.SweepRun]:
+    """{result key: its sweep run}."""
+    module = sweep.load_config_module(os.path.join(sweep.ROOT, CONFIG))
+    return {f"{aug_name}|r={repeats}|seed={seed}":
+            sweep.one_run(CONFIG, f"aug={aug},repeats={repeats},ema={EMA_DECAY},seed={seed}", module)
+            for aug_name, aug in AUGS.items() for repeats in REPEATS for seed in seeds}
+
+
+def record(workdir: str, metrics: dict) -> dict:
+    del workdir
     return {k: metrics[k] for k in ("test_accuracy", "ema_test_accuracy", "test_loss", "ema_test_loss", "step")}
 
 
-def run_all(out: str, seeds: list[int], worker: int = 0, workers: int = 1) -> dict[str, dict]:
-    import ml_collections
-
-    results = {}
-    for aug_name, aug in AUGS.items():
-        for repeats in REPEATS:
-            runs = [grid.Run(f"{aug_name}|r={repeats}|seed={seed}", "quickstart", f"seed={seed}") for seed in seeds]
-
-            def configure(config, aug=aug, repeats=repeats):
-                if aug is not None:
-                    config.input.aug, config.input.crop_pct = ml_collections.ConfigDict(aug), 1.0
-                config.input.repeated_augmentation = repeats
-                config.model_ema.decay = EMA_DECAY
-
-            results = grid.run_grid(f"{out}.json", runs, configure=configure, record=record, worker=worker,
-                                    workers=workers)
-    return results
+def run_all(out: str, seeds: list[int], root: str | None = None, overrides: list[str] = (), workers: int = 1
+            ) -> tuple[dict[str, dict], int]:
+    """Trains the unfinished runs under `root` (default `<out>_runs`), writes `<out>.json` from
+    the finished ones; (results, the sweep's exit status)."""
+    root = os.path.abspath(root or f"{out}_runs")
+    grid = runs(seeds)
+    status = sweep.train(list(grid.values()), root, overrides, workers)
+    results = sweep.collect(grid, root, overrides, record)
+    with open(f"{out}.json", "w") as f:
+        json.dump(results, f, indent=1)
+    return results, status
 
 
 def summarize(results: dict[str, dict], out: str) -> str:
@@ -77,8 +84,11 @@ def summarize(results: dict[str, dict], out: str) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="docs/figures/ra_ema_digits")
+    parser.add_argument("--root", default=None, help="the runs' folders (default <out>_runs)")
     parser.add_argument("--seeds", default="0,1,2")
-    grid.add_worker_args(parser)
-    args = parser.parse_args()
-    results = run_all(args.out, [int(s) for s in args.seeds.split(",")], args.worker, args.workers)
+    parser.add_argument("--workers", type=int, default=1, help="runs at a time")
+    args, rest = parser.parse_known_args()
+    overrides = sweep.overrides_of(parser, rest)
+    results, status = run_all(args.out, [int(s) for s in args.seeds.split(",")], args.root, overrides, args.workers)
     print(summarize(results, args.out))
+    sys.exit(status)

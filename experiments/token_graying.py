@@ -10,9 +10,12 @@ photos: on real photo patches (scikit-learn's china.jpg and flower.jpg), how clo
 digits: the paper's ε ablation (ε = 1 (no TG), 0.9, 0.7, 0.6, 0.5 with SVD-TG; 3 seeds) with the
   quickstart config; per run the test accuracy and, on all 360 test images, the mean log κ of
   the token matrix after TG (κ_in) and of the patch-embedding output, the latter over its rank
-  (X·W + b has at most d_in + 1 = 5 nonzero singular values for 2×2 patches). Results are
-  appended to docs/figures/token_graying_digits.json as runs finish (a rerun skips them),
-  then docs/figures/token_graying_digits.png is drawn.
+  (X·W + b has at most d_in + 1 = 5 nonzero singular values for 2×2 patches). The runs are
+  configs/quickstart.py's named grid `tg_eps`, trained with `python -m skipless_jax.sweep`'s
+  runner into kept folders under --root (default docs/figures/token_graying_digits_runs/,
+  git-ignored; a rerun resumes), `--config.*` overrides passed to every run; then
+  docs/figures/token_graying_digits.json is written from the finished runs (--out) and
+  docs/figures/token_graying_digits.png is drawn.
 Both print the markdown tables that docs/token_graying.md shows.
 """
 
@@ -27,6 +30,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from skipless_jax import sweep  # noqa: E402  (the checkout's package, ROOT on the path first)
+
 FIGURES = os.path.join(ROOT, "docs", "figures")
 EPS_GRID = (0.95, 0.9, 0.7, 0.6, 0.5)
 ABLATION_EPS = (1.0, 0.9, 0.7, 0.6, 0.5)
@@ -235,16 +240,29 @@ def photo_figures(results: dict) -> None:
     fig.savefig(os.path.join(FIGURES, "token_graying_bf16.png"), dpi=110)
 
 
-def run_digits(path: str, seeds: list[int]) -> dict:
-    """The ε ablation on digits through `experiments/grid.py` (resumable)."""
+def digit_runs(seeds: list[int]) -> dict[str, sweep.SweepRun]:
+    """{result key: its sweep run}: configs/quickstart.py's named grid `tg_eps` for these seeds
+    (the standard ViT these figures were made with; the quickstart's default is now skipless + SOAP)."""
+    config = "configs/quickstart.py"  # relative to the checkout, where the sweep runs its runs
+    module = sweep.load_config_module(os.path.join(ROOT, config))
+    return {f"eps={eps}|seed={seed}":
+            sweep.one_run(config, f"{STANDARD}," + ("tg=none" if eps == 1.0 else f"tg=svd,eps={eps}") + f",seed={seed}",
+                          module)
+            for eps in ABLATION_EPS for seed in seeds}
+
+
+def run_digits(path: str, seeds: list[int], root: str, overrides: list[str] = (), workers: int = 1
+               ) -> tuple[dict, int]:
+    """The ε ablation on digits, trained with `python -m skipless_jax.sweep`'s runner into kept
+    folders under `root` (resumable); `path` (JSON) written from the finished runs' final
+    checkpoints. (results, the sweep's exit status)."""
     import jax
     import jax.numpy as jnp
 
-    from skipless_jax import analyze
+    from skipless_jax import analyze, evaluate
 
-    import grid
-
-    def record(metrics, workdir, config):
+    def record(workdir, metrics):
+        config = evaluate.resolve_config(workdir, None)  # the config the run saved with its checkpoint
         model, shape = analyze.build(config)
         params, _, source = analyze.load_params(model, config, shape, workdir)  # the final checkpoint
         assert source == "checkpoint", source
@@ -261,17 +279,12 @@ def run_digits(path: str, seeds: list[int]) -> dict:
             log_kappa_embedding=float(log_kappa(out["embedding"], rank).mean()),
         )
 
-    runs = [
-        # The standard ViT these figures were made with (the quickstart's default is now skipless + SOAP).
-        grid.Run(
-            f"eps={eps}|seed={seed}",
-            "quickstart",
-            f"{STANDARD},seed={seed}" + ("" if eps == 1.0 else f",tg=svd,eps={eps}"),
-        )
-        for eps in ABLATION_EPS
-        for seed in seeds
-    ]
-    return grid.run_grid(path, runs, record=record)
+    runs = digit_runs(seeds)
+    status = sweep.train(list(runs.values()), root, overrides, workers)
+    results = sweep.collect(runs, root, overrides, record)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    return results, status
 
 
 def _raw_patches(images: np.ndarray, config) -> np.ndarray:
@@ -303,7 +316,7 @@ def digits_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def digits_figure(results: dict) -> None:
+def digits_figure(results: dict, path: str = os.path.join(FIGURES, "token_graying_digits.png")) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -326,14 +339,20 @@ def digits_figure(results: dict) -> None:
     axes[1].invert_xaxis()
     axes[1].legend()
     fig.tight_layout()
-    fig.savefig(os.path.join(FIGURES, "token_graying_digits.png"), dpi=110)
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--part", default="all", choices=["photos", "digits", "all"])
     parser.add_argument("--seeds", default="0,1,2")
-    args = parser.parse_args()
+    parser.add_argument("--root", default=os.path.join(FIGURES, "token_graying_digits_runs"),
+                        help="digits: the runs' folders (git-ignored under docs/figures/)")
+    parser.add_argument("--out", default=os.path.join(FIGURES, "token_graying_digits"),
+                        help="digits: <out>.json, <out>.png")
+    parser.add_argument("--workers", type=int, default=1, help="digits: runs at a time")
+    args, rest = parser.parse_known_args()
+    overrides = sweep.overrides_of(parser, rest)
     os.makedirs(FIGURES, exist_ok=True)
     if args.part in ("photos", "all"):
         results = run_photos()
@@ -343,9 +362,10 @@ def main() -> None:
         print(photo_tables(results))
     if args.part in ("digits", "all"):
         seeds = [int(s) for s in args.seeds.split(",")]
-        results = run_digits(os.path.join(FIGURES, "token_graying_digits.json"), seeds)
-        digits_figure(results)
+        results, status = run_digits(f"{args.out}.json", seeds, os.path.abspath(args.root), overrides, args.workers)
+        digits_figure(results, f"{args.out}.png")
         print(digits_table(results))
+        sys.exit(status)
 
 
 if __name__ == "__main__":

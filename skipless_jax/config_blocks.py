@@ -120,6 +120,30 @@ def dino_evals(linear_l2: float, linear_steps: int) -> ml_collections.ConfigDict
     ))
 
 
+# The config arg `evals=` of the digits pre-training configs (configs/dino_digits.py,
+# configs/mae_digits_pretrain.py): their own evaluators, or with the few-shot (docs/method.md §17)
+# and DINO linear-evaluation (§18) protocols added, at the last step only
+# (experiments/fewshot_linear_digits.py): DINO's protocol as written and at lr 0.1·B/256.
+FEWSHOT_LINEAR_EVALS = dict(
+    fewshot=dict(type="fewshot", every_steps=0),
+    dino_linear=dict(type="dino_linear", every_steps=0),
+    dino_linear_lr0p1=dict(type="dino_linear", every_steps=0, lr=0.1),
+)
+EVAL_SETS = ("default", "fewshot_linear")
+
+
+def eval_set(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+    """`c` with the evaluators of the config arg evals=`name` (one of EVAL_SETS): 'default' leaves
+    it as it is; 'fewshot_linear' adds FEWSHOT_LINEAR_EVALS and turns the evaluation at step 0 off."""
+    if name not in EVAL_SETS:
+        raise ValueError(f"config arg evals={name!r} is not allowed; allowed: {' | '.join(EVAL_SETS)}")
+    if name == "fewshot_linear":
+        c.eval_at_start = False
+        for key, entry in FEWSHOT_LINEAR_EVALS.items():
+            c.evals[key] = ml_collections.ConfigDict(entry)
+    return c
+
+
 # The dense evaluations of "Cutting the Skip" (docs/method.md §7-8) by name: (type, dataset,
 # split, train split, protocol); TokenCut has no train split.
 DENSE_EVALS = {

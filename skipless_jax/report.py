@@ -198,18 +198,26 @@ def format_table(table: list[dict[str, Any]], fmt: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def history(folder: str | None) -> list[dict[str, Any]]:
+    """Every record of the run folder's history.jsonl, in order ([] without one; None: a CSV's row)."""
+    path = os.path.join(folder, HISTORY) if folder is not None else None
+    if path is None or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def read_history(folder: str | None, metric: str) -> tuple[list[int], list[float]]:
     """(steps, values) of `metric` in the folder's history.jsonl (records without it skipped)."""
-    steps, values = [], []
-    path = os.path.join(folder, HISTORY) if folder is not None else None  # None: a CSV's row
-    if path is not None and os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                record = json.loads(line)
-                if metric in record:
-                    steps.append(record["step"])
-                    values.append(record[metric])
-    return steps, values
+    records = [r for r in history(folder) if metric in r]
+    return [r["step"] for r in records], [r[metric] for r in records]
+
+
+def core_hours(folder: str) -> float | None:
+    """The run's `perf/core_hours_total` (devices × wall-clock hours of its training loops, resumes
+    summed; start-up, compilation and the final evaluation not counted) from its last train record."""
+    values = read_history(folder, "perf/core_hours_total")[1]
+    return values[-1] if values else None
 
 
 def plot(

@@ -50,7 +50,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from skipless_jax import workdir_lock
@@ -136,6 +136,33 @@ def expand(config: str, grid: str, module: Any | None = None) -> list[SweepRun]:
                 raise ValueError(f"run {name}: {err}") from None
             runs[name] = SweepRun(name, spec)
     return list(runs.values())
+
+
+def one_run(config: str, args: str = "", module: Any | None = None) -> SweepRun:
+    """The run of `config` (PATH[:args]) with the extra `args` ('a=1,b=x'), named and checked as
+    `expand` names and checks a grid's runs (a script's list of runs that are not one product)."""
+    items = [a for a in args.split(",") if a]
+    if not items:
+        raise ValueError(f"a run of {config} needs args: they name its folder")
+    return expand(config, " ".join(items), module)[0]
+
+
+def collect(
+    runs: Mapping[str, SweepRun],
+    root: str,
+    overrides: Sequence[str],
+    record: Callable[[str, dict[str, Any]], dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """{key: record(workdir, final metrics)} of the `runs` ({key: run}) that finished under `root`
+    with these overrides (`is_finished`), in the order of `runs`: the results of a script's grid,
+    read from its run folders after `run_local` (the others are left out)."""
+    out = {}
+    for key, run in runs.items():
+        workdir = os.path.join(root, run.name)
+        if is_finished(workdir, run, overrides):
+            with open(os.path.join(workdir, FINAL_METRICS)) as f:
+                out[key] = record(workdir, json.load(f))
+    return out
 
 
 def run_record(run: SweepRun, overrides: Sequence[str]) -> dict[str, Any]:
@@ -341,6 +368,36 @@ def run_local(
     return status
 
 
+def train(runs: Sequence[SweepRun], root: str, overrides: Sequence[str] = (), workers: int = 1) -> int:
+    """`run_local` on this host's devices under `root`'s lock, as `python -m skipless_jax.sweep`
+    trains (a script's runs too): its exit status; 2 (one line) for a `workers` that does not
+    divide the devices, 1 while another sweep holds `root`."""
+    try:
+        devices = probe_devices()
+        worker_envs(*devices, workers)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+    try:  # one sweep per root (each run's main locks its own workdir too)
+        workdir_lock.acquire(root, "--root")
+    except workdir_lock.WorkdirBusy as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        return run_local(runs, root, overrides, workers, devices=devices)
+    finally:
+        workdir_lock.release(root)
+
+
+def overrides_of(parser: argparse.ArgumentParser, rest: Sequence[str]) -> list[str]:
+    """The `--config.a.b=value` overrides among a parser's unknown args (`parse_known_args`);
+    anything else is the parser's usage error."""
+    bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
+    if bad:
+        parser.error(f"unexpected argument {bad[0]!r}; overrides are written --config.a.b=value")
+    return list(rest)
+
+
 def summarize(runs: Sequence[SweepRun], root: str, outcome: dict[str, int], skipped: int) -> int:
     """One line of counts, then one line per run that did not finish; the sweep's exit status."""
     failed = {n: c for n, c in outcome.items() if c not in (0, EXIT_PREEMPTED, EXIT_INTERRUPTED)}
@@ -427,9 +484,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--launcher", default="local", help="local | slurm | tpu")
     parser.add_argument("--submit", action="store_true", help="slurm: submit the array job with sbatch")
     args, rest = parser.parse_known_args(argv)
-    bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
-    if bad:
-        parser.error(f"unexpected argument {bad[0]!r}; overrides are written --config.a.b=value")
+    rest = overrides_of(parser, rest)
     if args.launcher not in LAUNCHERS:
         parser.error(f"--launcher={args.launcher!r} is unknown; allowed: {', '.join(LAUNCHERS)}")
     if args.workers < 1:
@@ -446,21 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     root = os.path.abspath(args.root) if "://" not in args.root else args.root.rstrip("/")
     if args.launcher == "local":
-        try:
-            devices = probe_devices()
-            worker_envs(*devices, args.workers)
-        except ValueError as err:
-            print(f"error: {err}", file=sys.stderr, flush=True)
-            return 2
-        try:  # one sweep per root (each run's main locks its own workdir too)
-            workdir_lock.acquire(root, "--root")
-        except workdir_lock.WorkdirBusy as err:
-            print(f"error: {err}", file=sys.stderr, flush=True)
-            return 1
-        try:
-            return run_local(runs, root, overrides, args.workers, devices=devices)
-        finally:
-            workdir_lock.release(root)
+        return train(runs, root, overrides, args.workers)
     todo = [r for r in runs if not is_finished(os.path.join(root, r.name), r, overrides)]
     if not todo:
         print(f"sweep: all {len(runs)} runs under {root} already finished", flush=True)

@@ -88,6 +88,25 @@ def test_expand_names_runs_by_their_args_and_adds_them_to_the_config_args(setup)
     assert sweep.expand(config, "mode=a/b")[0].name == "mode=a_b"
 
 
+def test_a_scripts_runs_train_through_the_sweep_and_collect_reads_the_finished_ones(setup):
+    """experiments/*.py: one run per row of args (`one_run`, named as `expand` names them, checked
+    by the config), trained by `run_local`, their results read back from the folders (`collect`)."""
+    config, trainer, root = setup
+    run = sweep.one_run(f"{config}:base=y", "lr=0.5,seed=1")
+    assert run == sweep.expand(f"{config}:base=y", "lr=0.5 seed=1")[0] == sweep.SweepRun(
+        "lr=0.5,seed=1", f"{config}:base=y,lr=0.5,seed=1")
+    for bad, words in [("depth=4", "run depth=4: config arg 'depth=4' is unknown"), ("", "needs args")]:
+        with pytest.raises(ValueError, match=words):
+            sweep.one_run(config, bad)
+    runs = {"row a|seed=0": sweep.one_run(config, "seed=0"), "row b|seed=1": sweep.one_run(config, "mode=fail,seed=1")}
+    runs["nested|seed=2"] = sweep.one_run(config, "seed=2")._replace(name="part=x/seed=2")  # a folder per part
+    assert sweep.run_local(list(runs.values()), root, ["--config.x=1"], trainer=trainer, devices=("cpu", [])) == 1
+    record = lambda workdir, metrics: {"seed": metrics["seed"], "folder": os.path.relpath(workdir, root)}
+    assert sweep.collect(runs, root, ["--config.x=1"], record) == {
+        "row a|seed=0": {"seed": 0, "folder": "seed=0"}, "nested|seed=2": {"seed": 2, "folder": "part=x/seed=2"}}
+    assert sweep.collect(runs, root, [], record) == {}  # finished under other overrides: not these runs
+
+
 def test_claims_grid_expands_and_shares_the_other_grids_folders():
     """`claims`: 225 runs, 70 of them Table 1's and the depth grid's runs under their own folder
     names (trained once under one root), 155 new: 20 with skips at depths 12-16, 90 of the
