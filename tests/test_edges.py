@@ -356,12 +356,25 @@ def test_truncated_or_unreadable_converter_inputs_are_one_line(tmp_path):
     try:
         import safetensors  # noqa: F401
     except ImportError:
-        with pytest.raises(ValueError, match=r"is a \.safetensors file; reading it needs the safetensors package "
-                           r"\(pip install safetensors, or 'skipless_jax\[timm\]'\)"):
-            timm_convert.load_state_dict(st)
+        pass
     else:
         with pytest.raises(ValueError, match=r"is not a readable \.safetensors file .*Download it again$"):
             timm_convert.load_state_dict(st)
+
+
+def test_a_safetensors_input_without_the_package_is_one_line(tmp_path, monkeypatch):
+    """The reader missing (a None entry in sys.modules makes its import fail, installed or not):
+    one line naming the package and the extra."""
+    from skipless_jax import timm_convert
+
+    st = str(tmp_path / "sd.safetensors")
+    with open(st, "wb") as f:
+        f.write(b"\x00" * 16)
+    monkeypatch.setitem(sys.modules, "safetensors", None)
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
+    with pytest.raises(ValueError, match=rf"^--input='{re.escape(st)}' is a \.safetensors file; reading it needs the "
+                       r"safetensors package \(pip install safetensors, or 'skipless_jax\[timm\]'\)"):
+        timm_convert.load_state_dict(st)
 
 
 def test_reverse_of_a_dino_workdir_says_it_is_not_supported(tmp_path):
