@@ -466,3 +466,47 @@ def test_a_bucket_workdir_is_not_locked_and_says_so(caplog):
         main.lock_workdir("gs://bucket/run")
     assert [r.getMessage() for r in caplog.records] == [
         "--workdir=gs://bucket/run is a bucket: it is not locked against a second run; start one run per workdir."]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["events", "history", "final_metrics"])
+def test_a_full_disk_under_the_runs_own_writes_is_one_line_naming_the_file(tmp_path, monkeypatch, where):
+    """ENOSPC from the event file, history.jsonl or final_metrics.json (the tmpfs runs of
+    test_lifecycle fill the disk at the checkpoint or the trace first) reaches main's handler with
+    its file, and `disk_full_write` makes it the one line main prints."""
+    import errno
+
+    from etils import epath
+
+    from skipless_jax import checkpoint
+    from skipless_jax.trainers import writers
+
+    workdir = str(tmp_path / "run")
+    named = {"events": None, "history": os.path.join(workdir, "history.jsonl"),
+             "final_metrics": os.path.join(workdir, "final_metrics.json")}[where]
+
+    def full(path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    if where == "events":
+        def write(self, event):
+            full(self.path)
+        monkeypatch.setattr(writers.EventFileWriter, "_write", write)
+    else:
+        path_type = type(epath.Path(workdir))  # the concrete class (a local path's)
+        opened, written = path_type.open, path_type.write_text
+        monkeypatch.setattr(path_type, "open", lambda self, mode="r", *a, **k: full(self) if str(self) == named
+                            and "a" in mode else opened(self, mode, *a, **k))
+        monkeypatch.setattr(path_type, "write_text", lambda self, *a, **k: full(self) if str(self) == named
+                            else written(self, *a, **k))
+    with pytest.raises(Exception) as caught:
+        supervised.train_and_evaluate(tiny_config(total_steps=6, log_every_steps=3), workdir)
+    line = str(checkpoint.disk_full_write(caught.value, workdir))
+    if where == "events":
+        assert re.fullmatch(rf"the disk is full: writing {re.escape(workdir)}/\S*events\.out\.tfevents\.\S+ failed "
+                            r"\(No space left on device\); no checkpoint was saved yet; free space and rerun the "
+                            "same command to resume", line), line
+    else:
+        good = "the last good checkpoint is step 6, kept" if where == "final_metrics" else "no checkpoint was saved yet"
+        assert line == (f"the disk is full: writing {named} failed (No space left on device); {good}; free space "
+                        "and rerun the same command to resume"), line
