@@ -34,7 +34,7 @@ SOAP > AdamW with the default init holds (93.9 against 10.4: AdamW never trains;
 against `:depth=12,init=default,opt=adamw`), and the skipless init against the default init
 under AdamW just misses (59.1 ± 27.7 against 10.4 ± 0.7: 4 of 5 seeds train against 0 of 5;
 Holm p 0.064). The clearest view of "Cutting the Skip"'s effect (the `claims` grid, docs/results.md
-"The papers' claims in miniature") is AdamW at lr 2e-3, depth 8:
+"The papers' claims in miniature") is AdamW at a learning rate of 2e-3, depth 8:
 `:depth=8,opt=adamw,lr=2e-3,val=True` (82.5 ± 4.2 %, 5 seeds) against
 `:depth=8,init=default,opt=adamw,lr=2e-3,val=True` (10.0 %: every seed at chance); holds, Holm
 p 0.012. With each cell at its best validated lr the skipless init still leads by 9.7 points
