@@ -14,7 +14,6 @@ accuracies at step 0 are the same network at initialization.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -53,10 +52,7 @@ def run_all(out: str, seeds: list[int], root: str | None = None, overrides: list
     the finished ones; (results, the sweep's exit status)."""
     root = os.path.abspath(root or f"{out}_runs")
     grid = runs(seeds)
-    status = sweep.train(list(grid.values()), root, overrides, workers)
-    results = sweep.collect(grid, root, overrides, record)
-    with open(f"{out}.json", "w") as f:
-        json.dump(results, f, indent=1)
+    results, status = sweep.train_and_collect(grid, root, overrides, workers, record, f"{out}.json")
     return results, status
 
 

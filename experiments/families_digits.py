@@ -120,10 +120,7 @@ def main() -> None:
     overrides = sweep.overrides_of(parser, rest)
     root = os.path.abspath(args.root or f"{args.out}_runs")
     grid = runs(args.epochs, [int(s) for s in args.seeds.split(",")])
-    status = sweep.train(list(grid.values()), root, overrides, args.workers)
-    results = sweep.collect(grid, root, overrides, record)
-    with open(f"{args.out}.json", "w") as f:
-        json.dump(results, f, indent=1)
+    results, status = sweep.train_and_collect(grid, root, overrides, args.workers, record, f"{args.out}.json")
     text = table(results)
     with open(f"{args.out}.md", "w") as f:
         f.write(text + "\n")

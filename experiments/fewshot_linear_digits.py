@@ -19,7 +19,6 @@ written from the finished ones; the table (mean ± sample std, ddof 1) is printe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -81,9 +80,6 @@ if __name__ == "__main__":
     overrides = sweep.overrides_of(parser, rest)
     root = os.path.abspath(args.root or f"{args.out}_runs")
     grid = runs(args.trainers.split(","), args.seeds.split(","))
-    status = sweep.train(list(grid.values()), root, overrides, args.workers)
-    results = sweep.collect(grid, root, overrides, record)
-    with open(f"{args.out}.json", "w") as f:
-        json.dump(results, f, indent=1)
+    results, status = sweep.train_and_collect(grid, root, overrides, args.workers, record, f"{args.out}.json")
     print(summarize(results, args.out))
     sys.exit(status)

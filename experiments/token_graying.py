@@ -280,10 +280,7 @@ def run_digits(path: str, seeds: list[int], root: str, overrides: list[str] = ()
         )
 
     runs = digit_runs(seeds)
-    status = sweep.train(list(runs.values()), root, overrides, workers)
-    results = sweep.collect(runs, root, overrides, record)
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
+    results, status = sweep.train_and_collect(runs, root, overrides, workers, record, path)
     return results, status
 
 

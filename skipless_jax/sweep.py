@@ -165,6 +165,23 @@ def collect(
     return out
 
 
+def train_and_collect(
+    runs: Mapping[str, SweepRun],
+    root: str,
+    overrides: Sequence[str],
+    workers: int,
+    record: Callable[[str, dict[str, Any]], dict[str, Any]],
+    path: str,
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """A script's grid ({key: run}): `train` the unfinished runs under `root`, then `collect` the
+    finished ones and write them as JSON to `path`; (the results, the sweep's exit status)."""
+    status = train(list(runs.values()), root, overrides, workers)
+    results = collect(runs, root, overrides, record)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    return results, status
+
+
 def run_record(run: SweepRun, overrides: Sequence[str]) -> dict[str, Any]:
     return {"config": run.config, "overrides": list(overrides)}
 
