@@ -31,7 +31,10 @@ import jax
 import ml_collections
 import scaling  # benchmarks/scaling.py: the trainers' own steps (this script's folder is on sys.path)
 
+from skipless_jax.models import flops as model_flops
 from skipless_jax.trainers import perf
+
+NUM_CLASSES, CHANNELS = 1000, 3  # the random ImageNet-shaped batches every variant is timed on
 
 
 def bench(variant: str, batch: int, image_size: int, dtype: str, repeats: int, skips: bool, init: str,
@@ -39,7 +42,8 @@ def bench(variant: str, batch: int, image_size: int, dtype: str, repeats: int, s
     """Compile and time the supervised trainer's own step (`supervised.make_train_step`: loss,
     gradient, clipping, optimizer, non-finite guard, metrics) on random 1000-class data."""
     config = scaling.family_config(variant, image_size, batch, opt=opt, dtype=dtype, skips=skips, init=init)
-    program = scaling.supervised_program(config, {"data": jax.device_count()}, num_classes=1000, channels=3)
+    program = scaling.supervised_program(config, {"data": jax.device_count()}, num_classes=NUM_CLASSES,
+                                         channels=CHANNELS)
     state = program.init()
     batch_arrays = program.batch(scaling.random_batch(program))
     t0 = time.perf_counter()
@@ -48,7 +52,9 @@ def bench(variant: str, batch: int, image_size: int, dtype: str, repeats: int, s
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     xla_flops = float(cost.get("flops", float("nan"))) * jax.device_count()  # per device -> the whole step
-    flops = batch * perf.model_flops_per_example(config)[0]  # the trainer's definition (method.md §25)
+    # The trainer's definition (method.md §25), for the data this program is fed (not the config's dataset).
+    size = config.input.image_size
+    flops = batch * model_flops.train_flops_per_example(config.model, size, NUM_CLASSES, channels=CHANNELS)
     with jax.set_mesh(program.mesh):
         state, metrics = compiled(state, batch_arrays)  # warm-up
         jax.block_until_ready(metrics)

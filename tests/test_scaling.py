@@ -333,6 +333,28 @@ def test_benchmark_family_configs_name_each_family():
     assert scaling.family_config("convmixer:256/8@32", 224, 2).input.image_size == 32
 
 
+@pytest.mark.slow
+def test_train_step_benchmark_counts_the_data_it_times():
+    """benchmarks/train_step.py times its step on 1000-class RGB batches, so its model FLOPs are
+    that model's count (`models.flops`, 1000 classes, 3 channels), not the count for the config's
+    own dataset (digits: 10 classes, 1 channel). (XLA's count is checked against the model count
+    in tests/test_flops.py; at 4 tokens here the optimizer's elementwise work is a third of it.)"""
+    from skipless_jax.models import flops
+
+    sys.modules.setdefault("scaling", scaling)  # the benchmark imports its sibling by name
+    spec = importlib.util.spec_from_file_location("benchmarks_train_step",
+                                                  os.path.join(os.path.dirname(_SCALING), "train_step.py"))
+    train_step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_step)
+    row = train_step.bench("vit:Ti/16@32", batch=8, image_size=32, dtype="float32", repeats=1, skips=True,
+                           init="default")
+    model = scaling.family_config("vit:Ti/16@32", 32, 8).model
+    expected = 8 * flops.train_flops_per_example(model, 32, 1000, channels=3)  # one image per fake device
+    assert row["flops_per_step"] == pytest.approx(expected, rel=1e-12)
+    assert expected != pytest.approx(8 * flops.train_flops_per_example(model, 32, 10, channels=1), rel=1e-3)
+    assert row["xla_flops_per_step"] > row["flops_per_step"]
+
+
 def _fusion_operand_counts(hlo: str) -> list[int]:
     """The number of operands of every fusion instruction in an optimized HLO module's text."""
     counts = []
