@@ -37,13 +37,24 @@ from skipless_jax.trainers import perf
 NUM_CLASSES, CHANNELS = 1000, 3  # the random ImageNet-shaped batches every variant is timed on
 
 
+def timed_program(variant: str, batch: int, image_size: int, dtype: str, skips: bool, init: str,
+                  opt: str = "adamw") -> tuple[ml_collections.ConfigDict, scaling.Program, float]:
+    """The config, the supervised trainer's program on random 1000-class RGB data (data-parallel
+    over all devices), and its model FLOPs per step counted for that data (method.md §25), not for
+    the config's own dataset."""
+    config = scaling.family_config(variant, image_size, batch, opt=opt, dtype=dtype, skips=skips, init=init)
+    program = scaling.supervised_program(config, {"data": jax.device_count()}, num_classes=NUM_CLASSES,
+                                         channels=CHANNELS)
+    flops = batch * model_flops.train_flops_per_example(config.model, config.input.image_size, NUM_CLASSES,
+                                                        channels=CHANNELS)
+    return config, program, flops
+
+
 def bench(variant: str, batch: int, image_size: int, dtype: str, repeats: int, skips: bool, init: str,
           opt: str = "adamw") -> dict:
     """Compile and time the supervised trainer's own step (`supervised.make_train_step`: loss,
     gradient, clipping, optimizer, non-finite guard, metrics) on random 1000-class data."""
-    config = scaling.family_config(variant, image_size, batch, opt=opt, dtype=dtype, skips=skips, init=init)
-    program = scaling.supervised_program(config, {"data": jax.device_count()}, num_classes=NUM_CLASSES,
-                                         channels=CHANNELS)
+    config, program, flops = timed_program(variant, batch, image_size, dtype, skips, init, opt)
     state = program.init()
     batch_arrays = program.batch(scaling.random_batch(program))
     t0 = time.perf_counter()
@@ -52,9 +63,6 @@ def bench(variant: str, batch: int, image_size: int, dtype: str, repeats: int, s
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     xla_flops = float(cost.get("flops", float("nan"))) * jax.device_count()  # per device -> the whole step
-    # The trainer's definition (method.md §25), for the data this program is fed (not the config's dataset).
-    size = config.input.image_size
-    flops = batch * model_flops.train_flops_per_example(config.model, size, NUM_CLASSES, channels=CHANNELS)
     with jax.set_mesh(program.mesh):
         state, metrics = compiled(state, batch_arrays)  # warm-up
         jax.block_until_ready(metrics)

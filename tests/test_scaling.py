@@ -333,12 +333,11 @@ def test_benchmark_family_configs_name_each_family():
     assert scaling.family_config("convmixer:256/8@32", 224, 2).input.image_size == 32
 
 
-@pytest.mark.slow
 def test_train_step_benchmark_counts_the_data_it_times():
     """benchmarks/train_step.py times its step on 1000-class RGB batches, so its model FLOPs are
     that model's count (`models.flops`, 1000 classes, 3 channels), not the count for the config's
-    own dataset (digits: 10 classes, 1 channel). (XLA's count is checked against the model count
-    in tests/test_flops.py; at 4 tokens here the optimizer's elementwise work is a third of it.)"""
+    own dataset (digits: 10 classes, 1 channel). The program is built, not compiled: its batch and
+    head shapes are the data the count is for (XLA's count is checked in tests/test_flops.py)."""
     from skipless_jax.models import flops
 
     sys.modules.setdefault("scaling", scaling)  # the benchmark imports its sibling by name
@@ -346,13 +345,18 @@ def test_train_step_benchmark_counts_the_data_it_times():
                                                   os.path.join(os.path.dirname(_SCALING), "train_step.py"))
     train_step = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train_step)
-    row = train_step.bench("vit:Ti/16@32", batch=8, image_size=32, dtype="float32", repeats=1, skips=True,
-                           init="default")
-    model = scaling.family_config("vit:Ti/16@32", 32, 8).model
-    expected = 8 * flops.train_flops_per_example(model, 32, 1000, channels=3)  # one image per fake device
-    assert row["flops_per_step"] == pytest.approx(expected, rel=1e-12)
-    assert expected != pytest.approx(8 * flops.train_flops_per_example(model, 32, 10, channels=1), rel=1e-3)
-    assert row["xla_flops_per_step"] > row["flops_per_step"]
+    config, program, count = train_step.timed_program("vit:Ti/16@32", batch=8, image_size=32, dtype="float32",
+                                                      skips=True, init="default")
+    assert config.dataset.name == "digits"  # the config's own data differs from what is timed
+    images = program.abstract_batch["image"]
+    assert images.shape[0] == 8 and images.shape[-1] == 3
+    assert program.abstract_batch["label"].shape == (8, 1000)
+    head = program.abstract_state["params"]["head"]["kernel"]
+    assert head.shape == (192, 1000)  # ViT-Ti's width
+    expected = 8 * flops.train_flops_per_example(config.model, 32, 1000, channels=3)
+    assert count == pytest.approx(expected, rel=1e-12)
+    assert expected != pytest.approx(8 * flops.train_flops_per_example(config.model, 32, 10, channels=1),
+                                     rel=1e-3)
 
 
 def _fusion_operand_counts(hlo: str) -> list[int]:
