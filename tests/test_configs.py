@@ -248,6 +248,7 @@ def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.total_epochs, c.total_steps = None, 1
     c.schedule.warmup_epochs, c.schedule.warmup_steps = None, 0
     c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps = 1, 0, 0
+    c.profile_steps = 0  # no profiler trace (tests/test_perf.py traces)
     if c.get("analysis"):
         c.analysis.every_steps = 0
     for entry in c.get("evals", {}).values():  # the evaluators' own training: a few steps, not hundreds

@@ -38,7 +38,7 @@ def tiny_run(tmp_path_factory):
         captured.update(compiled=compiled, cost=cost)
         return compiled, cost
 
-    config = tiny_config(peak_tflops=0.5)
+    config = tiny_config(peak_tflops=0.5, profile_steps=None)  # the default trace (tests' configs: none)
     perf.compile_for = capture
     try:
         final = supervised.train_and_evaluate(config, workdir, devices=jax.devices()[:DEVICES])
@@ -115,7 +115,7 @@ def test_the_trace_starts_and_stops_with_no_save_in_flight(tmp_path, monkeypatch
     monkeypatch.setattr(checkpoint, "manager", manager)
     monkeypatch.setattr(jax.profiler, "start_trace", traced("start", real_start))
     monkeypatch.setattr(jax.profiler, "stop_trace", traced("stop", real_stop))
-    config = tiny_config(total_steps=8, checkpoint_every_steps=1)
+    config = tiny_config(total_steps=8, checkpoint_every_steps=1, profile_steps=None)  # the default trace
     supervised.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:DEVICES])
     trace = [i for i, e in enumerate(events) if e[0] in ("start", "stop")]
     assert [events[i] for i in trace] == [("start", False), ("stop", False)], events

@@ -21,7 +21,8 @@ def load_config(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def tiny_config(arg: str | None = None, **overrides: Any) -> ml_collections.ConfigDict:
-    """The quickstart shrunk to seconds: width 32, depth 2, 12 steps, no checkpoints between.
+    """The quickstart shrunk to seconds: width 32, depth 2, 12 steps, no checkpoints between, no
+    profiler trace.
 
     Standard ViT with AdamW unless `arg` says otherwise (later args win).
     """
@@ -36,6 +37,7 @@ def tiny_config(arg: str | None = None, **overrides: Any) -> ml_collections.Conf
     c.input.batch_size = 32
     c.log_every_steps = 4
     c.checkpoint_every_steps = 0
+    c.profile_steps = 0  # no profiler trace (about a second a run); the tests of the trace turn it on
     for key, value in overrides.items():
         holder = c
         *parents, field = key.split(".")

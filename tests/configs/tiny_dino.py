@@ -31,4 +31,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_at_start = False
     c.log_every_steps = 4
     c.checkpoint_every_steps = 0
+    c.profile_steps = 0  # no profiler trace (about a second a run): --config.profile_steps=3 turns it on
     return c
