@@ -389,6 +389,14 @@ def test_dino_vits_dense_evaluations_run_on_its_checkpoint(tmp_path, monkeypatch
     dense = _tiny(_module("dino_vits_skipless").get_config(f"dense=all,dense_root={root}"))
     for config in (c, dense):
         config.model.depth = 4  # the `ms` probes read the last 4 blocks
+    # The training only makes the checkpoint, and the recipe's other evaluators (kNN, linear probe,
+    # minival) are tested by test_config_trains_one_step_and_evaluates_on_mock_data: here, only
+    # the dense ones.
+    from skipless_jax import config_blocks
+
+    c.evals = ml_collections.ConfigDict()
+    dense.evals = ml_collections.ConfigDict({k: v for k, v in dense.evals.items() if k in config_blocks.DENSE_EVALS})
+    assert sorted(dense.evals) == sorted(config_blocks.DENSE_EVALS)
     for entry in dense.evals.values():
         if entry.type == "linear_segmentation":
             entry.update(crop_size=32, steps=2, warmup=1)
@@ -397,8 +405,6 @@ def test_dino_vits_dense_evaluations_run_on_its_checkpoint(tmp_path, monkeypatch
         monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
         trainers.get("dino").train_and_evaluate(c, workdir)
         metrics = evaluate.evaluate(workdir, dense)
-    from skipless_jax import config_blocks
-
     for name, (kind, *_) in config_blocks.DENSE_EVALS.items():
         for metric in (("miou", "pixel_accuracy") if kind == "linear_segmentation" else ("corloc",)):
             assert 0.0 <= metrics[f"{name}_{metric}"] <= 1.0, (name, metric)
