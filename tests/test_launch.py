@@ -590,7 +590,7 @@ def test_two_process_cpu_run_of_the_quickstart(tmp_path: Path):
         "--python", sys.executable, "--config", "configs/quickstart.py:depth=1,epochs=1", "--workdir", str(workdir),
         "--", "--config.schedule.warmup_epochs=0", "--config.model.width=32", "--config.model.mlp_dim=64",
         "--config.input.batch_size=256",
-        "--config.log_every_steps=2",
+        "--config.log_every_steps=2", "--config.profile_steps=0",
         env=clean_env(OPENBLAS_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3"), timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -281,8 +281,8 @@ def test_candidate_grids_and_canonical_sizes_on_voc07_like_images():
 
 @pytest.mark.slow
 def test_canonical_grids_equal_per_image_keys_and_boxes_with_few_programs():
-    """A patch-16 tiny ViT (learned table resized bicubically) on 24 random images of VOC07-like
-    sizes: canonical grids (masked attention, the real grid's table) give each image's keys and
+    """A patch-16 tiny ViT (learned table resized bicubically) on 12 random images of VOC07-like
+    sizes (8 shapes, 3 canonical grids): canonical grids (masked attention, the real grid's table) give each image's keys and
     box as the image alone (bucket=0, one program per padded shape), in ≤ 8 programs."""
     import jax
     import jax.numpy as jnp
@@ -301,7 +301,7 @@ def test_canonical_grids_equal_per_image_keys_and_boxes_with_few_programs():
     params = jax.device_put(params, sharding.replicated(mesh))
     rng = np.random.default_rng(0)
     records = [{"image": rng.integers(0, 256, (*hw, 3), dtype=np.uint8), "boxes": np.array([[0, 0, 50, 50.0]])}
-               for hw in voc07_like_sizes(24)]
+               for hw in voc07_like_sizes(12)]
 
     class Source:
         def __len__(self):
