@@ -282,8 +282,9 @@ def test_candidate_grids_and_canonical_sizes_on_voc07_like_images():
 @pytest.mark.slow
 def test_canonical_grids_equal_per_image_keys_and_boxes_with_few_programs():
     """A patch-16 tiny ViT (learned table resized bicubically) on 12 random images of VOC07-like
-    sizes (8 shapes, 3 canonical grids): canonical grids (masked attention, the real grid's table) give each image's keys and
-    box as the image alone (bucket=0, one program per padded shape), in ≤ 8 programs."""
+    sizes (8 shapes, 3 canonical grids): canonical grids (masked attention, the real grid's
+    table) give each image's keys and box as the image alone (bucket=0, one program per padded
+    shape), in ≤ 8 programs."""
     import jax
     import jax.numpy as jnp
 
