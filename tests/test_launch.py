@@ -41,6 +41,15 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _test_compilation() -> dict[str, str]:
+    """The tests' XLA flags and compilation cache (tests/conftest.py), for the trainer processes a
+    launcher starts on the CPU backend; neither makes a launcher see a cluster."""
+    from subprocess_runs import XLA_TEST_FLAGS
+
+    cache = {k: v for k, v in os.environ.items() if k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+    return dict(cache, XLA_FLAGS=XLA_TEST_FLAGS)
+
+
 def _default_sigint() -> None:
     """In the child: Ctrl-C as a terminal delivers it. A job started in the background of a
     non-interactive shell (`pytest ... &`) inherits SIGINT ignored, and bash cannot trap a signal
@@ -591,7 +600,7 @@ def test_two_process_cpu_run_of_the_quickstart(tmp_path: Path):
         "--", "--config.schedule.warmup_epochs=0", "--config.model.width=32", "--config.model.mlp_dim=64",
         "--config.input.batch_size=256",
         "--config.log_every_steps=2", "--config.profile_steps=0",
-        env=clean_env(OPENBLAS_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3"), timeout=300,
+        env=clean_env(OPENBLAS_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3", **_test_compilation()), timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     logs = [(workdir / "launch_logs" / f"process-{i}.log").read_text() for i in range(2)]

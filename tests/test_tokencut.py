@@ -297,7 +297,7 @@ def test_canonical_grids_equal_per_image_keys_and_boxes_with_few_programs():
     config.model.update(dict(patch_size=16, pool="tok"))
     model = models.build(config.model, 0, image_size=64)
     params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 64, 64, 3)))["params"]
-    mesh = sharding.make_mesh({"data": -1, "fsdp": 1})
+    mesh = sharding.make_mesh({"data": -1, "fsdp": 1}, jax.devices()[:1])  # the programs, not their sharding
     ctx = evaluators.Context(config, mesh, 20, outputs=lambda p, x: model.apply({"params": p}, x)[1])
     params = jax.device_put(params, sharding.replicated(mesh))
     rng = np.random.default_rng(0)
