@@ -129,6 +129,38 @@ def test_train_test_use_disjoint_digits(train):
     assert len(used["train"]) == 1437 and len(used["test"]) == 360  # every digit is used
 
 
+def test_the_digits_split_is_sklearns_without_importing_it():
+    """record_sources.digits_split reads sklearn's bundled file and splits it with
+    stratified_split: the arrays of load_digits + train_test_split, bit for bit; the same indices
+    as train_test_split for other labels, sizes and seeds; and no sklearn import in the process."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from skipless_jax.data import record_sources
+
+    digits = load_digits()
+    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
+    want = train_test_split(images, digits.target.astype(np.int32), test_size=360, random_state=0,
+                            stratify=digits.target)
+    got = digits_split()
+    for a, b in zip((*got["train"], *got["test"]), (want[0], want[2], want[1], want[3]), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    for seed, (rows, classes, test_size) in enumerate([(300, 7, 10), (300, 7, 97), (1797, 10, 360), (50, 3, 25)]):
+        labels = np.random.default_rng(seed).integers(0, classes, rows)
+        for a, b in zip(record_sources.stratified_split(labels, test_size, seed),
+                        train_test_split(np.arange(rows), test_size=test_size, random_state=seed, stratify=labels),
+                        strict=True):
+            np.testing.assert_array_equal(a, b)
+    code = ("import sys\nfrom skipless_jax.data import record_sources\n"
+            "record_sources.digits_split()\nprint('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False"], out.stdout + out.stderr
+
+
 def _resize_bilinear(img8, s):
     # Independent bilinear resize with half-pixel centres (separable np.interp).
     src = (np.arange(s) + 0.5) * 8 / s - 0.5

@@ -57,23 +57,69 @@ class EncodedSource:
             return {"image": np.asarray(image.convert("RGB")), "label": int(self.labels[index])}
 
 
+def _digits_file() -> str:
+    """scikit-learn's bundled `datasets/data/digits.csv.gz` (what `load_digits` reads), found
+    without importing sklearn (its import takes about a second of every process's start)."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("sklearn")  # a top-level package's spec: nothing is executed
+    if spec is None or spec.origin is None:
+        raise ValueError("the embedded digits are scikit-learn's bundled copy: pip install scikit-learn")
+    return os.path.join(os.path.dirname(spec.origin), "datasets", "data", "digits.csv.gz")
+
+
+def _approximate_mode(counts: np.ndarray, draws: int, rng: np.random.RandomState) -> np.ndarray:
+    """Per-class draws of a stratified split: the floor of each class's share of `draws`, plus one
+    for the classes of largest remainder, ties broken by `rng` (scikit-learn's rule and draws)."""
+    continuous = counts / counts.sum() * draws
+    floored = np.floor(continuous)
+    need = int(draws - floored.sum())
+    remainder = continuous - floored
+    for value in np.sort(np.unique(remainder))[::-1]:
+        if need <= 0:
+            break
+        (indices,) = np.where(remainder == value)
+        add = min(len(indices), need)
+        floored[rng.choice(indices, size=add, replace=False)] += 1
+        need -= add
+    return floored.astype(int)
+
+
+def stratified_split(labels: np.ndarray, test_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) row indices of `train_test_split(test_size=test_size, random_state=seed,
+    stratify=labels)`: the same RandomState draws in the same order as scikit-learn's
+    StratifiedShuffleSplit (tests/test_digit_scenes.py compares the two)."""
+    _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    by_class = np.split(np.argsort(inverse, kind="stable"), np.cumsum(counts)[:-1])
+    rng = np.random.RandomState(seed)
+    n_train = _approximate_mode(counts, len(labels) - test_size, rng)
+    n_test = _approximate_mode(counts - n_train, test_size, rng)
+    train: list[int] = []
+    test: list[int] = []
+    for rows, k_train, k_test, count in zip(by_class, n_train, n_test, counts, strict=True):
+        shuffled = rows.take(rng.permutation(count), mode="clip")
+        train.extend(shuffled[:k_train])
+        test.extend(shuffled[k_train:k_train + k_test])
+    return rng.permutation(train), rng.permutation(test)
+
+
 @functools.cache
 def digits_split() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The fixed digits split: 360 test images stratified by class, the other 1,437 train.
 
-    `train_test_split(test_size=360, random_state=0, stratify=labels)` over sklearn's order;
-    pixel values 0..16 are scaled to uint8 0..255 so digits look like any other image set.
+    scikit-learn's bundled digits, split as `train_test_split(test_size=360, random_state=0,
+    stratify=labels)` splits them (`stratified_split`, without importing sklearn); pixel values
+    0..16 are scaled to uint8 0..255 so digits look like any other image set.
     """
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    import gzip
 
-    digits = load_digits()
-    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
-    labels = digits.target.astype(np.int32)
-    tr_x, te_x, tr_y, te_y = train_test_split(
-        images, labels, test_size=360, random_state=0, stratify=labels
-    )
-    return {"train": (tr_x, tr_y), "test": (te_x, te_y)}
+    with gzip.open(_digits_file(), "rt") as f:
+        data = np.loadtxt(f, delimiter=",")
+    images = np.round(data[:, :-1].reshape(-1, 8, 8) * (255.0 / 16.0)).astype(np.uint8)[..., None]
+    labels = data[:, -1].astype(np.int32)
+    train, test = stratified_split(labels, 360, seed=0)
+    return {"train": (images[train], labels[train]), "test": (images[test], labels[test])}
 
 
 def tfds_source(name: str, split: str, data_dir: str | None) -> Source:
