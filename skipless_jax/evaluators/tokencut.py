@@ -35,8 +35,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.linalg
-from scipy import ndimage
 
 from skipless_jax.checks import is_finite
 
@@ -109,6 +107,8 @@ def second_smallest_eigenvector(a: np.ndarray) -> np.ndarray:
     s = 1.0 / np.sqrt(d)
     lsym = np.eye(n) - s[:, None] * a * s[None, :]
     lsym = 0.5 * (lsym + lsym.T)
+    import scipy.linalg  # here, not at import: every command imports the evaluators, few run TokenCut
+
     _, u = scipy.linalg.eigh(lsym, subset_by_index=[1, 1])
     return s * u[:, 0]
 
@@ -144,6 +144,8 @@ def seed_component(mask: np.ndarray, seed: int) -> np.ndarray:
     rc = np.unravel_index(seed, mask.shape)
     if not mask[rc]:
         raise ValueError(f"tokencut: seed={seed} (row, col)={tuple(int(v) for v in rc)} is not in the mask")
+    from scipy import ndimage
+
     labels, _ = ndimage.label(mask)
     return labels == labels[rc]
 
