@@ -14,7 +14,7 @@ import pytest
 from skipless_jax import analyze, checkpoint, conditioning
 from skipless_jax.models import init
 
-from util import ROOT, tiny_config
+from util import ROOT, one_device, tiny_config
 
 NUM_IMAGES = 8
 
@@ -87,7 +87,7 @@ def test_analyze_uses_the_config_saved_in_the_workdir(tmp_path, capsys):
     from skipless_jax.trainers import supervised
 
     saved = tiny_config("skip_sab=False", total_steps=2)
-    supervised.train_and_evaluate(saved, str(tmp_path))
+    supervised.train_and_evaluate(saved, str(tmp_path), devices=one_device())
     right = analyze.analyze(saved, workdir=str(tmp_path), num_images=NUM_IMAGES, output_dir=str(tmp_path / "a"))
     capsys.readouterr()
     flipped = analyze.analyze(tiny_config("skip_sab=True", total_steps=2), workdir=str(tmp_path), num_images=NUM_IMAGES,
@@ -156,7 +156,7 @@ def test_analyze_a_dino_run_reads_the_teacher_backbone(tmp_path):
     config.schedule.warmup_epochs = 0
     config.eval_at_start, config.eval_every_steps = False, 0
     config.evals = ml_collections.ConfigDict({"knn": config.evals.knn.to_dict()})
-    dino.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])  # analyze reads the weights
+    dino.train_and_evaluate(config, str(tmp_path), devices=one_device())
 
     result = analyze.analyze(config, workdir=str(tmp_path), num_images=NUM_IMAGES)
     assert (result["source"], result["step"]) == ("checkpoint", 3)

@@ -12,7 +12,6 @@ import os
 import re
 from collections.abc import Callable
 
-import jax
 import ml_collections
 import numpy as np
 import pytest
@@ -21,13 +20,10 @@ from PIL import Image
 from skipless_jax import trainers
 from skipless_jax.data import inputs, randaugment, sources, tiny_imagenet
 
-from util import ROOT, TINY_MODELS, tiny_model
+from util import ROOT, TINY_MODELS, one_device, tiny_model
 
 CONFIGS = sorted(os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(ROOT, "configs", "*.py")))
 MOCK_EXAMPLES = 16
-# The configs train on one of the 8 fake devices: a third less time than on all 8 (measured), and
-# the programs on several devices are tested by tests/test_scaling.py and tests/test_sharding.py.
-ONE_DEVICE = jax.devices()[:1]
 EMBEDDED = ("digits", "digit_scenes")  # read from the package, not tfds (mock_data does not shrink them)
 
 
@@ -241,7 +237,7 @@ def _tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
             c.input.image_size, c.model.patch_size = 32, 8
     if c.get("mae"):  # MAE's 512-wide, 8-block decoder dominates otherwise
         c.mae.update(dict(decoder_width=16, decoder_depth=1, decoder_num_heads=2, picture_images=2))
-    c.input.batch_size = 8  # on one device (ONE_DEVICE)
+    c.input.batch_size = 8  # on one device (one_device())
     if c.dataset.name not in EMBEDDED:  # the embedded sets' test splits are real (360-720 images): own batches
         c.input.eval_batch_size = 8
     c.input.num_workers = 0
@@ -290,7 +286,7 @@ def test_config_trains_one_step_and_evaluates_on_mock_data(name, tmp_path, monke
             assert batch["label"].shape == (b, num_classes)
             np.testing.assert_allclose(batch["label"].sum(-1), 1.0, atol=1e-5)
         trainer = trainers.get(c.get("trainer", "supervised"))
-        metrics = trainer.train_and_evaluate(c, str(tmp_path / "workdir"), devices=ONE_DEVICE)
+        metrics = trainer.train_and_evaluate(c, str(tmp_path / "workdir"), devices=one_device())
     assert metrics["step"] == 1
     assert all(np.isfinite(v) for v in metrics.values()), metrics
     accuracies = [v for k, v in metrics.items() if k.startswith("test_") and k.endswith("accuracy")]
@@ -412,8 +408,8 @@ def test_dino_vits_dense_evaluations_run_on_its_checkpoint(tmp_path, monkeypatch
     workdir = str(tmp_path / "workdir")
     with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES, policy=tfds.testing.MockPolicy.USE_CODE):
         monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
-        trainers.get("dino").train_and_evaluate(c, workdir, devices=ONE_DEVICE)
-        metrics = evaluate.evaluate(workdir, dense, devices=ONE_DEVICE)
+        trainers.get("dino").train_and_evaluate(c, workdir, devices=one_device())
+        metrics = evaluate.evaluate(workdir, dense, devices=one_device())
     for name in run:
         kind = config_blocks.DENSE_EVALS[name][0]
         for metric in (("miou", "pixel_accuracy") if kind == "linear_segmentation" else ("corloc",)):

@@ -17,7 +17,7 @@ from skipless_jax.data import multicrop
 from skipless_jax.models import dino_head
 from skipless_jax.trainers import dino, model_ema
 
-from util import load_config
+from util import load_config, one_device
 
 
 def tiny_dino_config(**overrides):
@@ -321,13 +321,13 @@ def test_checkpoint_resume_continues_teacher_centre_and_schedules_exactly(tmp_pa
     # The mesh is all 8 fake devices; no local crops, to keep the compile short.
     config = tiny_dino_config(checkpoint_every_steps=2, keep_checkpoints=5, **{"input.multicrop.num_local": 0})
     workdir = str(tmp_path / "run")
-    dino.train_and_evaluate(config, workdir)
+    dino.train_and_evaluate(config, workdir, devices=one_device())
     _, reference = checkpoint.load_raw(workdir, 4)
     mngr = checkpoint.manager(workdir)
     assert mngr.all_steps() == [2, 4]
     mngr.delete(4)  # as if the run had died between steps 2 and 4
     mngr.close()
-    metrics = dino.train_and_evaluate(config, workdir)
+    metrics = dino.train_and_evaluate(config, workdir, devices=one_device())
     assert metrics["step"] == 4
     _, resumed = checkpoint.load_raw(workdir, 4)
     for key in ("params", "teacher", "center", "opt_state", "schedules", "step"):

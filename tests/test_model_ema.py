@@ -15,7 +15,7 @@ from skipless_jax import checkpoint, sharding
 from skipless_jax.optim import decay_mask
 from skipless_jax.trainers import model_ema, supervised
 
-from util import tiny_config
+from util import one_device, tiny_config
 
 DIGIT_AUG = dict(randaug=None, scale=(0.08, 1.0), flip=False, reprob=0.0, mixup=0.0, cutmix=0.0,
                  mixup_switch_prob=0.5, crop="pad", crop_padding=1)
@@ -60,7 +60,7 @@ def _ema_config(**overrides):
 
 @pytest.mark.slow
 def test_the_ema_is_the_recurrence_over_the_saved_parameters(tmp_path):
-    metrics = supervised.train_and_evaluate(_ema_config(), str(tmp_path))
+    metrics = supervised.train_and_evaluate(_ema_config(), str(tmp_path), devices=one_device())
     assert {"test_accuracy", "ema_test_accuracy"} <= metrics.keys()
     saved = {s: checkpoint.load_raw(str(tmp_path), s)[1] for s in range(1, 7)}
     ema = jax.tree.map(lambda x: np.asarray(x, np.float64), saved[1]["params"])  # update 1 copies θ_1
@@ -82,13 +82,13 @@ def test_resume_with_ema_and_repeated_augmentation_is_exact(tmp_path):
         c.model_ema.decay = 0.9
         return c
 
-    supervised.train_and_evaluate(config(), str(tmp_path / "run"))
+    supervised.train_and_evaluate(config(), str(tmp_path / "run"), devices=one_device())
     reference = checkpoint.load_raw(str(tmp_path / "run"))[1]
     mngr = checkpoint.manager(str(tmp_path / "run"))
     assert mngr.all_steps() == [4, 8]
     mngr.delete(8)  # as if the run had died between steps 4 and 8
     mngr.close()
-    assert supervised.train_and_evaluate(config(), str(tmp_path / "run"))["step"] == 8
+    assert supervised.train_and_evaluate(config(), str(tmp_path / "run"), devices=one_device())["step"] == 8
     resumed = checkpoint.load_raw(str(tmp_path / "run"))[1]
     for key in ("params", "opt_state", "ema"):
         jax.tree.map(np.testing.assert_array_equal, reference[key], resumed[key])

@@ -9,7 +9,7 @@ import pytest
 from skipless_jax import checkpoint
 from skipless_jax.trainers import nonfinite, supervised
 
-from util import tiny_config
+from util import one_device, tiny_config
 
 
 @pytest.mark.parametrize("loss", [1.0, float("nan")])
@@ -44,7 +44,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp
         nonfinite.NonFiniteError,
         match=r"Non-finite values at step 3 \(first: .+\); stopped at step 3, last good checkpoint: 2",
     ) as err:
-        supervised.train_and_evaluate(_exploding(), str(tmp_path))
+        supervised.train_and_evaluate(_exploding(), str(tmp_path), devices=one_device())
     assert "\n" not in str(err.value)
     mngr = checkpoint.manager(str(tmp_path))
     assert max(mngr.all_steps()) == 2  # the state after updates 1 and 2; nothing later was saved
@@ -55,7 +55,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp
 
 @pytest.mark.slow
 def test_skip_nonfinite_steps_counts_and_keeps_params_finite(tmp_path):
-    metrics = supervised.train_and_evaluate(_exploding(skip_nonfinite_steps=True), str(tmp_path))
+    metrics = supervised.train_and_evaluate(_exploding(skip_nonfinite_steps=True), str(tmp_path), devices=one_device())
     assert metrics["step"] == 6
     assert metrics["train_nonfinite_steps"] == 4  # steps 3..6 skipped
     _, state = checkpoint.load_raw(str(tmp_path))
@@ -78,7 +78,7 @@ def test_soap_with_a_huge_lr_never_saves_infinite_parameters(tmp_path):
     with pytest.raises(
         nonfinite.NonFiniteError, match=r"Non-finite values at step (\d+) \(first: (parameter|optimizer state) .+\)"
     ) as err:
-        supervised.train_and_evaluate(_exploding(opt="soap"), str(tmp_path))
+        supervised.train_and_evaluate(_exploding(opt="soap"), str(tmp_path), devices=one_device())
     assert "\n" not in str(err.value)
     mngr = checkpoint.manager(str(tmp_path))
     steps = mngr.all_steps()
@@ -91,7 +91,8 @@ def test_soap_with_a_huge_lr_never_saves_infinite_parameters(tmp_path):
 
 @pytest.mark.slow
 def test_soap_skip_nonfinite_steps_finishes_with_finite_parameters(tmp_path):
-    metrics = supervised.train_and_evaluate(_exploding(opt="soap", skip_nonfinite_steps=True), str(tmp_path))
+    metrics = supervised.train_and_evaluate(_exploding(opt="soap", skip_nonfinite_steps=True), str(tmp_path),
+                                            devices=one_device())
     assert metrics["step"] == 6 and metrics["train_nonfinite_steps"] >= 1
     _, state = checkpoint.load_raw(str(tmp_path))
     assert _all_finite(state["params"]) and _all_finite(state["opt_state"])

@@ -18,7 +18,7 @@ from skipless_jax.optim import decay_mask
 from skipless_jax.optim.layer_decay import layer_scales
 from skipless_jax.trainers import supervised
 
-from util import ROOT, init_params, tiny_config
+from util import ROOT, init_params, one_device, tiny_config
 
 _path = os.path.join(ROOT, "benchmarks", "large_model.py")
 _spec = importlib.util.spec_from_file_location("benchmarks_large_model", _path)
@@ -91,7 +91,7 @@ def test_optimizer_masks_and_layer_decay_treat_the_stacked_axis_as_layers():
 @pytest.mark.slow
 def test_a_checkpoint_initializes_a_model_of_the_other_layout(tmp_path):
     config = tiny_config(total_steps=2)
-    supervised.train_and_evaluate(config, str(tmp_path / "unrolled"))
+    supervised.train_and_evaluate(config, str(tmp_path / "unrolled"), devices=one_device())
     _, saved = checkpoint.load_raw(str(tmp_path / "unrolled"))
     scanned_config = tiny_config(total_steps=2, **{"model.scan": True})
     model = models.build(scanned_config.model, 10)
@@ -102,7 +102,7 @@ def test_a_checkpoint_initializes_a_model_of_the_other_layout(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, vit.unstack_blocks(loaded), saved["params"])
     # ... and the scanned run's checkpoint back into an unrolled model.
     scanned_config.init_from = str(tmp_path / "unrolled")
-    supervised.train_and_evaluate(scanned_config, str(tmp_path / "scanned"))
+    supervised.train_and_evaluate(scanned_config, str(tmp_path / "scanned"), devices=one_device())
     _, scanned = checkpoint.load_raw(str(tmp_path / "scanned"))
     unrolled_model = models.build(config.model, 10)
     fresh = jax.jit(unrolled_model.init)(jax.random.PRNGKey(2), _images(1))["params"]

@@ -16,7 +16,7 @@ from skipless_jax import checkpoint, config_blocks, pretrained
 from skipless_jax.data import pipeline, sources
 from skipless_jax.trainers import supervised
 
-from util import read_scalars, tiny_config
+from util import one_device, read_scalars, tiny_config
 
 
 def _read_params(workdir, step=None):
@@ -311,8 +311,8 @@ def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_p
     dino_config.schedule.warmup_epochs = 0
     dino_config.eval_at_start = False
     dino_config.evals = ml_collections.ConfigDict()
-    one_device = jax.devices()[:1]  # the mapping of the weights, not their sharding
-    dino.train_and_evaluate(dino_config, str(tmp_path / "dino"), devices=one_device)
+    one = one_device()
+    dino.train_and_evaluate(dino_config, str(tmp_path / "dino"), devices=one)
     _, saved = checkpoint.load_raw(str(tmp_path / "dino"))
 
     config = tiny_config(
@@ -322,13 +322,13 @@ def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_p
     config.input.image_size = 8
     model = models.build(config.model, 10)
     params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
-    repl = jax.tree.map(lambda _: NamedSharding(jax.sharding.Mesh(one_device, ("data",)), PartitionSpec()), params)
+    repl = jax.tree.map(lambda _: NamedSharding(jax.sharding.Mesh(one, ("data",)), PartitionSpec()), params)
     loaded = pretrained.init_from(config.init_from, params, repl, "teacher", supervised.init_from_rename("teacher"))
     np.testing.assert_array_equal(loaded["block_1"]["MlpBlock_0"]["Dense_0"]["kernel"],
                                   saved["teacher"]["backbone"]["block_1"]["MlpBlock_0"]["Dense_0"]["kernel"])
     np.testing.assert_array_equal(loaded["pos_embedding"], saved["teacher"]["backbone"]["pos_embedding"])
     np.testing.assert_array_equal(loaded["head"]["kernel"], params["head"]["kernel"])  # fresh
-    assert supervised.train_and_evaluate(config, str(tmp_path / "sup"), devices=one_device)["step"] == 1
+    assert supervised.train_and_evaluate(config, str(tmp_path / "sup"), devices=one)["step"] == 1
     with pytest.raises(ValueError, match=r"config\.init_from=.* has no teacher/"):
         pretrained.init_from(config.init_from, {"nope": params["head"]["kernel"]}, {"nope": repl["head"]["kernel"]},
                          "teacher", lambda name: name)

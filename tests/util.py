@@ -20,6 +20,16 @@ def load_config(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
     return module.get_config(arg)
 
 
+def one_device() -> list:
+    """The first of the tests' 8 fake CPU devices, for a trainer run whose test checks what it
+    computes, not how it is sharded (the runs of several devices are tests/test_scaling.py's,
+    tests/test_sharding.py's and the tests that compare them with one device): a tiny run's
+    programs compile and run in less time on one device than partitioned over 8."""
+    import jax
+
+    return jax.devices()[:1]
+
+
 def tiny_config(arg: str | None = None, **overrides: Any) -> ml_collections.ConfigDict:
     """The quickstart shrunk to seconds: width 32, depth 2, 12 steps, no checkpoints between, no
     profiler trace.
