@@ -23,7 +23,7 @@ from skipless_jax.data import text
 from skipless_jax.trainers import lm
 
 import subprocess_runs as sr
-from util import ROOT, init_params, load_config, read_scalars
+from util import ROOT, init_params, load_config, one_device, read_scalars
 
 QUICKSTART = os.path.join(ROOT, "configs", "lm_quickstart.py")
 
@@ -374,7 +374,7 @@ def test_lm_config_trains_one_step(name, tmp_path):
     c.total_steps, c.schedule.warmup_steps, c.grad_accum_steps = 1, 0, 1
     c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps, c.profile_steps = 1, 0, 0, 0
     c.analysis.update(dict(every_steps=1, probe_size=8))  # the live log κ of the token matrices
-    metrics = lm.train_and_evaluate(c, str(tmp_path / "workdir"))
+    metrics = lm.train_and_evaluate(c, str(tmp_path / "workdir"), devices=one_device())
     assert metrics["step"] == 1 and np.isfinite(metrics["val_loss"])
     kappa = read_scalars(str(tmp_path / "workdir"))
     assert {"log_kappa/sab/layer_0", "log_kappa/ffn/layer_0"} <= set(kappa)
@@ -422,7 +422,7 @@ def test_sentencepiece_tokens_their_byte_lengths_and_a_tfds_run(sentencepiece_mo
         stream = text.stream(c, "train")
         assert int((stream == 600).sum()) == 16  # 16 documents, each ended
         c.total_steps, c.schedule.warmup_steps = 1, 0
-        metrics = lm.train_and_evaluate(c, str(tmp_path / "workdir"))
+        metrics = lm.train_and_evaluate(c, str(tmp_path / "workdir"), devices=one_device())
         batches, targets = text.eval_batches(text.stream(c, "test"), 16, 8, 4, bytes_per_token=tok.bytes_per_token)
     num_bytes = sum(float(b["bytes"].sum()) for b in batches)
     assert metrics["corpus_tfds"] == "lm1b" and len(metrics["corpus_tokenizer_sha256"]) == 64
