@@ -322,7 +322,8 @@ def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_p
     config.input.image_size = 8
     model = models.build(config.model, 10)
     params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
-    repl = jax.tree.map(lambda _: NamedSharding(jax.sharding.Mesh(one, ("data",)), PartitionSpec()), params)
+    replicated = NamedSharding(jax.sharding.Mesh(one, ("data",)), PartitionSpec())
+    repl = jax.tree.map(lambda _: replicated, params)
     loaded = pretrained.init_from(config.init_from, params, repl, "teacher", supervised.init_from_rename("teacher"))
     np.testing.assert_array_equal(loaded["block_1"]["MlpBlock_0"]["Dense_0"]["kernel"],
                                   saved["teacher"]["backbone"]["block_1"]["MlpBlock_0"]["Dense_0"]["kernel"])

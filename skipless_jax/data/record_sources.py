@@ -98,7 +98,7 @@ def stratified_split(labels: np.ndarray, test_size: int, seed: int) -> tuple[np.
     train: list[int] = []
     test: list[int] = []
     for rows, k_train, k_test, count in zip(by_class, n_train, n_test, counts, strict=True):
-        shuffled = rows.take(rng.permutation(count), mode="clip")
+        shuffled = rows[rng.permutation(count)]
         train.extend(shuffled[:k_train])
         test.extend(shuffled[k_train:k_train + k_test])
     return rng.permutation(train), rng.permutation(test)
