@@ -123,10 +123,11 @@ def generate_by_recompute(model: Any, params: Any, context: Sequence[int], max_n
     import jax.numpy as jnp
 
     key = jax.random.PRNGKey(seed)
+    last = jax.jit(lambda tokens: model.apply({"params": params}, tokens)[0][:, -1])  # one program per length
     tokens = list(context)
     for i in range(max_new_tokens):
-        logits, _ = model.apply({"params": params}, jnp.asarray([tokens], jnp.int32))
-        tokens.append(int(sample(logits[:, -1], jax.random.fold_in(key, i), temperature, top_k)[0]))
+        logits = last(jnp.asarray([tokens], jnp.int32))
+        tokens.append(int(sample(logits, jax.random.fold_in(key, i), temperature, top_k)[0]))
     return tokens[len(context):]
 
 
