@@ -20,6 +20,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax
+import pytest
 
 jax.config.update("jax_num_cpu_devices", 8)
 
@@ -51,3 +52,37 @@ def pytest_collection_modifyitems(config, items):
     for item in items:  # every multi-process test starts processes that compile their own steps
         if item.get_closest_marker("multiprocess") is not None:
             item.add_marker(pytest.mark.slow)
+
+
+def _tiny_dino_config():
+    """configs/dino_digits.py, no skips, skipless init, shrunk: width 32, depth 2, 3 steps, kNN only."""
+    import ml_collections
+
+    from util import load_config
+
+    config = load_config("dino_digits", "skip_sab=False,skip_ffn=False,init=skipless")
+    config.model.width, config.model.mlp_dim, config.model.num_heads, config.model.depth = 32, 64, 2, 2
+    config.dino.update(dict(out_dim=32, hidden_dim=32, bottleneck_dim=16))
+    config.total_epochs, config.total_steps = None, 3
+    config.schedule.warmup_epochs = 0
+    config.eval_at_start, config.eval_every_steps = False, 0
+    config.evals = ml_collections.ConfigDict({"knn": config.evals.knn.to_dict()})
+    return config
+
+
+@pytest.fixture(scope="session")
+def tiny_dino_run(tmp_path_factory):
+    """(config, workdir) of a tiny DINO run on one device, trained once per session (xdist workers
+    share it): for the tests that read a DINO checkpoint (its teacher), not how DINO trains."""
+    from skipless_jax.trainers import dino
+
+    import subprocess_runs as sr
+    from util import one_device
+
+    config = _tiny_dino_config()
+    workdir = os.path.join(sr.session_dir(tmp_path_factory), "tiny_dino")
+    with sr.file_lock(workdir + ".lock"):
+        if not os.path.exists(workdir + ".done"):
+            dino.train_and_evaluate(config, workdir, devices=one_device())
+            open(workdir + ".done", "w").close()
+    return config, workdir

@@ -7,7 +7,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -143,25 +142,14 @@ def test_cli_error_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_analyze_a_dino_run_reads_the_teacher_backbone(tmp_path):
+def test_analyze_a_dino_run_reads_the_teacher_backbone(tmp_path, tiny_dino_run):
     """A DINO workdir: the EMA teacher's ViT backbone from the checkpoint (what DINO evaluates)."""
-    from skipless_jax.trainers import dino
+    config, workdir = tiny_dino_run  # no skips, skipless init, 3 steps (conftest.py)
 
-    from util import load_config
-
-    config = load_config("dino_digits", "skip_sab=False,skip_ffn=False,init=skipless")
-    config.model.width, config.model.mlp_dim, config.model.depth = 32, 64, 2
-    config.dino.update(dict(out_dim=32, hidden_dim=32, bottleneck_dim=16))
-    config.total_epochs, config.total_steps = None, 3
-    config.schedule.warmup_epochs = 0
-    config.eval_at_start, config.eval_every_steps = False, 0
-    config.evals = ml_collections.ConfigDict({"knn": config.evals.knn.to_dict()})
-    dino.train_and_evaluate(config, str(tmp_path), devices=one_device())
-
-    result = analyze.analyze(config, workdir=str(tmp_path), num_images=NUM_IMAGES)
+    result = analyze.analyze(config, workdir=workdir, output_dir=str(tmp_path / "trained"), num_images=NUM_IMAGES)
     assert (result["source"], result["step"]) == ("checkpoint", 3)
     model, shape = analyze.build(config)
-    state = checkpoint.load_raw(str(tmp_path))[1]
+    state = checkpoint.load_raw(workdir)[1]
     teacher, student = state["teacher"]["backbone"], state["params"]["backbone"]
     assert not np.allclose(teacher["embedding"]["kernel"], student["embedding"]["kernel"])
     want = _np_embedding_kappa(model, teacher, analyze.probe_images(config, NUM_IMAGES))

@@ -377,10 +377,10 @@ def test_the_nonfinite_predicate_is_computed_once(kind):
     compiled in minutes on CPU): no more than a handful of fusions read as many operands as there
     are guarded leaves (the bookkeeping scalars), where each of the hundreds of state leaves did."""
     if kind == "supervised":
-        program = scaling.supervised_program(scaling.supervised_config("adamw", width=32, depth=6, batch=8),
+        program = scaling.supervised_program(scaling.supervised_config("adamw", width=32, depth=4, batch=8),
                                              {"data": 1})
     else:
-        program = scaling.dino_program(scaling.dino_config("adamw", width=32, depth=6, batch=8), {"data": 1})
+        program = scaling.dino_program(scaling.dino_config("adamw", width=32, depth=4, batch=8), {"data": 1})
     leaves = [x for x in jax.tree.leaves(program.abstract_state) if np.issubdtype(x.dtype, np.inexact)]
     counts = _fusion_operand_counts(program.compile().as_text())
     assert len(counts) > len(leaves)  # the parser sees the program's fusions

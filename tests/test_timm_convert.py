@@ -388,19 +388,23 @@ TIMM_MODELS = {  # family -> (timm constructor path, kwargs, our config)
 _TIMM_SCRIPT = """
 import importlib, json, os, sys
 import numpy as np, torch
-mode, cases, folder = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-for family, (path, kwargs, size) in cases.items():
-    module, name = path.rsplit(".", 1)
-    torch.manual_seed(0)
-    net = getattr(importlib.import_module(module), name)(**kwargs).eval()
-    images = np.random.default_rng(0).normal(size=(2, size, size, 3)).astype(np.float32)
-    if mode == "load":
-        from safetensors.torch import load_file
-        net.load_state_dict(load_file(os.path.join(folder, family + ".safetensors")), strict=True)
-    with torch.no_grad():
-        logits = net(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
-    sd = {k: v.detach().numpy() for k, v in net.state_dict().items()}
-    np.savez(os.path.join(folder, f"{family}_{mode}.npz"), __images=images, __logits=logits, **sd)
+cases, folder = json.loads(sys.argv[1]), sys.argv[2]
+for mode in ("make", "load"):  # one torch process: "load" once the test says its files are written
+    if mode == "load" and sys.stdin.readline().strip() != "load":
+        break
+    for family, (path, kwargs, size) in cases.items():
+        module, name = path.rsplit(".", 1)
+        torch.manual_seed(0)
+        net = getattr(importlib.import_module(module), name)(**kwargs).eval()
+        images = np.random.default_rng(0).normal(size=(2, size, size, 3)).astype(np.float32)
+        if mode == "load":
+            from safetensors.torch import load_file
+            net.load_state_dict(load_file(os.path.join(folder, family + ".safetensors")), strict=True)
+        with torch.no_grad():
+            logits = net(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+        sd = {k: v.detach().numpy() for k, v in net.state_dict().items()}
+        np.savez(os.path.join(folder, f"{family}_{mode}.npz"), __images=images, __logits=logits, **sd)
+    print(mode, flush=True)
 """
 
 
@@ -410,29 +414,38 @@ def _timm_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "timm"))
 
 
-def _run_timm(mode: str, folder: str) -> dict[str, dict[str, np.ndarray]]:
-    import json
-    import subprocess
-    import sys
-
-    cases = {f: (path, kwargs, 16 if f == "pvt_v2" else IMG) for f, (path, kwargs, _) in TIMM_MODELS.items()}
-    subprocess.run([sys.executable, "-c", _TIMM_SCRIPT, mode, json.dumps(cases), folder], check=True, timeout=600)
+def _timm_files(mode: str, folder: str) -> dict[str, dict[str, np.ndarray]]:
     return {f: dict(np.load(os.path.join(folder, f"{f}_{mode}.npz"))) for f in TIMM_MODELS}
 
 
 @pytest.fixture(scope="module")
 def timm_runs(tmp_path_factory):
     """{'made': family -> timm's state dict + __images/__logits, 'loaded': the same after
-    timm → project → timm, loaded with strict=True}."""
+    timm → project → timm, loaded with strict=True}; both from one torch process."""
+    import json
+    import subprocess
+    import sys
+
     folder = str(tmp_path_factory.mktemp("timm"))
-    made = _run_timm("make", folder)
-    for family, saved in made.items():
-        saved = {k: v for k, v in saved.items() if not k.startswith("__")}
-        cfg = TIMM_MODELS[family][2]
-        result = timm_convert.convert(family, saved, cfg, image_size=16 if family == "pvt_v2" else IMG)
-        back = timm_convert.to_timm(family, result["params"], cfg, result.get("batch_stats"))
-        timm_convert.write_safetensors(back, os.path.join(folder, f"{family}.safetensors"), {"family": family})
-    return {"made": made, "loaded": _run_timm("load", folder)}
+    cases = {f: (path, kwargs, 16 if f == "pvt_v2" else IMG) for f, (path, kwargs, _) in TIMM_MODELS.items()}
+    torch = subprocess.Popen([sys.executable, "-c", _TIMM_SCRIPT, json.dumps(cases), folder],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert torch.stdout.readline().strip() == "make", "the timm process failed (its stderr is above)"
+        made = _timm_files("make", folder)
+        for family, saved in made.items():
+            saved = {k: v for k, v in saved.items() if not k.startswith("__")}
+            cfg = TIMM_MODELS[family][2]
+            result = timm_convert.convert(family, saved, cfg, image_size=16 if family == "pvt_v2" else IMG)
+            back = timm_convert.to_timm(family, result["params"], cfg, result.get("batch_stats"))
+            timm_convert.write_safetensors(back, os.path.join(folder, f"{family}.safetensors"), {"family": family})
+        out, _ = torch.communicate("load\n", timeout=600)
+    finally:
+        if torch.poll() is None:
+            torch.kill()
+            torch.wait()
+    assert torch.returncode == 0 and out.split() == ["load"], out
+    return {"made": made, "loaded": _timm_files("load", folder)}
 
 
 timm_only = pytest.mark.skipif(not _timm_available(), reason="needs the optional timm extra (requirements-timm.txt)")

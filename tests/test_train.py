@@ -294,29 +294,19 @@ def test_quickstart_val_split_and_init_self_share_reach_the_final_metrics(tmp_pa
 
 
 @pytest.mark.slow
-def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_path):
+def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_path, tiny_dino_run):
     """config.init_from with init_from_key='teacher': block and embedding weights are the DINO
     teacher's backbone, the new classifier head keeps its initialization."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     from skipless_jax import models
-    from skipless_jax.trainers import dino
 
-    from util import load_config
-
-    dino_config = load_config("dino_digits")
-    dino_config.model.update(dict(width=32, mlp_dim=64, num_heads=2, depth=2))
-    dino_config.dino.update(dict(out_dim=32, hidden_dim=32, bottleneck_dim=16))
-    dino_config.total_epochs, dino_config.total_steps = None, 2
-    dino_config.schedule.warmup_epochs = 0
-    dino_config.eval_at_start = False
-    dino_config.evals = ml_collections.ConfigDict()
+    _, dino_workdir = tiny_dino_run  # configs/dino_digits.py shrunk, 3 steps (conftest.py)
     one = one_device()
-    dino.train_and_evaluate(dino_config, str(tmp_path / "dino"), devices=one)
-    _, saved = checkpoint.load_raw(str(tmp_path / "dino"))
+    _, saved = checkpoint.load_raw(dino_workdir)
 
     config = tiny_config(
-        total_steps=1, init_from=str(tmp_path / "dino"), init_from_key="teacher", **{"schedule.warmup_steps": 0}
+        total_steps=1, init_from=dino_workdir, init_from_key="teacher", **{"schedule.warmup_steps": 0}
     )
     config.model.update(dict(patch_size=4, pool="tok", gelu="exact", posemb_antialias=False))
     config.input.image_size = 8
