@@ -37,7 +37,7 @@ Holm p 0.064). The clearest view of "Cutting the Skip"'s effect (the `claims` gr
 "The papers' claims in miniature") is AdamW at a learning rate of 2e-3, depth 8:
 `:depth=8,opt=adamw,lr=2e-3,val=True` (82.5 ± 4.2 %, 5 seeds) against
 `:depth=8,init=default,opt=adamw,lr=2e-3,val=True` (10.0 %: every seed at chance); holds, Holm
-p 0.028. With each cell at its best validated lr the skipless init still leads by 9.7 points
+p 0.032. With each cell at its best validated lr the skipless init still leads by 9.7 points
 (p 0.004); "init + SOAP within 1 point of the skips" is reversed at depths 8, 12 and 16.
 
 Args (same names in every config): skip_sab, skip_ffn, depth, seed, init, opt, tg, eps, e.g.
