@@ -86,10 +86,12 @@ def _value_at(tree: dict[str, Any], dotted: str) -> Any:
     return tree
 
 
-def init_params(model: Any, config: ml_collections.ConfigDict, image_shape: Sequence[int]) -> Any:
+def init_params(model: Any, config: ml_collections.ConfigDict, image_shape: Sequence[int],
+                abstract: bool = False) -> Any:
     """The trainer's step-0 parameters: `models.init_variables` (every `config.model.init`, the
     references' schemes included) with the first half of split(PRNGKey(seed)) (DINO: the
-    backbone's part of the backbone + head init)."""
+    backbone's part of the backbone + head init). `abstract`: their shapes and dtypes only
+    (nothing compiled or computed), e.g. as the target of a restore."""
     from skipless_jax import models
 
     init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -98,9 +100,10 @@ def init_params(model: Any, config: ml_collections.ConfigDict, image_shape: Sequ
         from skipless_jax.trainers import dino
 
         full = dino.build_model(config)
-        return jax.jit(lambda rng: models.init_variables(config.model, full, rng, (dummy,))["params"]["backbone"])(
-            init_rng)
-    return jax.jit(lambda rng: models.init_variables(config.model, model, rng, dummy)["params"])(init_rng)
+        init = lambda rng: models.init_variables(config.model, full, rng, (dummy,))["params"]["backbone"]
+    else:
+        init = lambda rng: models.init_variables(config.model, model, rng, dummy)["params"]
+    return jax.eval_shape(init, init_rng) if abstract else jax.jit(init)(init_rng)
 
 
 def load_params(
@@ -116,10 +119,10 @@ def load_params(
         raise ValueError(f"--workdir={workdir!r} is not a directory")
     if weights != "model":
         model_ema.check_params(weights, checkpoint.state_entries(workdir) if workdir else [], workdir or "--config")
-    params = init_params(model, config, image_shape)
     if workdir:
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        target = checkpoint.abstract(params, jax.tree.map(lambda _: device, params))
+        shapes = init_params(model, config, image_shape, abstract=True)
+        target = checkpoint.abstract(shapes, jax.tree.map(lambda _: device, shapes))
         try:
             if weights == "ema":  # the model EMA's parameters: state['ema']['params']
                 step, restored = checkpoint.restore_params(workdir, {"params": target}, key="ema")
@@ -131,7 +134,7 @@ def load_params(
             return restored, int(step), "checkpoint"
         except FileNotFoundError:  # a workdir without checkpoints yet: analyze the init
             pass
-    return params, 0, "init"
+    return init_params(model, config, image_shape), 0, "init"
 
 
 def probe_images(config: ml_collections.ConfigDict, num_images: int) -> np.ndarray:
@@ -168,7 +171,8 @@ def jacobian_rows(model: Any, params: Any, images: np.ndarray, image: int = 0) -
     with jax.enable_x64(True):
         model64 = model.clone(dtype=jnp.float64)
         params64 = conditioning.to_float64(params)
-        _, out = model64.apply({"params": params64}, jnp.asarray(images[image:image + 1], jnp.float64), train=False)
+        forward = jax.jit(lambda p, x: model64.apply({"params": p}, x, train=False)[1])  # one program, not op by op
+        out = forward(params64, jnp.asarray(images[image:image + 1], jnp.float64))
         n, d = out["blocks"][0]["sab"].shape[1:]
         if n * d > MAX_JACOBIAN_SIZE:
             raise ValueError(f"--jacobian needs n·d <= {MAX_JACOBIAN_SIZE}; this model has n={n}, d={d}")

@@ -22,6 +22,7 @@ depend on this choice.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -140,11 +141,24 @@ def jacobian_matrix(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.A
     return jac.reshape(int(np.prod(jac.shape[: jac.ndim - x.ndim])), x.size)
 
 
+# The float64 Jacobians below are one compiled program each per shape (not hundreds of eager
+# ops, each compiled on its own): called inside `jax.enable_x64(True)`.
+@functools.partial(jax.jit, static_argnums=2)
+def _attention_jacobian(p: Params, x: jax.Array, num_heads: int) -> jax.Array:
+    return jacobian_matrix(lambda y: self_attention(p, y, num_heads), x)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _attention_kronecker(p: Params, x: jax.Array, num_heads: int) -> jax.Array:
+    a = attention_probs(p, x, num_heads)
+    m = value_output_products(p, num_heads)
+    return sum(jnp.kron(a[h], m[h].T) for h in range(num_heads))
+
+
 def attention_jacobian(params: Params, x: jax.Array, num_heads: int) -> np.ndarray:
     """K_ℓ = ∂SA(X)/∂X at X (n, d), in float64: (nd, nd) (docs/method.md §2)."""
     with jax.enable_x64(True):
-        p, x64 = to_float64(dict(params)), to_float64(x)
-        return np.asarray(jacobian_matrix(lambda y: self_attention(p, y, num_heads), x64))
+        return np.asarray(_attention_jacobian(to_float64(dict(params)), to_float64(x), num_heads))
 
 
 def attention_kronecker(params: Params, x: jax.Array, num_heads: int) -> np.ndarray:
@@ -154,11 +168,7 @@ def attention_kronecker(params: Params, x: jax.Array, num_heads: int) -> np.ndar
     paper's B_ℓ = (WⱽWᴼ)ᵀ ⊗ A_ℓ written for row-major vec.
     """
     with jax.enable_x64(True):
-        p, x64 = to_float64(dict(params)), to_float64(x)
-        a = attention_probs(p, x64, num_heads)
-        m = value_output_products(p, num_heads)
-        b = sum(jnp.kron(a[h], m[h].T) for h in range(num_heads))
-        return np.asarray(b)
+        return np.asarray(_attention_kronecker(to_float64(dict(params)), to_float64(x), num_heads))
 
 
 def matrix_log_kappa(m: Any, null_dim: int = 0) -> float:
@@ -240,9 +250,14 @@ def block_jacobian(
     Without the attention skip it has 2n structural zero singular values (`block_null_dim`).
     """
     with jax.enable_x64(True):
-        p, x64 = to_float64(dict(block_params)), to_float64(x)
-        block = lambda y: encoder_block(p, y, num_heads, skip_sab, skip_ffn, gelu_approximate)
-        return np.asarray(jacobian_matrix(block, x64))
+        return np.asarray(_block_jacobian(to_float64(dict(block_params)), to_float64(x), num_heads, skip_sab,
+                                          skip_ffn, gelu_approximate))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _block_jacobian(p: Params, x: jax.Array, num_heads: int, skip_sab: bool, skip_ffn: bool,
+                    gelu_approximate: bool) -> jax.Array:
+    return jacobian_matrix(lambda y: encoder_block(p, y, num_heads, skip_sab, skip_ffn, gelu_approximate), x)
 
 
 def block_inputs(out: Mapping[str, Any]) -> list[jax.Array]:

@@ -164,7 +164,7 @@ def test_miou_equals_a_numpy_recomputation_from_the_model(trained):
     records = [source[i] for i in range(len(source))]
     info = sources.dataset_info("digit_scenes")
     images = np.stack([pipeline.normalize(r["image"], info.mean, info.std) for r in records])
-    _, out = model.apply({"params": host_params}, images)
+    _, out = jax.jit(lambda p, x: model.apply({"params": p}, x))(host_params, images)
     tokens = np.asarray(out["encoded"])[:, 1:].reshape(len(images), 8, 8, -1)
     logits, _ = seg.head_logits(jax.device_get(head["params"]), jax.device_get(head["stats"]), tokens)
     ref = np.asarray(jax.image.resize(logits, (len(images), 32, 32, 11), "bilinear"))
@@ -284,7 +284,7 @@ def test_multi_layer_features_are_each_blocks_output_through_the_final_norm():
     _, _, host = backbone("tok")
     images = np.random.default_rng(0).normal(size=(2, 32, 32, 1)).astype(np.float32)
     feats = np.asarray(ev.features(params, jnp.asarray(images)))
-    _, out = model.apply({"params": host}, images)
+    _, out = jax.jit(lambda p, x: model.apply({"params": p}, x))(host, images)
     norm = lambda x: nn.LayerNorm().apply({"params": host["encoder_norm"]}, x)
     ref = np.concatenate([np.asarray(norm(b["output"]))[:, 1:] for b in out["blocks"]], -1).reshape(2, 8, 8, 64)
     np.testing.assert_allclose(feats, ref, atol=1e-5)
@@ -292,8 +292,17 @@ def test_multi_layer_features_are_each_blocks_output_through_the_final_norm():
 
 
 def _reference_scores(ev, model, host, head, image: np.ndarray) -> np.ndarray:
-    """Mean softmax over the test views, one window at a time, written out plainly."""
+    """Mean softmax over the test views, one window at a time, written out plainly (each
+    window's forward, head and resize compiled as one program per window shape, not op by op)."""
     from skipless_jax.data import dense
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def window_logits(padded, size):
+        _, out = model.apply({"params": host}, padded[None])
+        tokens = jnp.concatenate([b["normed"][:, 1:] for b in out["blocks"][-2:]], -1)
+        ph, pw = padded.shape[:2]
+        logits, _ = seg.head_logits(head["params"], head["stats"], tokens.reshape(1, ph // 4, pw // 4, -1))
+        return jax.image.resize(logits, (1, *size, 11), "bilinear")[0]
 
     info = sources.dataset_info("digit_scenes")
     pr = ev.protocol
@@ -311,10 +320,7 @@ def _reference_scores(ev, model, host, head, image: np.ndarray) -> np.ndarray:
                 top, left = (ph - win.shape[0]) // 2, (pw - win.shape[1]) // 2
                 padded = np.zeros((ph, pw, 1), np.float32)
                 padded[top : top + win.shape[0], left : left + win.shape[1]] = win
-                _, out = model.apply({"params": host}, padded[None])
-                tokens = np.concatenate([np.asarray(b["normed"])[:, 1:] for b in out["blocks"][-2:]], -1)
-                logits, _ = seg.head_logits(head["params"], head["stats"], tokens.reshape(1, ph // 4, pw // 4, -1))
-                total[y0:y1, x0:x1] += np.asarray(jax.image.resize(logits, (1, *win.shape[:2], 11), "bilinear"))[0]
+                total[y0:y1, x0:x1] += np.asarray(window_logits(padded, win.shape[:2]))
                 count[y0:y1, x0:x1] += 1
             logits = dense.resize_bilinear(total / count, image.shape[:2])
             probs.append(dense.softmax(logits[:, ::-1] if flip else logits))
@@ -363,11 +369,11 @@ def test_tokencut_on_images_of_several_sizes_equals_a_per_image_loop(tmp_path):
     preds, got = ev.boxes(params)
     source = sources.get_source("voc07_boxes", "trainval", str(tmp_path))
     mean, std = sources.dataset_info("voc07_boxes").mean, sources.dataset_info("voc07_boxes").std
+    last_keys = jax.jit(lambda x: model.apply({"params": host}, x)[1]["blocks"][-1]["keys"])  # per image shape
     for i in range(len(source)):
         image = source[i]["image"]
         x = tc.pad_to_patch_multiple(pipeline.normalize(image, mean, std), 4)
-        _, out = model.apply({"params": host}, x[None])
-        keys = np.asarray(out["blocks"][-1]["keys"])[0, 1:]
+        keys = np.asarray(last_keys(x[None]))[0, 1:]
         _, mask, seed = tc.ncut(keys, (x.shape[0] // 4, x.shape[1] // 4))
         assert tuple(preds[i]) == tc.box(mask, seed, 4, image.shape[:2])
         np.testing.assert_array_equal(got[i], gts[i])
@@ -466,6 +472,7 @@ def _host_and_device(ev, params, head, images):
     return host, device
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["lin", "ms"])
 def test_device_test_pass_equals_the_host_reference(protocol, tmp_path):
     """VOC-like folder images of several sizes at crop 32 (windows overlap, views of several sizes,

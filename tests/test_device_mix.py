@@ -74,6 +74,7 @@ def test_the_mix_is_timm_batch_mode_on_each_shard():
         np.testing.assert_allclose(np.asarray(mixed)[rows], y, rtol=1e-6, atol=1e-6, err_msg=f"shard {s}")
 
 
+@pytest.mark.slow
 def test_each_shard_draws_from_the_key_folded_with_its_index():
     """Shard s's (λ, switch, box) are `draws(fold_in(key, s))`; mixup_cutmix with S shards is
     apply_per_shard of them; S = 1 is the one-batch mix; shards that do not divide the batch

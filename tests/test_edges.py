@@ -68,9 +68,9 @@ def _history_records(workdir: str) -> list[tuple[int, tuple[str, ...]]]:
 @pytest.mark.slow
 def test_a_second_main_on_a_workdir_is_refused_and_a_killed_ones_lock_is_taken_over(tmp_path, environ):
     workdir, progress, log = str(tmp_path / "run"), str(tmp_path / "progress"), str(tmp_path / "first.log")
-    # 40 steps of ≥ 1 s: the first run outlives the second's start on a loaded machine (it is
+    # 24 steps of ≥ 1 s: the first run outlives the second's start on a loaded machine (it is
     # killed once the second is refused); the rerun resumes from its last checkpoint, undelayed.
-    overrides = ["--config.total_steps=40", "--config.checkpoint_every_steps=2"]
+    overrides = ["--config.total_steps=24", "--config.checkpoint_every_steps=4"]
     first = sr.start(sr.command(workdir, overrides), dict(environ, SKIPLESS_STEP_DELAY="1.0",
                                                           SKIPLESS_PROGRESS=progress), log)
     try:
@@ -95,7 +95,7 @@ def test_a_second_main_on_a_workdir_is_refused_and_a_killed_ones_lock_is_taken_o
     taken = [line for line in out.splitlines() if "taking over the lock" in line]
     assert len(taken) == 1 and f"pid {first.pid}," in taken[0], out[-3000:]
     records = _history_records(workdir)
-    assert len(records) == len(set(records)) and records[-1][0] == 40, records  # every record once
+    assert len(records) == len(set(records)) and records[-1][0] == 24, records  # every record once
     assert not os.path.exists(os.path.join(workdir, ".lock"))  # released at the end
 
 

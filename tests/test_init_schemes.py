@@ -134,6 +134,7 @@ def _check(name: str, x: np.ndarray, rule: tuple, keep_value=None) -> None:
         assert abs(float(x.mean())) <= SIGMAS * math.sqrt(var / n), f"{name}: mean {x.mean():.4g}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, scheme", [("vit", "timm"), ("cait", "timm"), ("swin", "timm"), ("pvt_v2", "timm"),
                                             ("convmixer", "timm"), ("vit", "mae"), ("mae", "mae")])
 def test_fresh_init_follows_the_reference_rule(family, scheme):
@@ -157,6 +158,7 @@ def test_mae_qkv_is_the_fused_tensors_xavier_not_the_separate_one():
     assert np.abs(mae_flat[name]).max() <= fused < np.abs(default_flat[name]).max()
 
 
+@pytest.mark.slow
 def test_the_trainers_init_state_applies_the_scheme():
     """supervised.make_init_state under init='timm' (models.init_variables) holds `reinitialize`
     of the model's init."""

@@ -451,6 +451,7 @@ def timm_runs(tmp_path_factory):
 timm_only = pytest.mark.skipif(not _timm_available(), reason="needs the optional timm extra (requirements-timm.txt)")
 
 
+@pytest.mark.slow
 @timm_only
 @pytest.mark.parametrize("family", sorted(TIMM_MODELS))
 def test_logits_equal_timms_when_timm_is_installed(family, timm_runs):
@@ -465,6 +466,7 @@ def test_logits_equal_timms_when_timm_is_installed(family, timm_runs):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.slow
 @timm_only
 @pytest.mark.parametrize("family", sorted(TIMM_MODELS))
 def test_timm_to_project_to_timm_is_exact(family, timm_runs):

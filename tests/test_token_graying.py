@@ -283,6 +283,7 @@ def test_bf16_in_bf16_out_computed_in_float32(name):
     assert rel_err(out, jitted(name)(photo_patches(16)[:2].astype(np.float32), 0.7)) < 1e-2
 
 
+@pytest.mark.slow
 def test_vit_applies_token_graying_to_the_patch_matrix_identically_at_train_and_eval():
     images = jnp.asarray(_downsample(_photos()[0], 8)[:32, :32][None], jnp.float32)
     model = vit.ViT(

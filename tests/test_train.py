@@ -23,6 +23,7 @@ def _read_params(workdir, step=None):
     return checkpoint.load_raw(workdir, step)[1]
 
 
+@pytest.mark.slow
 def test_loss_decreases_on_digits(tmp_path):
     config = tiny_config(total_steps=60)
     config.optimizer.lr = 1e-2
@@ -125,6 +126,7 @@ def test_missing_dataset_is_one_line(tmp_path):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_the_full_batch(tmp_path):
     full = supervised.train_and_evaluate(tiny_config(total_steps=3, log_every_steps=3), str(tmp_path / "full"))
     accum = supervised.train_and_evaluate(
@@ -135,6 +137,7 @@ def test_gradient_accumulation_equals_the_full_batch(tmp_path):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6), a["params"], b["params"])
 
 
+@pytest.mark.slow
 def test_live_kappa_monitoring_logs_probe_log_kappa(tmp_path):
     """config.analysis.every_steps: log κ of ① and ③ per layer on the fixed probe batch, at
     multiples of every_steps and the last step only, equal to a float64 numpy recomputation."""
@@ -166,6 +169,7 @@ def test_live_kappa_monitoring_logs_probe_log_kappa(tmp_path):
     assert scalars["log_kappa/sab/layer_0"][2] != scalars["log_kappa/sab/layer_0"][5]
 
 
+@pytest.mark.slow
 def test_a_changed_model_in_an_old_workdir_fails_and_keeps_the_checkpoints(tmp_path):
     supervised.train_and_evaluate(tiny_config(total_steps=2), str(tmp_path))
     saved = sorted(os.listdir(tmp_path / "checkpoints"))
@@ -256,6 +260,7 @@ def test_records_carry_dense_targets_through_the_pipeline_and_splits_slice():
         sources.get_source("digits", "valid")
 
 
+@pytest.mark.slow
 def test_several_evaluation_splits_report_under_their_prefixes(tmp_path):
     config = tiny_config(total_steps=2)
     config.dataset.train_split = "train[10%:]"
@@ -325,6 +330,7 @@ def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_p
                          "teacher", lambda name: name)
 
 
+@pytest.mark.slow
 def test_evaluate_command_reports_the_final_metrics_of_a_finished_run(tmp_path):
     """`python -m skipless_jax.evaluate --workdir=DIR` on a finished run equals its last evaluation."""
     from skipless_jax import evaluate

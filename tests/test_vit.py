@@ -176,6 +176,7 @@ def test_vit_outputs_and_intermediates(pool, posemb):
         assert all(v.shape == (4, tokens, 16) for v in block.values())
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_params():
     model = vit.ViT(num_classes=3, patch_size=2, width=16, depth=1, mlp_dim=32, num_heads=2, dtype=jnp.bfloat16)
     images = jnp.ones((2, 8, 8, 1))

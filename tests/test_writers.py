@@ -232,6 +232,7 @@ def test_eta_format_is_clus():
     assert writers.format_secs(86400 + 60) == "1d1m"
 
 
+@pytest.mark.slow
 def test_writers_import_no_tensorflow():
     code = ("import sys\nfrom skipless_jax.trainers import run, writers, wandb_writer\n"
             "import skipless_jax.cli\nprint('tensorflow' in sys.modules)")
