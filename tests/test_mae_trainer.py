@@ -20,7 +20,7 @@ from skipless_jax.optim import build_optimizer
 from skipless_jax.pretrained import init_from, posemb_extra, resize_posemb_table
 from skipless_jax.trainers import common, mae, nonfinite, supervised
 
-from util import load_config
+from util import init_params, load_config
 
 
 def tiny_mae_config(arg: str | None = None, **overrides):
@@ -120,9 +120,10 @@ def test_masks_of_a_step_depend_on_seed_and_step_only():
     config = tiny_mae_config()
     model = mae.build_model(config)
     images = jnp.asarray(np.random.default_rng(0).normal(size=(6, 8, 8, 1)), jnp.float32)
-    params = model.init({"params": jax.random.PRNGKey(0), "masking": jax.random.PRNGKey(1)}, images)["params"]
+    params = init_params(model, {"params": jax.random.PRNGKey(0), "masking": jax.random.PRNGKey(1)}, images)
     rng = jax.random.PRNGKey(3)
 
+    @jax.jit
     def mask_at(step, imgs):
         key = jax.random.split(jax.random.fold_in(rng, step))[0]
         return model.apply({"params": params}, imgs, train=True, rngs={"masking": key, "dropout": key})[2]
@@ -180,12 +181,12 @@ def test_layer_decay_scales_each_group_by_its_formula(opt):
     config = tiny_finetune_config(None)
     config.optimizer = load_config("quickstart", f"opt={opt}").optimizer
     model = models.build(config.model, 10)
-    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
+    params = init_params(model, jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))
     grads = jax.tree.map(lambda p: jnp.full(p.shape, 0.3, p.dtype), params)
     plain, _ = build_optimizer(config, 10)
     config.optimizer.layer_decay = 0.5
     decayed, _ = build_optimizer(config, 10)
-    step = lambda tx: tx.update(grads, tx.init(params), params)[0]
+    step = lambda tx: jax.jit(lambda g, p: tx.update(g, tx.init(p), p)[0])(grads, params)
     u_plain, u_decay = step(plain), step(decayed)
     flat_plain = dict(jax.tree_util.tree_flatten_with_path(u_plain)[0])
     for path, u in jax.tree_util.tree_flatten_with_path(u_decay)[0]:
@@ -236,8 +237,9 @@ def test_grayed_target_reconstructs_the_token_grayed_patches():
     model = mae.build_model(config)
     images = jnp.asarray(np.random.default_rng(1).normal(size=(4, 8, 8, 1)), jnp.float32)
     rngs = {"params": jax.random.PRNGKey(0), "masking": jax.random.PRNGKey(1)}
-    params = model.init(rngs, images)["params"]
-    loss, prediction, mask = model.apply({"params": params}, images, rngs={"masking": jax.random.PRNGKey(2)})
+    params = init_params(model, rngs, images)
+    forward = jax.jit(lambda p, x: model.apply({"params": p}, x, rngs={"masking": jax.random.PRNGKey(2)}))
+    loss, prediction, mask = forward(params, images)
     from skipless_jax.models.common import patchify
     from skipless_jax.models.stem import token_gray_patches
 

@@ -26,6 +26,8 @@ from jax.sharding import PartitionSpec as P
 from skipless_jax import sharding
 from skipless_jax.trainers import common
 
+from util import init_params
+
 _SCALING = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "scaling.py")
 _spec = importlib.util.spec_from_file_location("benchmarks_scaling", _SCALING)
 scaling = sys.modules.setdefault("benchmarks_scaling", importlib.util.module_from_spec(_spec))
@@ -304,7 +306,7 @@ def test_the_encoder_keeps_the_batch_split_even_from_a_replicated_input():
 
     model = vit.ViT(num_classes=10, patch_size=2, width=64, depth=2, mlp_dim=128, num_heads=4)
     x = jnp.zeros((64, 8, 8, 1))
-    params = model.init(jax.random.PRNGKey(0), x[:1])["params"]
+    params = init_params(model, jax.random.PRNGKey(0), x[:1])
     forward = lambda p, images: model.apply({"params": p}, images)[0]
     flops = {}
     for n in (1, 8):
@@ -377,10 +379,10 @@ def test_the_nonfinite_predicate_is_computed_once(kind):
     compiled in minutes on CPU): no more than a handful of fusions read as many operands as there
     are guarded leaves (the bookkeeping scalars), where each of the hundreds of state leaves did."""
     if kind == "supervised":
-        program = scaling.supervised_program(scaling.supervised_config("adamw", width=32, depth=4, batch=8),
+        program = scaling.supervised_program(scaling.supervised_config("adamw", width=32, depth=2, batch=8),
                                              {"data": 1})
     else:
-        program = scaling.dino_program(scaling.dino_config("adamw", width=32, depth=4, batch=8), {"data": 1})
+        program = scaling.dino_program(scaling.dino_config("adamw", width=32, depth=2, batch=8), {"data": 1})
     leaves = [x for x in jax.tree.leaves(program.abstract_state) if np.issubdtype(x.dtype, np.inexact)]
     counts = _fusion_operand_counts(program.compile().as_text())
     assert len(counts) > len(leaves)  # the parser sees the program's fusions

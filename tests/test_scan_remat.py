@@ -47,11 +47,11 @@ def test_scanned_encoder_equals_the_unrolled_one_in_logits_gradients_and_interme
         logits, out = model.apply({"params": p}, x, train=True, rngs={"dropout": jax.random.PRNGKey(1)})
         return (logits**2).sum(), out
 
-    (l_u, out_u), g_u = jax.value_and_grad(lambda p: loss(unrolled, p), has_aux=True)(params)
+    (l_u, out_u), g_u = jax.jit(jax.value_and_grad(lambda p: loss(unrolled, p), has_aux=True))(params)
     for extra in (dict(scan=True), dict(scan=True, remat="full"), dict(remat="dots")):
         model = vit.ViT(**TINY, **extra)
         p = stacked if extra.get("scan") else params
-        (l_s, out_s), g_s = jax.value_and_grad(lambda q, m=model: loss(m, q), has_aux=True)(p)
+        (l_s, out_s), g_s = jax.jit(jax.value_and_grad(lambda q, m=model: loss(m, q), has_aux=True))(p)
         np.testing.assert_allclose(l_s, l_u, rtol=1e-5)
         g_s = vit.unstack_blocks(g_s)
         scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g_u))
@@ -70,7 +70,7 @@ def test_each_scanned_layer_draws_its_own_init_and_drop_path_rate():
     assert not np.allclose(value[0], value[1])  # not one layer copied L times
     # Layer 0's rate is 0: with the other layers' branches dropped for every example, the output
     # still differs from the eval output only through layers 1 and 2.
-    train = lambda key: model.apply({"params": params}, _images(64), train=True, rngs={"dropout": key})[0]
+    train = jax.jit(lambda key: model.apply({"params": params}, _images(64), train=True, rngs={"dropout": key})[0])
     assert not np.allclose(train(jax.random.PRNGKey(1)), train(jax.random.PRNGKey(2)))
 
 
