@@ -28,7 +28,7 @@ def test_token_graying_in_a_bf16_model_keeps_kappa_to_the_eps(method):
     images = _images()
     model = vit.ViT(**SMALL, dtype=jnp.bfloat16, token_graying=method, tg_eps=0.9)
     params = init_params(model, jax.random.PRNGKey(0), images)
-    _, out = model.apply({"params": params}, images)
+    _, out = jax.jit(model.apply)({"params": params}, images)
     assert out["patches"].dtype == jnp.float32  # TG's output: float32 whatever the model computes in
     x = np.asarray(photo_patches(4)[:2], np.float32)
     np.testing.assert_allclose(vit.patchify(images, 4), x, rtol=1e-6)  # the images hold these patches
@@ -37,7 +37,7 @@ def test_token_graying_in_a_bf16_model_keeps_kappa_to_the_eps(method):
         np.testing.assert_allclose(np.exp(log_kappa(np.asarray(out["patches"])) - 0.9 * lk), 1.0, atol=1e-3)
     # Either method: the grayed patches equal the float32 model's bit for bit (same float32 path).
     f32 = vit.ViT(**SMALL, token_graying=method, tg_eps=0.9)
-    _, out32 = f32.apply({"params": params}, images)
+    _, out32 = jax.jit(f32.apply)({"params": params}, images)
     np.testing.assert_array_equal(out["patches"], out32["patches"])
 
 
@@ -49,8 +49,8 @@ def test_bf16_model_keeps_float32_parameters_and_logits_and_is_close_to_float32(
     params = init_params(f32, jax.random.PRNGKey(0), images)
     assert {p.dtype for p in jax.tree.leaves(jax.eval_shape(bf16.init, jax.random.PRNGKey(0), images))} == {
         jnp.dtype("float32")}
-    logits16, out16 = bf16.apply({"params": params}, images)
-    logits32, _ = f32.apply({"params": params}, images)
+    logits16, out16 = jax.jit(bf16.apply)({"params": params}, images)  # one program each, not op by op
+    logits32, _ = jax.jit(f32.apply)({"params": params}, images)
     assert logits16.dtype == jnp.float32 and out16["encoded"].dtype == jnp.bfloat16
     scale = float(jnp.abs(logits32).max())
     assert float(jnp.abs(logits16 - logits32).max()) < 0.05 * scale  # bf16 rounding, not a different function
@@ -59,7 +59,7 @@ def test_bf16_model_keeps_float32_parameters_and_logits_and_is_close_to_float32(
         logits, _ = model.apply({"params": p}, images)
         return jax.nn.logsumexp(logits, -1).mean()
 
-    g16, g32 = jax.grad(lambda p: loss(bf16, p))(params), jax.grad(lambda p: loss(f32, p))(params)
+    g16, g32 = jax.jit(jax.grad(lambda p: loss(bf16, p)))(params), jax.jit(jax.grad(lambda p: loss(f32, p)))(params)
     assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(g16))
     cos = sum(float(jnp.vdot(a, b)) for a, b in zip(jax.tree.leaves(g16), jax.tree.leaves(g32)))
     cos /= np.sqrt(sum(float(jnp.vdot(a, a)) for a in jax.tree.leaves(g16)) *
@@ -72,7 +72,8 @@ def test_attention_implementation_field_reaches_dot_product_attention():
     base = models.build(dict(name="vit", **{k: v for k, v in SMALL.items() if k != "num_classes"}), 10)
     params = init_params(base, jax.random.PRNGKey(0), images)
     xla = vit.ViT(**SMALL, attention_impl="xla")
-    np.testing.assert_allclose(xla.apply({"params": params}, images)[0], base.apply({"params": params}, images)[0],
+    np.testing.assert_allclose(jax.jit(xla.apply)({"params": params}, images)[0],
+                               jax.jit(base.apply)({"params": params}, images)[0],
                                rtol=1e-6, atol=1e-6)
     if jax.default_backend() == "cpu":  # cuDNN attention is GPU-only: asking for it elsewhere fails loudly
         with pytest.raises(Exception):  # noqa: B017 (jax's error type for an unavailable kernel varies)

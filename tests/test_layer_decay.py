@@ -117,15 +117,15 @@ def test_soap_accepts_scale_by_layer():
     scaled = optax.chain(OPTIMIZERS["soap"](hyper, 1e-2), scale_by_layer(scales))
     # Same gradients and params on both: the inner states evolve identically, scale_by_layer is stateless.
     s_in, s_sc = inner.init(params), scaled.init(params)
+    update_in, update_sc = jax.jit(inner.update), jax.jit(scaled.update)  # one program each, not op by op
     for g in grads[:2]:  # call 0 is SOAP's zero step; call 1 is a real update
-        u_in, s_in = inner.update(g, s_in, params)
-        u_sc, s_sc = scaled.update(g, s_sc, params)
+        u_in, s_in = update_in(g, s_in, params)
+        u_sc, s_sc = update_sc(g, s_sc, params)
     flat_in, flat_sc, flat_s = _paths(u_in), _paths(u_sc), _paths(scales)
     assert any(np.abs(np.asarray(x)).max() > 0 for x in flat_in.values())
     for k in flat_in:
         np.testing.assert_allclose(np.asarray(flat_sc[k]), flat_s[k] * np.asarray(flat_in[k]), rtol=1e-6, err_msg=k)
-    # and it runs under jit
-    jax.jit(scaled.update)(grads[2], s_sc, params)
+    update_sc(grads[2], s_sc, params)  # a third step: the preconditioner refreshed under jit
 
 
 def test_swin_relative_position_tables_are_not_decayed():

@@ -74,10 +74,10 @@ def test_the_step_updates_running_statistics_once_per_micro_batch():
         model, state, step = _state_and_step(config)
         new_state, _ = jax.jit(step)(state, batch)
         stats = state["batch_stats"]
+        bn_update = jax.jit(lambda p, s, x, m=model: m.apply({"params": p, "batch_stats": s}, x, train=True,
+                                                             mutable=["batch_stats"])[1]["batch_stats"])
         for j in range(k):
-            _, upd = model.apply({"params": state["params"], "batch_stats": stats}, batch["image"][j::k],
-                                 train=True, mutable=["batch_stats"])
-            stats = upd["batch_stats"]
+            stats = bn_update(state["params"], stats, batch["image"][j::k])
         close = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
         jax.tree.map(close, new_state["batch_stats"], stats)
         moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), new_state["batch_stats"], state["batch_stats"])
@@ -103,8 +103,8 @@ def test_trained_convmixer_is_evaluated_with_its_running_statistics(trained):
     keep = batch["mask"] > 0
     assert n == int(keep.sum()) == 360
     model = models.build(config.model, 10)
-    logits = model.apply({"params": state["params"], "batch_stats": state["batch_stats"]},
-                         jnp.asarray(batch["image"][keep]), train=False)[0]
+    logits = jax.jit(lambda v, x: model.apply(v, x, train=False)[0])(
+        {"params": state["params"], "batch_stats": state["batch_stats"]}, jnp.asarray(batch["image"][keep]))
     accuracy = float((np.asarray(logits).argmax(-1) == batch["label"][keep].argmax(-1)).mean())
     assert metrics["test_accuracy"] == pytest.approx(accuracy, abs=1e-6)
     # ... and so does the evaluate command on the checkpoint.
