@@ -10,8 +10,6 @@ import pytest
 from skipless_jax import conditioning as cond
 from skipless_jax.models import init
 
-from util import init_params
-
 RNG = np.random.default_rng(0)
 
 
@@ -189,7 +187,7 @@ def _block(skip_sab: bool, skip_ffn: bool, scheme: str = "default", n: int = 4, 
     block = vit.EncoderBlock(mlp_dim=2 * d, num_heads=2, skip_sab=skip_sab, skip_ffn=skip_ffn,
                              init_scheme=scheme, init_alpha=2.0, init_beta=0.6, init_c=3.0)
     x = jnp.asarray(np.random.default_rng(7).standard_normal((1, n, d)), jnp.float32)
-    params = init_params(block, {"params": jax.random.key(0)}, x, train=False)
+    params = block.init({"params": jax.random.key(0)}, x, train=False)["params"]
     return params, np.asarray(x[0], np.float64)
 
 
@@ -246,7 +244,7 @@ def test_skipless_vit_attention_jacobian_below_default():
                         skip_sab=False, skip_ffn=False, pool="gap", init_scheme=scheme,
                         init_alpha=2.0, init_beta=0.6, init_c=3.0)
         images = np.asarray(jax.random.normal(jax.random.key(1000 + seed), (1, 16, 16, 3)))
-        params = init_params(model, {"params": jax.random.key(seed)}, jnp.zeros((1, 16, 16, 3)))
+        params = model.init({"params": jax.random.key(seed)}, jnp.zeros((1, 16, 16, 3)))["params"]
         rows = analyze.jacobian_rows(model, params, images)
         assert len(rows) == 2 and all(np.isfinite(r["log_kappa_block"]) for r in rows)
         return float(np.mean([r["log_kappa_K"] for r in rows]))

@@ -219,7 +219,7 @@ def test_cait_identity_talking_heads_is_plain_attention():
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 8))
     plain = MultiHeadAttention(2, init_scheme="skipless", init_c=1.0)
     talking = MultiHeadAttention(2, init_scheme="skipless", init_c=1.0, talking_heads=True)
-    params = init_params(talking, {"params": jax.random.PRNGKey(2)}, x)
+    params = talking.init({"params": jax.random.PRNGKey(2)}, x)["params"]
     inner = {k: v for k, v in params.items() if not k.startswith("proj_")}
     np.testing.assert_allclose(talking.apply({"params": params}, x)[0], plain.apply({"params": inner}, x)[0], rtol=1e-5)
     mixed = dict(params, proj_l=params["proj_l"][::-1])

@@ -13,8 +13,6 @@ import pytest
 
 from skipless_jax.models import init
 
-from util import init_params
-
 SHAPES = [(64, 1), (64, 4), (96, 3), (128, 8), (192, 3)]
 
 
@@ -334,7 +332,7 @@ def test_init_self_share_reaches_its_target(arg, num_tokens, target):
     assert abs(init.self_attention_share(config.model, num_tokens, seed=1) - target) < 0.01
 
     model = models.build(config.model, 10)
-    params = init_params(model, jax.random.PRNGKey(3), jnp.zeros((1, image_size, image_size, 1)), train=False)
+    params = model.init(jax.random.PRNGKey(3), jnp.zeros((1, image_size, image_size, 1)), train=False)["params"]
     x = _np64(jax.random.normal(jax.random.PRNGKey(4), (32, num_tokens, 64), jnp.float32))
     shares = [_np_kernel_share(x, kernels["query"], kernels["key"], config.model.num_heads)
               for kernels in (params[f"block_{layer}"]["MultiHeadAttention_0"] for layer in range(config.model.depth))]

@@ -9,8 +9,6 @@ from skipless_jax import losses
 from skipless_jax.models import mae, vit
 from skipless_jax.models.common import patchify
 
-from util import init_params
-
 # --------------------------------------------------------------------------------------------
 # Independent numpy reference (torch ops written out: argsort, gather, einsum, unbiased .var).
 
@@ -206,9 +204,9 @@ def _flat_shapes(tree):
 def test_encoder_parameters_are_the_vits_and_compute_the_same():
     images = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 16, 3))
     model = mae.MAE(**SMALL, **DECODER, mask_ratio=0.0)
-    params = init_params(model, {"params": jax.random.PRNGKey(1), "masking": jax.random.PRNGKey(2)}, images)
+    params = model.init({"params": jax.random.PRNGKey(1), "masking": jax.random.PRNGKey(2)}, images)["params"]
     classifier = vit.ViT(num_classes=10, posemb="sincos2d", **SMALL)
-    vit_params = init_params(classifier, jax.random.PRNGKey(0), images)
+    vit_params = classifier.init(jax.random.PRNGKey(0), images)["params"]
     encoder = {k: v for k, v in params.items() if k != "decoder"}
     assert _flat_shapes(encoder) == _flat_shapes({k: v for k, v in vit_params.items() if k != "head"})
 

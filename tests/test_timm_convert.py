@@ -16,8 +16,6 @@ from scipy.special import erf
 
 from skipless_jax import models, timm_convert
 
-from util import init_params
-
 D, HEADS, MLP, P, IMG, CLASSES = 8, 2, 16, 4, 8, 5
 N = (IMG // P) ** 2
 
@@ -350,7 +348,7 @@ def test_written_checkpoint_loads_through_init_from(tmp_path):
     out = str(tmp_path / "converted")
     timm_convert.write_checkpoint(params, out, cfg, "synthetic")
     model = models.build(cfg, 3)
-    fresh = init_params(model, {"params": jax.random.PRNGKey(0)}, jnp.zeros((1, IMG, IMG, 3)), train=False)
+    fresh = model.init({"params": jax.random.PRNGKey(0)}, jnp.zeros((1, IMG, IMG, 3)), train=False)["params"]
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     loaded = pretrained.init_from(out, fresh, jax.tree.map(lambda _: device, fresh))
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), loaded, params)

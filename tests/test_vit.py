@@ -11,8 +11,6 @@ from jax import lax
 
 from skipless_jax.models import vit
 
-from util import init_params
-
 
 def count_params(variant: str, **kwargs) -> int:
     model = vit.ViT(num_classes=1000, **{**vit.decode_variant(variant), **kwargs})
@@ -50,7 +48,7 @@ def _block(skip_sab, skip_ffn, gelu_approximate=True):
     block = vit.EncoderBlock(mlp_dim=16, num_heads=2, skip_sab=skip_sab, skip_ffn=skip_ffn, drop_path=0.5,
                              gelu_approximate=gelu_approximate)
     x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 8))
-    params = init_params(block, jax.random.PRNGKey(0), x, train=False)
+    params = block.init(jax.random.PRNGKey(0), x, train=False)["params"]
     return block, params, x
 
 
@@ -134,7 +132,7 @@ def test_local_crop_position_table_resize_follows_the_antialias_field():
     for antialias in (True, False):
         model = vit.ViT(num_classes=0, patch_size=1, width=8, depth=1, mlp_dim=8, num_heads=2, image_size=8,
                         posemb_antialias=antialias)
-        params = init_params(model, jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))
+        params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
         block = model.apply({"params": params}, images)[1]["blocks"][0]
         inputs[antialias] = np.asarray(block["sab_skip"] - block["sab"])[:, 1:]
     grid = params["pos_embedding"][:, 1:].reshape(1, 8, 8, 8)
@@ -165,7 +163,7 @@ def test_vit_outputs_and_intermediates(pool, posemb):
         head_zero_init=False,
     )
     images = jax.random.normal(jax.random.PRNGKey(0), (4, 8, 8, 1))
-    params = init_params(model, jax.random.PRNGKey(1), images)
+    params = model.init(jax.random.PRNGKey(1), images)["params"]
     logits, out = model.apply({"params": params}, images)
     assert logits.shape == (4, 7) and logits.dtype == jnp.float32
     assert out["patches"].shape == (4, 16, 4)
@@ -182,7 +180,7 @@ def test_vit_outputs_and_intermediates(pool, posemb):
 def test_bfloat16_compute_keeps_float32_params():
     model = vit.ViT(num_classes=3, patch_size=2, width=16, depth=1, mlp_dim=32, num_heads=2, dtype=jnp.bfloat16)
     images = jnp.ones((2, 8, 8, 1))
-    params = init_params(model, jax.random.PRNGKey(0), images)
+    params = model.init(jax.random.PRNGKey(0), images)["params"]
     assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
     _, out = model.apply({"params": params}, images)
     assert out["blocks"][0]["sab"].dtype == jnp.bfloat16
@@ -191,7 +189,7 @@ def test_bfloat16_compute_keeps_float32_params():
 @pytest.mark.slow
 def test_position_embedding_resizes_for_other_resolutions():
     model = vit.ViT(num_classes=3, patch_size=2, width=16, depth=1, mlp_dim=32, num_heads=2, image_size=8)
-    params = init_params(model, jax.random.PRNGKey(0), jnp.ones((1, 8, 8, 1)))
+    params = model.init(jax.random.PRNGKey(0), jnp.ones((1, 8, 8, 1)))["params"]
     logits, out = model.apply({"params": params}, jnp.ones((2, 4, 4, 1)))
     assert out["blocks"][0]["sab"].shape == (2, 5, 16)
 
@@ -201,7 +199,7 @@ def test_joint_attention_init_applies_and_sets_vo_product(scheme):
     model = vit.ViT(num_classes=3, patch_size=2, width=16, depth=2, mlp_dim=32, num_heads=2,
                     skip_sab=False, skip_ffn=False, init_scheme=scheme, init_alpha=2.0, init_beta=0.6, init_c=3.0)
     images = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, 1))
-    params = init_params(model, jax.random.PRNGKey(1), images)
+    params = model.init(jax.random.PRNGKey(1), images)["params"]
     logits, _ = model.apply({"params": params}, images)  # apply after a joint init
     assert np.isfinite(np.asarray(logits)).all()
     attn = params["block_0"]["MultiHeadAttention_0"]
@@ -216,7 +214,7 @@ def test_num_classes_zero_is_a_backbone_without_head():
     kw = dict(width=32, depth=1, num_heads=2, mlp_dim=64, patch_size=4)
     images = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
     backbone = vit.ViT(num_classes=0, **kw)
-    params = init_params(backbone, jax.random.key(1), images)
+    params = backbone.init(jax.random.key(1), images)["params"]
     assert "head" not in params
     features, out = backbone.apply({"params": params}, images)
     assert features.shape == (2, 32)
