@@ -12,6 +12,7 @@ Every example counts exactly once: the eval pipeline pads the last global batch 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +37,18 @@ def real_accuracy_counts(logits: jax.Array, real_labels: jax.Array,
     return correct.sum(), counted.sum()
 
 
+def _sums(logits_of: Any, params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """A batch's correct / loss / count sums (and ReaL's, where its records carry label sets)."""
+    logits = logits_of(params, batch["image"])
+    mask = batch["mask"]
+    correct = (logits.argmax(-1) == batch["label"].argmax(-1)) * mask
+    loss = (losses.cross_entropy(logits, batch["label"]) * mask).sum()
+    out = {"correct": correct.sum(), "loss": loss, "count": mask.sum()}
+    if "real_label" in batch:
+        out["real_correct"], out["real_counted"] = real_accuracy_counts(logits, batch["real_label"], mask)
+    return out
+
+
 @dataclasses.dataclass
 class Classification:
     """Yields ('accuracy', top-1 accuracy) and ('loss', mean cross-entropy) on `split`, and on a
@@ -52,17 +65,12 @@ class Classification:
         if self.ctx.logits is None:
             raise ValueError(f"config.evals.{self.name}: type 'classification' needs a model with a classifier head")
 
-        def sums(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-            logits = self.ctx.logits(params, batch["image"])
-            mask = batch["mask"]
-            correct = (logits.argmax(-1) == batch["label"].argmax(-1)) * mask
-            loss = (losses.cross_entropy(logits, batch["label"]) * mask).sum()
-            out = {"correct": correct.sum(), "loss": loss, "count": mask.sum()}
-            if "real_label" in batch:
-                out["real_correct"], out["real_counted"] = real_accuracy_counts(logits, batch["real_label"], mask)
-            return out
-
-        self._sums = jax.jit(sums, out_shardings=sharding.replicated(self.ctx.mesh))
+        programs = self.ctx.cache.programs  # one program for every classification on this model
+        if "classification_sums" not in programs:  # (the test split, minival, ReaL, v2: one compile)
+            logits_of = self.ctx.logits
+            programs["classification_sums"] = jax.jit(
+                functools.partial(_sums, logits_of), out_shardings=sharding.replicated(self.ctx.mesh))
+        self._sums = programs["classification_sums"]
 
     def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
         batches, n = (self.view or self.ctx).batches(self.split)
