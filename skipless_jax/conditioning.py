@@ -236,6 +236,12 @@ def encoder_block(
     return x + z if skip_ffn else z  # ④
 
 
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _block_jacobian(p: Params, x: jax.Array, num_heads: int, skip_sab: bool, skip_ffn: bool,
+                    gelu_approximate: bool) -> jax.Array:
+    return jacobian_matrix(lambda y: encoder_block(p, y, num_heads, skip_sab, skip_ffn, gelu_approximate), x)
+
+
 def block_jacobian(
     block_params: Params,
     x: jax.Array,
@@ -252,12 +258,6 @@ def block_jacobian(
     with jax.enable_x64(True):
         return np.asarray(_block_jacobian(to_float64(dict(block_params)), to_float64(x), num_heads, skip_sab,
                                           skip_ffn, gelu_approximate))
-
-
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
-def _block_jacobian(p: Params, x: jax.Array, num_heads: int, skip_sab: bool, skip_ffn: bool,
-                    gelu_approximate: bool) -> jax.Array:
-    return jacobian_matrix(lambda y: encoder_block(p, y, num_heads, skip_sab, skip_ffn, gelu_approximate), x)
 
 
 def block_inputs(out: Mapping[str, Any]) -> list[jax.Array]:

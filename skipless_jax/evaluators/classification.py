@@ -65,11 +65,10 @@ class Classification:
         if self.ctx.logits is None:
             raise ValueError(f"config.evals.{self.name}: type 'classification' needs a model with a classifier head")
 
-        programs = self.ctx.cache.programs  # one program for every classification on this model
-        if "classification_sums" not in programs:  # (the test split, minival, ReaL, v2: one compile)
-            logits_of = self.ctx.logits
+        programs = self.ctx.cache.programs  # one jitted function for every classification on this model:
+        if "classification_sums" not in programs:  # test, minival and v2 share a compile (ReaL's batches differ)
             programs["classification_sums"] = jax.jit(
-                functools.partial(_sums, logits_of), out_shardings=sharding.replicated(self.ctx.mesh))
+                functools.partial(_sums, self.ctx.logits), out_shardings=sharding.replicated(self.ctx.mesh))
         self._sums = programs["classification_sums"]
 
     def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
