@@ -55,13 +55,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _tiny_dino_config():
-    """configs/dino_digits.py, no skips, skipless init, shrunk: width 32, depth 2, 3 steps, kNN only."""
+    """configs/dino_digits.py, no skips, skipless init, shrunk: width 32, depth 1, 3 steps, kNN only."""
     import ml_collections
 
     from util import load_config
 
     config = load_config("dino_digits", "skip_sab=False,skip_ffn=False,init=skipless")
-    config.model.width, config.model.mlp_dim, config.model.num_heads, config.model.depth = 32, 64, 2, 2
+    config.model.width, config.model.mlp_dim, config.model.num_heads, config.model.depth = 32, 64, 2, 1
     config.dino.update(dict(out_dim=32, hidden_dim=32, bottleneck_dim=16))
     config.total_epochs, config.total_steps = None, 3
     config.schedule.warmup_epochs = 0

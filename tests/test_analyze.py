@@ -34,7 +34,7 @@ def _np_embedding_kappa(model, params, images):
 @pytest.mark.slow
 def test_analyze_at_init_writes_table_plot_and_json(tmp_path, capsys):
     arg = "skip_sab=False,init=skipless"
-    config = tiny_config(arg)
+    config = tiny_config("depth=2," + (arg or ""))
     result = analyze.analyze(config, output_dir=str(tmp_path), num_images=NUM_IMAGES,
                              config_name=f"quickstart.py:{arg}")
     assert result["source"] == "init" and result["step"] == 0
@@ -57,7 +57,7 @@ def test_analyze_at_init_writes_table_plot_and_json(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_analyze_reads_the_latest_checkpoint(tmp_path):
-    config = tiny_config("skip_sab=False")
+    config = tiny_config("depth=2,skip_sab=False")
     model, shape = analyze.build(config)
     params = analyze.init_params(model, config, shape)
     mngr = checkpoint.manager(str(tmp_path), async_save=False)
@@ -85,12 +85,12 @@ def test_analyze_uses_the_config_saved_in_the_workdir(tmp_path, capsys):
     (it used to print a plausible table for the wrong model, or a 77-line traceback)."""
     from skipless_jax.trainers import supervised
 
-    saved = tiny_config("skip_sab=False", total_steps=2)
+    saved = tiny_config("depth=2,skip_sab=False", total_steps=2)
     supervised.train_and_evaluate(saved, str(tmp_path), devices=one_device())
     right = analyze.analyze(saved, workdir=str(tmp_path), num_images=NUM_IMAGES, output_dir=str(tmp_path / "a"))
     capsys.readouterr()
-    flipped = analyze.analyze(tiny_config("skip_sab=True", total_steps=2), workdir=str(tmp_path), num_images=NUM_IMAGES,
-                              output_dir=str(tmp_path / "b"))
+    flipped = analyze.analyze(tiny_config("depth=2,skip_sab=True", total_steps=2), workdir=str(tmp_path),
+                              num_images=NUM_IMAGES, output_dir=str(tmp_path / "b"))
     assert "analysing with the saved config" in capsys.readouterr().out
     assert flipped["log_kappa"] == right["log_kappa"] and flipped["model"]["skip_sab"] is False
     deeper = analyze.analyze(tiny_config("depth=3", total_steps=2), workdir=str(tmp_path), num_images=NUM_IMAGES,
@@ -102,7 +102,7 @@ def test_analyze_uses_the_config_saved_in_the_workdir(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_jacobian_columns(tmp_path, capsys):
-    config = tiny_config("skip_sab=False,skip_ffn=False,init=skipless")
+    config = tiny_config("depth=2,skip_sab=False,skip_ffn=False,init=skipless")
     result = analyze.analyze(config, output_dir=str(tmp_path), num_images=2, jacobian=True)
     rows = result["jacobian"]
     assert [r["layer"] for r in rows] == list(range(config.model.depth))

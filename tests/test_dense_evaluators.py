@@ -23,7 +23,7 @@ from util import tiny_config
 
 
 def scene_config(pool: str = "tok") -> ml_collections.ConfigDict:
-    c = tiny_config()
+    c = tiny_config("depth=2")  # the protocols that read the last 2 blocks
     c.dataset.name, c.dataset.train_split, c.dataset.eval_split = "digit_scenes", "train", "test"
     c.input.image_size = None
     c.input.eval_batch_size = 16

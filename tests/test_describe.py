@@ -52,7 +52,7 @@ LAYER_IDS = {
 
 
 def scene_config(family: str) -> ml_collections.ConfigDict:
-    c = tiny_config()
+    c = tiny_config("depth=2")  # two blocks: the layer ids of both
     c.dataset.name, c.dataset.train_split, c.dataset.eval_split = "digit_scenes", "train", "test"
     c.input.image_size = None
     c.input.eval_batch_size = 16

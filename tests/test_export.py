@@ -67,7 +67,7 @@ def test_exported_model_reproduces_the_final_test_accuracy_without_skipless_jax(
     saved = json.loads(open_text(folder, "model.json"))
     assert saved["image_size"] == 8 and saved["channels"] == 1 and saved["mean"] == [0.5] and saved["std"] == [0.5]
     assert saved["num_classes"] == 10 and saved["output"] == "logits" and saved["step"] == 60
-    assert saved["config"]["model"]["depth"] == 2 and meta["examples"] == 360
+    assert saved["config"]["model"]["depth"] == 1 and meta["examples"] == 360
     with np.load(os.path.join(folder, "examples.npz")) as f:
         assert f["images"].dtype == np.uint8 and f["images"].shape == (360, 8, 8, 1)
         assert sorted(np.unique(f["labels"])) == list(range(10))

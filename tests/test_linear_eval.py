@@ -57,7 +57,7 @@ def test_dino_defaults_by_width():
 
 @pytest.fixture(scope="module")
 def vit():
-    config = tiny_config()
+    config = tiny_config("depth=2")  # n_last_blocks=2
     config.model.pool = "tok"  # a class token (the quickstart pools the patch tokens)
     mesh = sharding.make_mesh(config.mesh)
     ctx, _ = supervised.evaluation(config, mesh)

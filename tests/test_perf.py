@@ -38,7 +38,8 @@ def tiny_run(tmp_path_factory):
         captured.update(compiled=compiled, cost=cost)
         return compiled, cost
 
-    config = tiny_config(peak_tflops=0.5, profile_steps=None)  # the default trace (tests' configs: none)
+    # Two blocks: the scanned variant of test_model_flops_... compiles one of them.
+    config = tiny_config("depth=2", peak_tflops=0.5, profile_steps=None)  # the default trace (tests' configs: none)
     perf.compile_for = capture
     try:
         final = supervised.train_and_evaluate(config, workdir, devices=jax.devices()[:DEVICES])
@@ -201,13 +202,13 @@ def test_model_flops_are_the_same_with_accumulation_scan_and_remat(tiny_run, tmp
                 "remat": {"model.remat": "full"}}
     records = {"plain": tiny_run[-1][-1]}  # the same tiny quickstart, unrolled, on 2 devices
     for name, overrides in variants.items():
-        supervised.train_and_evaluate(tiny_config(total_steps=4, **overrides), str(tmp_path / name),
+        supervised.train_and_evaluate(tiny_config("depth=2", total_steps=4, **overrides), str(tmp_path / name),
                                       devices=jax.devices()[:DEVICES])
         records[name] = [json.loads(line) for line in (tmp_path / name / "history.jsonl").read_text().splitlines()
                          if "perf/img_per_sec" in line][-1]
     per_example = {k: r["perf/tflops_per_device"] / r["perf/img_per_sec_per_device"] * 1e12 for k, r in records.items()}
     xla = {k: r["perf/xla_tflops_per_device"] / r["perf/img_per_sec_per_device"] * 1e12 for k, r in records.items()}
-    expected = perf.model_flops_per_example(tiny_config())[0]
+    expected = perf.model_flops_per_example(tiny_config("depth=2"))[0]
     assert per_example == pytest.approx(dict.fromkeys(records, expected), rel=0.01)
     # the old count: the scanned encoder's 2 blocks and the 2 micro-batches are counted once
     assert xla["scanned"] < 0.8 * xla["plain"] and xla["accumulated"] < 0.7 * xla["plain"]
@@ -273,7 +274,7 @@ def test_core_hours_continue_across_a_resume(tiny_run, tmp_path):
     workdir, config, _, _, records = tiny_run
     resumed = str(tmp_path / "resumed")
     shutil.copytree(workdir, resumed)
-    longer = tiny_config(peak_tflops=0.5, total_steps=16, checkpoint_every_steps=0)
+    longer = tiny_config("depth=2", peak_tflops=0.5, total_steps=16, checkpoint_every_steps=0)
     supervised.train_and_evaluate(longer, resumed, devices=jax.devices()[:DEVICES], allow_config_change=True)
     history = [json.loads(line) for line in Path(resumed, "history.jsonl").read_text().splitlines()]
     after = [h for h in history if "perf/img_per_sec" in h]

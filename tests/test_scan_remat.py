@@ -131,7 +131,7 @@ def test_soap_on_a_scanned_encoder_equals_soap_on_its_unrolled_layers():
     iteration + QR refreshes with the moment rotation at calls 3, 6, 9)."""
     from skipless_jax.optim import build_optimizer
 
-    config = tiny_config("opt=soap", **{"model.scan": True})
+    config = tiny_config("depth=2,opt=soap", **{"model.scan": True})
     config.optimizer.precondition_frequency = 3
     # No global-norm clip: its sum over the leaves rounds differently in the two layouts, and a
     # rank-deficient factor (the first one comes from one gradient) has an arbitrary null-space

@@ -25,7 +25,7 @@ def _read_params(workdir, step=None):
 
 @pytest.mark.slow
 def test_loss_decreases_on_digits(tmp_path):
-    config = tiny_config(total_steps=60)
+    config = tiny_config("depth=2", total_steps=60)
     config.optimizer.lr = 1e-2
     metrics = supervised.train_and_evaluate(config, str(tmp_path))
     assert metrics["step"] == 60
@@ -144,7 +144,7 @@ def test_live_kappa_monitoring_logs_probe_log_kappa(tmp_path):
     from skipless_jax.data import inputs
     from skipless_jax.models import vit
 
-    config = tiny_config("skip_sab=False,skip_ffn=False,init=skipless", total_steps=5, log_every_steps=5)
+    config = tiny_config("depth=2,skip_sab=False,skip_ffn=False,init=skipless", total_steps=5, log_every_steps=5)
     config.analysis.every_steps = 2
     config.analysis.probe_size = 16
     supervised.train_and_evaluate(config, str(tmp_path))
@@ -176,13 +176,13 @@ def test_a_changed_model_in_an_old_workdir_fails_and_keeps_the_checkpoints(tmp_p
     deeper = tiny_config("depth=3", total_steps=2)
     with pytest.raises(
         pretrained.ConfigChangedError,
-        match=r"another config \(model\.depth: 2 -> 3\); use a new --workdir, or pass --allow_config_change",
+        match=r"another config \(model\.depth: 1 -> 3\); use a new --workdir, or pass --allow_config_change",
     ):
         supervised.train_and_evaluate(deeper, str(tmp_path))
     # Forced: the parameters still do not fit.
     with pytest.raises(
         checkpoint.IncompatibleCheckpointError,
-        match=r"step 2 .* other parameters \(not in the checkpoint: \['block_2'\]",
+        match=r"step 2 .* other parameters \(not in the checkpoint: \['block_1'\]",
     ):
         supervised.train_and_evaluate(deeper, str(tmp_path), allow_config_change=True)
     with pytest.raises(checkpoint.IncompatibleCheckpointError, match=r"other shape: \['block_0'\]"):
@@ -320,8 +320,8 @@ def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_p
     replicated = NamedSharding(jax.sharding.Mesh(one, ("data",)), PartitionSpec())
     repl = jax.tree.map(lambda _: replicated, params)
     loaded = pretrained.init_from(config.init_from, params, repl, "teacher", supervised.init_from_rename("teacher"))
-    np.testing.assert_array_equal(loaded["block_1"]["MlpBlock_0"]["Dense_0"]["kernel"],
-                                  saved["teacher"]["backbone"]["block_1"]["MlpBlock_0"]["Dense_0"]["kernel"])
+    np.testing.assert_array_equal(loaded["block_0"]["MlpBlock_0"]["Dense_0"]["kernel"],
+                                  saved["teacher"]["backbone"]["block_0"]["MlpBlock_0"]["Dense_0"]["kernel"])
     np.testing.assert_array_equal(loaded["pos_embedding"], saved["teacher"]["backbone"]["pos_embedding"])
     np.testing.assert_array_equal(loaded["head"]["kernel"], params["head"]["kernel"])  # fresh
     assert supervised.train_and_evaluate(config, str(tmp_path / "sup"), devices=one)["step"] == 1

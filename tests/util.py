@@ -31,7 +31,7 @@ def one_device() -> list:
 
 
 def tiny_config(arg: str | None = None, **overrides: Any) -> ml_collections.ConfigDict:
-    """The quickstart shrunk to seconds: width 32, depth 2, 12 steps, no checkpoints between, no
+    """The quickstart shrunk to seconds: width 32, depth 1, 12 steps, no checkpoints between, no
     profiler trace.
 
     Standard ViT with AdamW unless `arg` says otherwise (later args win).
@@ -39,7 +39,7 @@ def tiny_config(arg: str | None = None, **overrides: Any) -> ml_collections.Conf
     c = load_config("quickstart", "skip_sab=True,skip_ffn=True,init=default,opt=adamw," + (arg or ""))
     c.model.width, c.model.mlp_dim, c.model.num_heads = 32, 64, 2
     if not arg or "depth" not in arg:
-        c.model.depth = 2
+        c.model.depth = 1
     c.total_epochs = None
     c.total_steps = 12
     c.schedule.warmup_epochs = None

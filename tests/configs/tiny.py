@@ -3,7 +3,7 @@ r"""The quickstart shrunk to seconds, for tests that run the CLI in subprocesses
     python -m skipless_jax.main --config=tests/configs/tiny.py --workdir=DIR \
         --config.mesh.fsdp=2 --config.total_steps=6 --config.checkpoint_every_steps=2
 
-Width 32, depth 2, 2 heads, batch 32, and `total_steps` (not epochs) so that the command line
+Width 32, depth 1, 2 heads, batch 32, and `total_steps` (not epochs) so that the command line
 can set it. Args: `fsdp` (the same as `--config.mesh.fsdp=N`: the mesh is {data: -1, fsdp: N};
 kept for the commands that use it) and the quickstart's (seed, depth, skip_sab, ...).
 """
@@ -26,7 +26,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = module.get_config("skip_sab=True,skip_ffn=True,init=default,opt=adamw," + rest)
     c.model.width, c.model.mlp_dim, c.model.num_heads = 32, 64, 2
     if "depth=" not in rest:
-        c.model.depth = 2
+        c.model.depth = 1
     c.mesh.fsdp = fsdp[-1] if fsdp else 1
     c.total_epochs = None
     c.total_steps = 12

@@ -2,7 +2,7 @@ r"""configs/dino_digits.py shrunk to seconds, for tests that run the DINO traine
 
     python -m skipless_jax.main --config=tests/configs/tiny_dino.py --workdir=DIR --config.total_steps=6
 
-Width 32, depth 2, 2 heads, a 32-wide head, batch 16, no local crops, no evaluation, and
+Width 32, depth 1, 2 heads, a 32-wide head, batch 16, no local crops, no evaluation, and
 `total_steps` (not epochs) so that the command line can set it.
 """
 
@@ -19,7 +19,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     c = module.get_config(arg)
-    c.model.update(dict(width=32, mlp_dim=64, num_heads=2, depth=2))
+    c.model.update(dict(width=32, mlp_dim=64, num_heads=2, depth=1))
     c.dino.update(dict(out_dim=32, hidden_dim=32, bottleneck_dim=16))
     c.input.batch_size = 16
     c.input.multicrop.num_local = 0
