@@ -74,8 +74,11 @@ def env(num_devices: int, cache_dir: str | None = None, **extra: str) -> dict[st
     XLA flags (XLA_TEST_FLAGS, as in the pytest process).
 
     `cache_dir`: JAX's persistent compilation cache, shared by the runs of a test session (a
-    cached executable is the same program, so results are unchanged; only compile time goes).
+    cached executable is the same program, so results are unchanged; only compile time goes);
+    default: the pytest process's (conftest.py's `.xla_test_cache/`), so that no test process
+    writes to the user's cache (`compilation_cache.default_dir`).
     """
+    cache_dir = cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
     out = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_", "SKIPLESS_"))}
     if cache_dir:
         out.update(

@@ -29,9 +29,9 @@ QUICKSTART = os.path.join(ROOT, "configs", "lm_quickstart.py")
 
 
 def tiny_config(arg: str = "", **model: object) -> ml_collections.ConfigDict:
-    """configs/lm_quickstart.py shrunk: width 32, depth 2, 2 heads, context 16, batch 8, 4 windows of validation."""
+    """configs/lm_quickstart.py shrunk: width 32, depth 1, 2 heads, context 16, batch 8, 4 windows of validation."""
     c = load_config("lm_quickstart", "opt=adamw,steps=6" + ("," + arg if arg else ""))
-    c.model.update(dict(width=32, depth=2, num_heads=2, mlp_dim=64, seq_len=16, **model))
+    c.model.update({**dict(width=32, depth=1, num_heads=2, mlp_dim=64, seq_len=16), **model})
     c.input.batch_size, c.input.eval_batch_size = 8, 8
     c.dataset.eval_windows = 4
     c.schedule.warmup_steps = 2
@@ -95,7 +95,7 @@ def test_generation_with_the_cache_equals_recomputing_the_prefix(temperature, to
 
 
 def test_describe_and_check_config_errors():
-    c = tiny_config()
+    c = tiny_config(depth=2)  # two blocks: the layer ids of both
     d = models.describe(c.model)
     assert (d.family, d.depth, d.width, d.prefix_tokens, d.grid_tokens) == ("gpt", 2, 32, 0, False)
     assert d.layer_id("token_embedding/embedding") == 0 and d.layer_id("block_1/x") == 2
@@ -275,7 +275,7 @@ def test_accumulated_micro_batches_equal_the_whole_batch_and_a_nonfinite_step_is
 
 STEPS, EVERY = 12, 4
 RUN = [f"--config.total_steps={STEPS}", f"--config.checkpoint_every_steps={EVERY}", "--config.keep_checkpoints=2",
-       "--config.model.width=32", "--config.model.depth=2", "--config.model.num_heads=2", "--config.model.mlp_dim=64",
+       "--config.model.width=32", "--config.model.depth=1", "--config.model.num_heads=2", "--config.model.mlp_dim=64",
        "--config.model.seq_len=16", "--config.input.batch_size=8", "--config.input.eval_batch_size=8",
        "--config.dataset.eval_windows=4", "--config.schedule.warmup_steps=2", "--config.log_every_steps=4",
        "--config.profile_steps=0"]
@@ -314,7 +314,7 @@ def test_a_run_records_validation_metrics_and_the_corpus(reference):
 
     scalars = read_scalars(reference)
     config = load_config("lm_quickstart", "opt=adamw")
-    config.model.update(dict(width=32, depth=2, num_heads=2, mlp_dim=64, seq_len=16))
+    config.model.update(dict(width=32, depth=1, num_heads=2, mlp_dim=64, seq_len=16))
     per_sequence = flops.train_flops_per_example(config.model, 0, text.VOCAB_SIZE, trainer="lm")
     assert scalars["perf/tflops_per_device"]
     for step, tflops in scalars["perf/tflops_per_device"].items():
