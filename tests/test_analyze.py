@@ -34,7 +34,7 @@ def _np_embedding_kappa(model, params, images):
 @pytest.mark.slow
 def test_analyze_at_init_writes_table_plot_and_json(tmp_path, capsys):
     arg = "skip_sab=False,init=skipless"
-    config = tiny_config("depth=2," + (arg or ""))
+    config = tiny_config("depth=2," + arg)
     result = analyze.analyze(config, output_dir=str(tmp_path), num_images=NUM_IMAGES,
                              config_name=f"quickstart.py:{arg}")
     assert result["source"] == "init" and result["step"] == 0
