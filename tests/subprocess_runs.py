@@ -1,9 +1,11 @@
 """Runs the CLI in subprocesses (multi-process, kill and resume tests) on fake CPU devices.
 
-Run as a script, it is `python -m skipless_jax.main` with two test hooks read from the
+Run as a script, it is `python -m skipless_jax.main` with three test hooks read from the
 environment: SKIPLESS_STEP_DELAY (seconds slept before each train batch, so that a signal lands
-mid-run) and SKIPLESS_PROGRESS (a file that holds the step whose batch was last handed out).
-Neither changes a number the trainer computes.
+mid-run), SKIPLESS_PROGRESS (a file that holds the step whose batch was last handed out) and
+SKIPLESS_TOKEN_WAIT_S (how long a process looks for process 0's workdir token,
+`distributed.TOKEN_WAIT_S`, 10 s for file systems slow to show a new file; a test of workdirs
+that are not shared waits 1 s). None changes a number the trainer computes.
 """
 
 from __future__ import annotations
@@ -175,11 +177,13 @@ def steps_on_disk(workdir: str) -> list[int]:
 
 
 def _install_hooks() -> None:
-    """Wraps the train iterator: sleep before each batch and record the step it feeds (test
-    hooks). The trainer copies `device_prefetch` batches ahead, so the batch of step k is read
+    """Sets the workdir token's wait; wraps the train iterator: sleep before each batch and record
+    the step it feeds (test hooks). The trainer copies `device_prefetch` batches ahead, so the batch of step k is read
     while step k − device_prefetch is next: that is the step recorded."""
+    from skipless_jax import distributed
     from skipless_jax.data import device_input, inputs, text
 
+    distributed.TOKEN_WAIT_S = float(os.environ.get("SKIPLESS_TOKEN_WAIT_S", distributed.TOKEN_WAIT_S))
     delay = float(os.environ.get("SKIPLESS_STEP_DELAY", "0"))
     progress = os.environ.get("SKIPLESS_PROGRESS")
 

@@ -596,7 +596,8 @@ def test_two_process_cpu_run_of_the_quickstart(tmp_path: Path):
     workdir = tmp_path / "two procs"
     result = launch(
         "gpu_node.sh", "--platform", "cpu", "--num-processes", "2", "--port", str(free_port()), "--grace", "10",
-        "--python", sys.executable, "--config", "configs/quickstart.py:depth=1,epochs=1", "--workdir", str(workdir),
+        "--python", sys.executable, "--config", "configs/quickstart.py:depth=1,epochs=1,opt=adamw",
+        "--workdir", str(workdir),
         "--", "--config.schedule.warmup_epochs=0", "--config.model.width=32", "--config.model.mlp_dim=64",
         "--config.input.batch_size=256",
         "--config.log_every_steps=2", "--config.profile_steps=0",

@@ -169,7 +169,7 @@ def test_unshared_workdirs_are_a_one_line_error_in_every_process(tmp_path, tmp_p
     """Each process gets its own --workdir: process 1 does not see process 0's token, and both
     exit 1 with the same one-line error naming process 1, before anything compiles (no hang)."""
     address = f"127.0.0.1:{sr.free_port()}"
-    environ = _environ(tmp_path_factory, JAX_HEARTBEAT_TIMEOUT=str(HEARTBEAT))
+    environ = _environ(tmp_path_factory, JAX_HEARTBEAT_TIMEOUT=str(HEARTBEAT), SKIPLESS_TOKEN_WAIT_S="1")
     workdirs = [str(tmp_path / f"workdir_{index}") for index in range(2)]
     procs, logs = [], []
     try:
