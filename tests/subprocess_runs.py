@@ -178,8 +178,8 @@ def steps_on_disk(workdir: str) -> list[int]:
 
 def _install_hooks() -> None:
     """Sets the workdir token's wait; wraps the train iterator: sleep before each batch and record
-    the step it feeds (test hooks). The trainer copies `device_prefetch` batches ahead, so the batch of step k is read
-    while step k − device_prefetch is next: that is the step recorded."""
+    the step it feeds (test hooks). The trainer copies `device_prefetch` batches ahead, so the
+    batch of step k is read while step k − device_prefetch is next: that is the step recorded."""
     from skipless_jax import distributed
     from skipless_jax.data import device_input, inputs, text
 

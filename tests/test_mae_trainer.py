@@ -22,11 +22,13 @@ from skipless_jax.trainers import common, mae, nonfinite, supervised
 
 from util import init_params, load_config
 
+TINY_ENCODER = dict(width=32, mlp_dim=64, num_heads=2, depth=1)  # the pre-training and the fine-tuning
+
 
 def tiny_mae_config(arg: str | None = None, **overrides):
     """configs/mae_digits_pretrain.py shrunk to seconds: width 32, depth 1, decoder 16 × 1, 4 steps."""
     c = load_config("mae_digits_pretrain", arg)
-    c.model.update(dict(width=32, mlp_dim=64, num_heads=2, depth=1))
+    c.model.update(TINY_ENCODER)
     c.mae.update(dict(decoder_width=16, decoder_depth=1, decoder_num_heads=2, picture_images=3))
     c.input.batch_size = 32
     c.total_epochs = None
@@ -36,30 +38,20 @@ def tiny_mae_config(arg: str | None = None, **overrides):
     c.log_every_steps = 2
     c.checkpoint_every_steps = 0
     c.evals = ml_collections.ConfigDict()
-    for key, value in overrides.items():
-        holder = c
-        *parents, field = key.split(".")
-        for parent in parents:
-            holder = holder[parent]
-        holder[field] = value
+    c.update_from_flattened_dict(overrides)  # dotted keys, e.g. "model.depth"
     return c
 
 
 def tiny_finetune_config(init_from, **overrides):
     c = load_config("mae_digits_finetune", f"init_from={init_from}" if init_from else None)
-    c.model.update(dict(width=32, mlp_dim=64, num_heads=2, depth=1))
+    c.model.update(TINY_ENCODER)
     c.input.batch_size = 32
     c.total_epochs = None
     c.total_steps = 1
     c.schedule.warmup_epochs = None
     c.schedule.warmup_steps = 0
     c.log_every_steps = 1
-    for key, value in overrides.items():
-        holder = c
-        *parents, field = key.split(".")
-        for parent in parents:
-            holder = holder[parent]
-        holder[field] = value
+    c.update_from_flattened_dict(overrides)  # dotted keys, e.g. "model.depth"
     return c
 
 
