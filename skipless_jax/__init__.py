@@ -3,7 +3,15 @@
 import logging
 import os
 
-from absl import logging as absl_logging
+# One BLAS thread unless the user chose otherwise: numpy's and XLA:CPU's LAPACK calls (the
+# skipless init's SVDs, SOAP's eigh/QR) run on OpenBLAS, whose own thread pool oversubscribes a
+# loaded CPU (a quickstart run took 5x as long) and changes the rounding (another accuracy per
+# seed). Set here, before anything imports numpy: `python -m skipless_jax.X` imports this first.
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+for _name in BLAS_THREAD_VARIABLES:
+    os.environ.setdefault(_name, "1")
+
+from absl import logging as absl_logging  # noqa: E402
 
 # XLA:CPU's concurrency-optimized scheduler can deadlock on programs with several small
 # factorizations (the skipless init's SVDs, SOAP's eigh/QR). XLA reads XLA_FLAGS when its CPU
