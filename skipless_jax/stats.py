@@ -6,8 +6,8 @@
     stats.holm([c.p_welch for c in comparisons])
 
 Each test is computed here from its definition (numpy, and scipy's t and normal distributions);
-tests/test_stats.py checks them against scipy's `ttest_ind`, `permutation_test` and
-`mannwhitneyu`.
+tests/test_stats.py checks them against scipy's `ttest_ind`, `permutation_test`,
+`mannwhitneyu` and `fisher_exact`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from scipy import special
 from scipy import stats as scipy_stats
 
 ALTERNATIVES = ("greater", "less", "two-sided")
+FLOAT32_UNIT = 2.0**-24  # float32's unit roundoff: the relative error of a metric stored in float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +87,11 @@ def permutation_pvalue(a: np.ndarray, b: np.ndarray, alternative: str, permutati
     with the observed one added (p = (k + 1) / (R + 1)), as scipy's `permutation_test`.
 
     With the pooled total fixed, mean(A) − mean(B) = sum(A)·(1/n_a + 1/n_b) − total/n_b is
-    increasing in sum(A), so splits are compared by their A-sums; sums within 100 ulp of the
-    pooled magnitude count as equal, so that splits equal in exact arithmetic (tied values, the
-    observed split itself) are never separated by rounding."""
+    increasing in sum(A), so splits are compared by their A-sums. Two sums within
+    2 · n_a · 2⁻²⁴ · max|pooled| + 100 float64 ulp of Σ|pooled| count as equal
+    (docs/method/verdicts.md §6): float32 accuracies k/N carry rounding errors of up to 2⁻²⁴
+    each, so splits equal in counts (tied values, the observed split itself) differ by about
+    that much, while distinct sums of k/N differ by at least 1/N."""
     pooled = np.concatenate([a, b])
     n, n_a = pooled.size, a.size
     splits = math.comb(n, n_a)
@@ -102,7 +105,8 @@ def permutation_pvalue(a: np.ndarray, b: np.ndarray, alternative: str, permutati
         adjustment, resamples = 1, permutations
     sums = pooled[chosen].sum(axis=1)
     observed = math.fsum(a)
-    tolerance = 100 * np.finfo(np.float64).eps * math.fsum(np.abs(pooled))
+    tolerance = (2 * n_a * FLOAT32_UNIT * float(np.max(np.abs(pooled)))
+                 + 100 * np.finfo(np.float64).eps * math.fsum(np.abs(pooled)))
     p_less = (np.count_nonzero(sums <= observed + tolerance) + adjustment) / (resamples + adjustment)
     p_greater = (np.count_nonzero(sums >= observed - tolerance) + adjustment) / (resamples + adjustment)
     return float(min(1.0, _tail(p_less, p_greater, alternative)))
@@ -190,6 +194,29 @@ def compare(
         p_mannwhitney=p_mw,
         prob_superiority=u_plain / (a.size * b.size),
     )
+
+
+def fisher_exact(k_a: int, n_a: int, k_b: int, n_b: int, alternative: str = "greater") -> float:
+    """Fisher's exact p for "cell A's runs succeed (train) more often than B's" from the counts:
+    k_a of n_a against k_b of n_b (docs/method/verdicts.md §3). Given the margins, k_a is
+    hypergeometric, P(x) = C(K, x) C(N − K, n_a − x) / C(N, n_a) with N = n_a + n_b, K = k_a + k_b;
+    greater: P(X ≥ k_a), less: P(X ≤ k_a), two-sided: the sum of the P(x) ≤ P(k_a). Exact
+    integer ratios (scipy's `fisher_exact` compares the two-sided terms with a 1e-7 tolerance)."""
+    if alternative not in ALTERNATIVES:
+        raise ValueError(f"alternative={alternative!r} is unknown; allowed: {', '.join(ALTERNATIVES)}")
+    for k, n, name in ((k_a, n_a, "A"), (k_b, n_b, "B")):
+        if not 0 <= k <= n or n < 1:
+            raise ValueError(f"cell {name}: {k} of {n} runs; allowed: 0 <= k <= n, n >= 1")
+    total, successes = n_a + n_b, k_a + k_b
+    support = range(max(0, successes - n_b), min(successes, n_a) + 1)
+    weight = {x: math.comb(successes, x) * math.comb(total - successes, n_a - x) for x in support}
+    if alternative == "greater":
+        tail = sum(w for x, w in weight.items() if x >= k_a)
+    elif alternative == "less":
+        tail = sum(w for x, w in weight.items() if x <= k_a)
+    else:
+        tail = sum(w for w in weight.values() if w <= weight[k_a])
+    return float(min(1.0, tail / math.comb(total, n_a)))
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

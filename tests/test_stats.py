@@ -169,3 +169,40 @@ def test_holm_rejections_match_the_step_down_procedure():
     p = [0.01, 0.04, 0.03, 0.005]  # m = 4: 0.005 ≤ .05/4, 0.01 ≤ .05/3, 0.03 > .05/2: stop
     rejected = [a <= 0.05 for a in stats.holm(p)]
     assert rejected == [True, False, False, True]
+
+
+def test_float32_accuracies_equal_in_counts_are_equal_splits():
+    """The skip ablation at depth 4 (docs/figures/quickstart_runs.csv, init_beats_default_adamw):
+    float32 accuracies k/360 whose counts tie across splits differ by about 6e-8 in their sums;
+    the p is the count over the integer counts, 181/252 = 0.718 (rounding gave 0.714)."""
+    counts_a, counts_b = [326, 328, 329, 338, 326], [334, 335, 327, 321, 340]
+    a = [float(np.float32(k / 360)) for k in counts_a]
+    b = [float(np.float32(k / 360)) for k in counts_b]
+    pooled = counts_a + counts_b
+    splits = list(itertools.combinations(range(10), 5))
+    for alternative, at_least in (("greater", lambda s: s >= sum(counts_a)), ("less", lambda s: s <= sum(counts_a))):
+        exact = sum(at_least(sum(pooled[i] for i in s)) for s in splits) / len(splits)
+        assert stats.compare(a, b, alternative=alternative).p_permutation == pytest.approx(exact, abs=1e-15)
+    assert stats.compare(a, b).p_permutation == pytest.approx(181 / 252, abs=1e-15)
+
+
+@pytest.mark.parametrize("alternative", ALTERNATIVES)
+def test_fisher_exact_equals_scipy(alternative):
+    for n_a, n_b in ((5, 5), (10, 10), (3, 7), (1, 4)):
+        for k_a in range(n_a + 1):
+            for k_b in range(n_b + 1):
+                expected = ss.fisher_exact([[k_a, n_a - k_a], [k_b, n_b - k_b]], alternative=alternative).pvalue
+                assert stats.fisher_exact(k_a, n_a, k_b, n_b, alternative) == pytest.approx(expected, abs=1e-12)
+    assert stats.fisher_exact(5, 5, 0, 5) == pytest.approx(1 / 252, abs=1e-15)  # the smallest 5 against 5 allow
+    assert stats.fisher_exact(4, 5, 1, 5) == pytest.approx(26 / 252, abs=1e-15)  # 64 tokens: p 0.10
+
+
+@pytest.mark.parametrize("args,message", [
+    ((6, 5, 0, 5), "cell A: 6 of 5 runs"),
+    ((1, 5, 0, 0), "cell B: 0 of 0 runs"),
+])
+def test_fisher_exact_bad_counts_are_one_line_errors(args, message):
+    with pytest.raises(ValueError, match=message):
+        stats.fisher_exact(*args)
+    with pytest.raises(ValueError, match="alternative='more' is unknown"):
+        stats.fisher_exact(1, 5, 0, 5, "more")
