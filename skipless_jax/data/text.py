@@ -15,10 +15,12 @@ order, their `config.dataset.text_key` field (default 'text') as the documents, 
 
 Tokens: the 256 byte values and END_OF_DOCUMENT (256), VOCAB_SIZE = 257; or, with
 `config.dataset.tokenizer=PATH.model`, the ids of that SentencePiece model (the `sentencepiece`
-package) and END_OF_DOCUMENT = its piece count. A split's stream is its documents in order, each
-followed by END_OF_DOCUMENT. Each token has a byte length (a byte: 1; a SentencePiece piece: the
-UTF-8 bytes it decodes to, '▁' a space; END_OF_DOCUMENT: 1), which validation's bits per byte
-divides by (docs/method.md §26). Packing: window w of a stream is its
+package) and END_OF_DOCUMENT = its piece count. A split's stream is END_OF_DOCUMENT, then its
+documents in order, each followed by END_OF_DOCUMENT: every document follows an END_OF_DOCUMENT
+(as `generate`'s prompt does), so each of its tokens is a target. Each token of a stream carries a byte weight (`token_bytes`): a
+document's UTF-8 bytes, as read, shared among its tokens in proportion to their pieces' byte
+lengths, END_OF_DOCUMENT 0; validation's bits per byte divides by the weights of the targets it
+counts (docs/method/lm.md §1). Packing: window w of a stream is its
 tokens [w·T, w·T + T + 1) (T = config.model.seq_len: T inputs and their T next-token targets),
 so consecutive windows share one token and every token but the first is a target of exactly
 one window.
@@ -93,14 +95,14 @@ def decode(tokens: Any) -> str:
 
 
 def pack(documents: list[Any], end_of_document: int = END_OF_DOCUMENT) -> np.ndarray:
-    """The stream of `documents` (bytes, or token arrays), each followed by `end_of_document`;
-    uint16 when every id fits, else int32."""
+    """The stream of `documents` (bytes, or token arrays): `end_of_document`, then each document
+    followed by `end_of_document`; uint16 when every id fits, else int32."""
     dtype = np.uint16 if end_of_document < 1 << 16 else np.int32
-    parts = []
+    parts = [np.array([end_of_document], dtype)]
     for doc in documents:
         ids = np.frombuffer(doc, np.uint8) if isinstance(doc, bytes) else np.asarray(doc)
         parts += [ids.astype(dtype), np.array([end_of_document], dtype)]
-    return np.concatenate(parts) if parts else np.zeros((0,), dtype)
+    return np.concatenate(parts)
 
 
 class ByteTokenizer:
@@ -216,6 +218,34 @@ def stream(config: Any, split: str) -> np.ndarray:
     return _stream(_source(config), split, config.dataset.get("tokenizer") or None)
 
 
+def document_weights(num_bytes: int, piece_bytes: np.ndarray) -> np.ndarray:
+    """The byte weights of one document's tokens and its END_OF_DOCUMENT (docs/method/lm.md §1):
+    `num_bytes` (the document's UTF-8 bytes as read) shared among its m tokens in proportion to
+    their pieces' byte lengths `piece_bytes` (m,), then 0; all `num_bytes` on END_OF_DOCUMENT when
+    the pieces have no bytes. (m + 1,) float64, summing to `num_bytes`."""
+    piece_bytes = np.asarray(piece_bytes, np.float64)
+    total = piece_bytes.sum()
+    if total > 0:
+        return np.append(piece_bytes * (num_bytes / total), 0.0)
+    return np.append(np.zeros_like(piece_bytes), float(num_bytes))
+
+
+@functools.lru_cache(maxsize=4)
+def _token_bytes(source: tuple[Any, ...], split: str, tokenizer_path: str | None) -> np.ndarray:
+    tok = _tokenizer(tokenizer_path)
+    docs = _documents(source, split)
+    if tokenizer_path is None:  # a byte token is its byte
+        return (_stream(source, split, None) != END_OF_DOCUMENT).astype(np.float64)
+    parts = [document_weights(len(doc), tok.bytes_per_token[tok.encode(doc)]) for doc in docs]
+    return np.concatenate([np.zeros((1,)), *parts])  # the stream's leading END_OF_DOCUMENT: 0
+
+
+def token_bytes(config: Any, split: str) -> np.ndarray:
+    """The byte weight of each token of `stream(config, split)` (float64, same length; docs/method/lm.md
+    §1): summed over a document's tokens, its UTF-8 bytes as read."""
+    return _token_bytes(_source(config), split, config.dataset.get("tokenizer") or None)
+
+
 def corpus_facts(config: Any) -> dict[str, Any]:
     """What the numbers are tied to: for `stdlib` the Python version, files, bytes and SHA-256; for
     a TFDS dataset its name; the tokenizer (with the SHA-256 of its model file) and the split sizes
@@ -273,28 +303,30 @@ def train_batches(tokens: np.ndarray, seq_len: int, global_batch_size: int, seed
 
 def eval_batches(tokens: np.ndarray, seq_len: int, global_batch_size: int, max_windows: int | None = None,
                  process_index: int = 0, process_count: int = 1,
-                 bytes_per_token: np.ndarray | None = None) -> tuple[list[dict[str, np.ndarray]], int]:
+                 weights: np.ndarray | None = None) -> tuple[list[dict[str, np.ndarray]], int]:
     """(process-local validation batches {'tokens': (b, T + 1), 'mask': (b, T), 'bytes': (b, T)},
     targets counted): `max_windows` windows spread evenly over the split, window ⌊j·W/max_windows⌋
     for j = 0 … max_windows − 1 (None: all W windows, the last one short), in order; padding
     (rows past the end, the short window's tail) has mask 0; `bytes` is each counted target's
-    byte length (`bytes_per_token`, default 1 each)."""
+    byte weight (`weights`: one per token of `tokens`, `token_bytes`; default 1 each)."""
     total = -(-(len(tokens) - 1) // seq_len)  # the last window may be short
     count = total if max_windows is None else min(total, max_windows)
     chosen = np.arange(count) * total // count  # spread evenly over the split (all of them: 0 … total-1)
     offset, local = _local_slice(global_batch_size, process_index, process_count)
     batches, targets = [], 0
     for start in range(0, count, global_batch_size):
-        rows, masks = [], []
+        rows, masks, lengths = [], [], []
         for k in range(local):
             w = start + offset + k
             piece = window(tokens, int(chosen[w]), seq_len) if w < count else np.zeros((0,), np.int32)
             real = max(len(piece) - 1, 0)
             rows.append(np.pad(piece, (0, seq_len + 1 - len(piece)), constant_values=END_OF_DOCUMENT))
             masks.append(np.arange(seq_len) < real)
+            first = int(chosen[w]) * seq_len + 1 if w < count else 0  # the window's first target
+            lengths.append(np.pad(np.ones(real) if weights is None else weights[first:first + real],
+                                  (0, seq_len - real)))
         rows_, mask = np.stack(rows), np.stack(masks).astype(np.float32)
-        lengths = np.ones((), np.float32) if bytes_per_token is None else bytes_per_token[rows_[:, 1:]]
-        batches.append({"tokens": rows_, "mask": mask, "bytes": mask * lengths})
+        batches.append({"tokens": rows_, "mask": mask, "bytes": (mask * np.stack(lengths)).astype(np.float32)})
     for w in chosen:
         targets += len(window(tokens, int(w), seq_len)) - 1
     return batches, targets

@@ -7,7 +7,8 @@ The model is the `gpt` family (models/gpt.py: the ViT's blocks with their switch
 causal); the data the packed byte-level windows of data/text.py (the embedded `stdlib` corpus).
 The loss is the mean next-token cross-entropy over the batch's targets. Validation (at
 `config.eval_every_steps` and at the end): `val_loss` (nats per target token), `val_bits_per_byte`
-(byte tokens: val_loss / ln 2) and `val_perplexity` (exp val_loss), over
+(the total NLL / (ln 2 · the UTF-8 bytes of the documents the targets cover), every tokenizer;
+docs/method/lm.md §1) and `val_perplexity` (exp val_loss), over
 `config.dataset.eval_windows` validation windows spread over the split, every target once. `config.analysis.every_steps`
 logs the live per-layer log κ of the token matrices (①, ①+②, ③, ③+④; docs/method.md §2) of a
 probe batch of validation windows. The final metrics also record the corpus (`corpus_*`: the
@@ -89,8 +90,9 @@ def vocab_size(config: ml_collections.ConfigDict) -> int:
 
 
 def bits_per_byte(loss_nats: float, num_bytes: float | None = None) -> float:
-    """Bits per byte (§26): the mean loss per target in nats / ln 2 (byte tokens); with
-    `num_bytes`, `loss_nats` is the total over targets of that many bytes: total / bytes / ln 2."""
+    """Bits per byte (docs/method/lm.md §1): with `num_bytes`, `loss_nats` is the total NLL of
+    targets covering that many UTF-8 bytes of the original documents: total / (ln 2 · bytes);
+    without, the mean loss per target / ln 2 (bits per target)."""
     return loss_nats / (num_bytes or 1.0) / LN2
 
 
@@ -149,7 +151,7 @@ def make_evaluate(model: Any, config: ml_collections.ConfigDict, mesh: jax.shard
     batch_size = config.input.get("eval_batch_size") or config.input.batch_size
     local, targets = text.eval_batches(text.stream(config, config.dataset.eval_split), config.model.seq_len,
                                        batch_size, config.dataset.get("eval_windows"), jax.process_index(),
-                                       jax.process_count(), text.tokenizer(config).bytes_per_token)
+                                       jax.process_count(), text.token_bytes(config, config.dataset.eval_split))
     batch_sharding = sharding.batch_sharding(mesh)
 
     @jax.jit

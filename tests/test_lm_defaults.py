@@ -1,0 +1,124 @@
+"""The language model's numbers as the field defines them (docs/method/lm.md): bits per byte over
+the original documents' bytes, generation past the context, causal model FLOPs against maxtext's
+formula, GPT-2's init and optimizer defaults, the packing options.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from skipless_jax import models, sharding
+from skipless_jax.data import text
+from skipless_jax.trainers import lm
+
+from util import init_params, load_config, one_device
+
+SPLIT_FILES = 40  # two of them (the 20th and the 40th) are the validation split
+
+
+def tiny_config(arg: str = "", **model: object) -> ml_collections.ConfigDict:
+    """configs/lm_quickstart.py shrunk: width 16, depth 1, 2 heads, context 16, batch 8."""
+    c = load_config("lm_quickstart", "opt=adamw,steps=6" + ("," + arg if arg else ""))
+    c.model.update({**dict(width=16, depth=1, num_heads=2, mlp_dim=32, seq_len=16), **model})
+    c.input.batch_size, c.input.eval_batch_size = 8, 8
+    c.schedule.warmup_steps = 2
+    return c
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A folder of 40 standard-library files (with non-ASCII text, tabs, runs of spaces), read as
+    the `stdlib` corpus is (config.dataset.data_dir)."""
+    folder = tmp_path_factory.mktemp("corpus")
+    for i, name in enumerate(text.stdlib_files()[:SPLIT_FILES]):
+        shutil.copy(os.path.join(text.stdlib_root(), name), folder / f"f{i:02d}.py")
+    with open(folder / "f19.py", "ab") as f:  # a validation file the default normalizer would change
+        f.write("\n\tx  =  'naïve — ünïcode'   \n\n\n".encode())
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def identity_sentencepiece(corpus, tmp_path_factory):
+    """A 400-piece SentencePiece model that round-trips code: the identity normalizer, no dummy
+    prefix, whitespace kept, byte fallback."""
+    import sentencepiece
+
+    folder = tmp_path_factory.mktemp("sp")
+    with open(folder / "corpus.txt", "wb") as f:
+        for name in sorted(os.listdir(corpus)):
+            with open(os.path.join(corpus, name), "rb") as source:
+                f.write(source.read())
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(folder / "corpus.txt"), model_prefix=str(folder / "sp"), vocab_size=400, byte_fallback=True,
+        normalization_rule_name="identity", add_dummy_prefix=False, remove_extra_whitespaces=False,
+        character_coverage=1.0, minloglevel=2)
+    return str(folder / "sp.model")
+
+
+def _validation_bytes(folder: str) -> int:
+    """The UTF-8 bytes of the validation files, read from the files (every 20th of the sorted list)."""
+    names = sorted(os.listdir(folder))
+    return sum(os.path.getsize(os.path.join(folder, n)) for i, n in enumerate(names) if i % 20 == 19)
+
+
+def _nll_by_hand(model, params, tokens: np.ndarray, seq_len: int) -> float:
+    """The total next-token NLL (nats, float64) of every target of a stream, window by window."""
+    apply = jax.jit(lambda p, x: model.apply({"params": p}, x)[0])
+    total = 0.0
+    for start in range(0, len(tokens) - 1, seq_len):
+        piece = np.asarray(tokens[start:start + seq_len + 1], np.int64)
+        logits = np.asarray(apply(params, jnp.asarray(piece[None, :-1], jnp.int32))[0], np.float64)
+        z = logits - logits.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        total -= logp[np.arange(len(piece) - 1), piece[1:]].sum()
+    return total
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokenizer", ["bytes", "sentencepiece"])
+def test_bits_per_byte_divide_by_the_original_documents_bytes(tokenizer, corpus, identity_sentencepiece):
+    c = tiny_config()
+    c.dataset.update(dict(data_dir=corpus, eval_windows=None))
+    if tokenizer == "sentencepiece":
+        c.dataset.tokenizer = identity_sentencepiece
+        tok = text.tokenizer(c)
+        for name in ("f19.py", "f39.py"):  # the identity normalizer round-trips the files
+            with open(os.path.join(corpus, name), "rb") as f:
+                data = f.read()
+            assert tok.decode(tok.encode(data)).encode("utf-8") == data
+    lm.check_config(c)
+    tok = text.tokenizer(c)
+    model = models.build(c.model, tok.vocab_size)
+    params = init_params(model, jax.random.PRNGKey(0), jnp.zeros((1, 16), jnp.int32))
+    mesh = sharding.make_mesh(c.mesh, one_device())
+    metrics = dict(((s, n), v) for s, n, v in lm.make_evaluate(model, c, mesh)(params))
+    tokens = text.stream(c, "validation")
+    num_bytes = _validation_bytes(corpus)
+    np.testing.assert_allclose(text.token_bytes(c, "validation").sum(), num_bytes, rtol=1e-12)
+    nll = _nll_by_hand(model, params, tokens, 16)
+    assert metrics["val", "loss"] == pytest.approx(nll / (len(tokens) - 1), rel=1e-5)
+    assert metrics["val", "bits_per_byte"] == pytest.approx(nll / (math.log(2) * num_bytes), rel=1e-5)
+
+
+def test_document_weights_share_the_bytes_by_piece_length():
+    np.testing.assert_allclose(text.document_weights(10, np.array([1.0, 3.0, 1.0])), [2.0, 6.0, 2.0, 0.0])
+    np.testing.assert_allclose(text.document_weights(4, np.zeros(2)), [0.0, 0.0, 4.0])  # pieces without bytes
+    np.testing.assert_allclose(text.document_weights(0, np.zeros(0)), [0.0])  # an empty document
+
+
+def test_eval_batches_count_the_weights_of_their_targets():
+    tokens = np.arange(95, dtype=np.uint16)
+    weights = np.linspace(0.0, 2.0, 95)
+    batches, _ = text.eval_batches(tokens, 10, 4, weights=weights)
+    assert sum(float(b["bytes"].sum()) for b in batches) == pytest.approx(weights[1:].sum(), rel=1e-6)
+    capped, _ = text.eval_batches(tokens, 10, 4, max_windows=3, weights=weights)  # windows 0, 3, 6
+    expected = sum(weights[w * 10 + 1: w * 10 + 11].sum() for w in (0, 3, 6))
+    assert sum(float(b["bytes"].sum()) for b in capped) == pytest.approx(expected, rel=1e-6)
