@@ -143,7 +143,7 @@ def test_corpus_files_split_by_file_and_streams_end_documents():
     c = tiny_config()
     for split, names in (("train", train), ("validation", val)):
         stream = text.stream(c, split)
-        assert int((stream == text.END_OF_DOCUMENT).sum()) == len(names)
+        assert int((stream == text.END_OF_DOCUMENT).sum()) == len(names) + 1  # each document after one
     facts = text.corpus_facts(c)
     assert facts["corpus_python"] == sys.version.split()[0] and facts["corpus_files"] == len(files)
     assert facts["corpus_bytes"] == sum(os.path.getsize(os.path.join(text.stdlib_root(), f)) for f in files)
@@ -420,13 +420,14 @@ def test_sentencepiece_tokens_their_byte_lengths_and_a_tfds_run(sentencepiece_mo
         monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
         lm.check_config(c)
         stream = text.stream(c, "train")
-        assert int((stream == 600).sum()) == 16  # 16 documents, each ended
+        assert int((stream == 600).sum()) == 17  # 16 documents, each after one
         c.total_steps, c.schedule.warmup_steps = 1, 0
         metrics = lm.train_and_evaluate(c, str(tmp_path / "workdir"), devices=one_device())
-        batches, targets = text.eval_batches(text.stream(c, "test"), 16, 8, 4, bytes_per_token=tok.bytes_per_token)
+        batches, targets = text.eval_batches(text.stream(c, "test"), 16, 8, 4,
+                                             weights=text.token_bytes(c, "test"))
     num_bytes = sum(float(b["bytes"].sum()) for b in batches)
     assert metrics["corpus_tfds"] == "lm1b" and len(metrics["corpus_tokenizer_sha256"]) == 64
-    # Bits per byte: the total nats over the targets' bytes / ln 2, not the loss / ln 2.
+    # Bits per byte: the total nats over the targets' bytes of the documents / ln 2, not the loss / ln 2.
     assert metrics["val_bits_per_byte"] == pytest.approx(metrics["val_loss"] * targets / num_bytes / math.log(2),
                                                          rel=1e-5)
     assert "train_bits_per_byte" not in metrics
