@@ -7,7 +7,10 @@ The model and its parameters are the newest checkpoint's (its saved config). The
 END_OF_DOCUMENT followed by the prompt's tokens (its UTF-8 bytes, or the run's SentencePiece
 ids): a document starts after that token in the training stream. The prompt goes through the
 model once, filling each attention's cache; then each new token is one call of one compiled
-step that attends over the cache (no recompute of the prefix). Sampling: softmax(logits /
+step that attends over the cache (no recompute of the prefix). Past the context: when the
+cache's `seq_len` positions are full, the window moves to the last seq_len − 1 tokens and the
+cache is filled again from them (docs/method/lm.md §2, nanoGPT's crop), so `--max_new_tokens`
+has no upper bound. Sampling: softmax(logits /
 temperature) over the `top_k` most likely tokens (0: all); temperature 0 is greedy. The text
 (prompt + continuation) is printed. Bad flags and a workdir without an lm checkpoint are one
 `error: ...` line, exit status 2.
@@ -81,53 +84,71 @@ def sample(logits: Any, key: Any, temperature: float, top_k: int) -> Any:
     return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
 
 
+def window_start(start: int, length: int, seq_len: int) -> int:
+    """Where the window of a sequence of `length` tokens starts (docs/method/lm.md §2): `start`
+    while it holds at most `seq_len` tokens, else the last seq_len − 1 tokens."""
+    return start if length - start <= seq_len else length - (seq_len - 1)
+
+
 def generate(model: Any, params: Any, context: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
              top_k: int = 0, seed: int = 0) -> list[int]:
-    """The `max_new_tokens` tokens after `context` (a decode=True GPT): the context fills the cache
-    in one call, then one compiled step per new token; token i is drawn with fold_in(key, i)."""
+    """The `max_new_tokens` tokens after `context` (a decode=True GPT): the window's tokens fill a
+    fresh cache in one call, then one compiled step per new token; past `model.seq_len` tokens
+    the window moves (`window_start`) and the cache is filled again. Token i is drawn with
+    fold_in(key, i)."""
     import jax
     import jax.numpy as jnp
 
     length = model.seq_len
-    if len(context) + max_new_tokens > length:
-        raise ValueError(f"the context of {len(context)} tokens + --max_new_tokens={max_new_tokens} is longer than "
-                         f"the model's {length} positions; allowed: at most {length - len(context)} new tokens")
     shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, length), jnp.int32)))
-    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes["cache"])
     key = jax.random.PRNGKey(seed)
 
     def forward(cache, tokens):
         (logits, _), updated = model.apply({"params": params, "cache": cache}, tokens, mutable=["cache"])
         return logits[:, -1], updated["cache"]
 
+    @jax.jit
+    def fill(tokens, i):  # a fresh cache from the window's tokens; one program per window length
+        cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes["cache"])
+        logits, cache = forward(cache, tokens)
+        return cache, sample(logits, jax.random.fold_in(key, i), temperature, top_k)
+
     @functools.partial(jax.jit, donate_argnums=0)
     def step(cache, token, i):
         logits, cache = forward(cache, token[:, None])
         return cache, sample(logits, jax.random.fold_in(key, i), temperature, top_k)
 
-    logits, cache = jax.jit(forward)(cache, jnp.asarray([list(context)], jnp.int32))
-    out: list[int] = []
-    token = sample(logits, jax.random.fold_in(key, len(out)), temperature, top_k)  # token 0
-    out.append(int(token[0]))
-    for i in range(1, max_new_tokens):
-        cache, token = step(cache, token, i)
-        out.append(int(token[0]))
-    return out
+    tokens = list(context)
+    start = window_start(0, len(tokens), length)
+    cache, token = fill(jnp.asarray([tokens[start:]], jnp.int32), 0)
+    for i in range(1, max_new_tokens + 1):
+        tokens.append(int(token[0]))
+        if i == max_new_tokens:
+            break
+        moved = window_start(start, len(tokens), length)
+        if moved == start:
+            cache, token = step(cache, token, i)
+        else:
+            start = moved
+            cache, token = fill(jnp.asarray([tokens[start:]], jnp.int32), i)
+    return tokens[len(context):]
 
 
 def generate_by_recompute(model: Any, params: Any, context: Sequence[int], max_new_tokens: int,
                           temperature: float = 0.0, top_k: int = 0, seed: int = 0) -> list[int]:
-    """`generate` without a cache (a decode=False GPT): each token from the whole prefix again
-    (the reference the cache must equal)."""
+    """`generate` without a cache (a decode=False GPT): each token from its whole window again,
+    the window moving by the same rule (the reference the cache must equal)."""
     import jax
     import jax.numpy as jnp
 
     key = jax.random.PRNGKey(seed)
     last = jax.jit(lambda tokens: model.apply({"params": params}, tokens)[0][:, -1])  # one program per length
     tokens = list(context)
+    start = window_start(0, len(tokens), model.seq_len)
     for i in range(max_new_tokens):
-        logits = last(jnp.asarray([tokens], jnp.int32))
+        logits = last(jnp.asarray([tokens[start:]], jnp.int32))
         tokens.append(int(sample(logits, jax.random.fold_in(key, i), temperature, top_k)[0]))
+        start = window_start(start, len(tokens), model.seq_len)
     return tokens[len(context):]
 
 

@@ -258,7 +258,7 @@ def test_the_language_model_is_counted_per_sequence():
     config = load_config("lm_quickstart")
     t, d, m, depth = config.model.seq_len, config.model.width, config.model.mlp_dim, config.model.depth
     vocab = 257
-    block = 4 * 2 * t * d * d + 2 * 2 * t * t * d + 2 * 2 * t * d * m
+    block = 4 * 2 * t * d * d + 2 * t * t * d + 2 * 2 * t * d * m  # the causal half of the attention
     expected = 3 * (depth * block + 2 * t * d * vocab)
     assert (t, d, m, depth) == (128, 128, 512, 4)
     assert flops.train_flops_per_example(config.model, 0, vocab, trainer="lm") == expected

@@ -122,3 +122,77 @@ def test_eval_batches_count_the_weights_of_their_targets():
     capped, _ = text.eval_batches(tokens, 10, 4, max_windows=3, weights=weights)  # windows 0, 3, 6
     expected = sum(weights[w * 10 + 1: w * 10 + 11].sum() for w in (0, 3, 6))
     assert sum(float(b["bytes"].sum()) for b in capped) == pytest.approx(expected, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------
+# Generation past the context (docs/method/lm.md §2).
+
+
+def test_the_window_moves_to_the_last_seq_len_minus_one_tokens():
+    from skipless_jax.generate import window_start
+
+    assert [window_start(0, n, 4) for n in (1, 4)] == [0, 0]
+    assert window_start(0, 5, 4) == 2 and window_start(2, 6, 4) == 2 and window_start(2, 7, 4) == 4
+    assert window_start(0, 11, 4) == 8  # a context longer than the window: its last 3 tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature, top_k", [(0.0, 0), (0.8, 5)])
+def test_generation_three_times_the_context_with_the_cache_equals_recompute(temperature, top_k):
+    from skipless_jax import generate
+
+    c = tiny_config()
+    full, cached = models.build(c.model, text.VOCAB_SIZE), generate.decoder(c.model, text.VOCAB_SIZE)
+    params = init_params(full, jax.random.PRNGKey(3), jnp.zeros((1, 16), jnp.int32))
+    context = [text.END_OF_DOCUMENT, *text.encode("def ").tolist()]
+    new = generate.generate(cached, params, context, 48, temperature, top_k, seed=1)
+    assert len(new) == 48
+    assert new == generate.generate_by_recompute(full, params, context, 48, temperature, top_k, seed=1)
+    long_context = context * 5  # 25 tokens: cropped to the last 15 before the first call
+    assert generate.generate(cached, params, long_context, 4) == generate.generate_by_recompute(
+        full, params, long_context, 4)
+
+
+# ------------------------------------------------------------------------------------------
+# Model FLOPs and throughput (docs/method/lm.md §3).
+
+
+def _maxtext_tflops(batch: int, seq: int, emb: int, mlp: int, heads: int, layers: int, vocab: int) -> float:
+    """maxtext's calculate_tflops_training_per_device for a dense decoder with one MLP activation
+    (h_q = h_kv = heads, head_dim = emb / heads), written as it is there."""
+    head_dim = emb // heads
+    ffn = 2 * batch * seq * mlp * emb * 1 + 2 * batch * seq * mlp * emb  # ffn1 (one activation), ffn2
+    qkv = 2 * batch * seq * emb * (heads + 2 * heads) * head_dim
+    projection = 2 * batch * seq * emb * heads * head_dim
+    causal_attention = 4 * batch * seq**2 * heads * head_dim / 2
+    embedding = 2 * batch * seq * emb * vocab
+    learnable = ((ffn + qkv + projection) * layers + embedding) * 3 / 10**12
+    return learnable + causal_attention * layers * 3 / 10**12
+
+
+@pytest.mark.parametrize("sizes", [dict(width=128, depth=4, num_heads=4, mlp_dim=512, seq_len=128),
+                                   dict(width=768, depth=12, num_heads=12, mlp_dim=3072, seq_len=1024),
+                                   dict(width=2048, depth=24, num_heads=16, mlp_dim=8192, seq_len=2048)])
+def test_causal_model_flops_equal_maxtexts_formula(sizes):
+    from skipless_jax.models import flops
+
+    c = tiny_config(**sizes)
+    ours = 7 * flops.train_flops_per_example(c.model, 0, 50257, trainer="lm") / 1e12  # a batch of 7
+    expected = _maxtext_tflops(7, sizes["seq_len"], sizes["width"], sizes["mlp_dim"], sizes["num_heads"],
+                               sizes["depth"], 50257)
+    assert ours == pytest.approx(expected, rel=1e-12)
+
+
+def test_lm_throughput_is_counted_in_tokens():
+    from skipless_jax.trainers import perf
+
+    c = tiny_config()  # batch 8 sequences of 16 tokens
+    now = [0.0]
+    cost = perf.StepCost(flops=1.0, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0, devices=2)
+    meter = perf.Meter(cost, 8, c, first_step=0, flops_per_example=100.0, clock=lambda: now[0])
+    meter.step_done(2)
+    fields = meter.fields(6, now=2.0)  # 4 steps of 8 × 16 tokens in 2 s
+    assert fields["perf/tokens_per_sec"] == pytest.approx(4 * 8 * 16 / 2, rel=1e-12)
+    assert fields["perf/tokens_per_sec_per_device"] == pytest.approx(4 * 8 * 16 / 2 / 2, rel=1e-12)
+    assert fields["perf/tflops_per_device"] == pytest.approx(100.0 * 4 * 8 / 2 / 2 / 1e12, rel=1e-12)
+    assert not any(k.startswith("perf/img") for k in fields)

@@ -36,6 +36,12 @@ def attention(queries: int, keys: int, width: int) -> float:
     return 4.0 * queries * keys * width
 
 
+def causal_attention(tokens: int, width: int) -> float:
+    """Causal attention of `tokens` queries over themselves: half of `attention` (maxtext's
+    `calculate_tflops_training_per_device`, after Megatron-LM; docs/method/lm.md §3)."""
+    return attention(tokens, tokens, width) / 2
+
+
 def encoder_block(tokens: int, width: int, mlp_dim: int) -> float:
     """A ViT block (models/blocks.py): Q, K, V, O, attention over all tokens, the MLP."""
     return 4 * dense(tokens, width, width) + attention(tokens, tokens, width) + 2 * dense(tokens, width, mlp_dim)
@@ -163,12 +169,13 @@ def _check_trainer(trainer: str, **needed: Any) -> None:
 
 
 def _gpt_forward(model_config: Any, vocab_size: int) -> float:
-    """The causal LM (models/gpt.py) on one sequence of T = seq_len tokens: its blocks (attention
-    over all T keys: the masked half is computed too) and the output head 2·T·d·V; the token
-    and position lookups are no matmuls."""
+    """The causal LM (models/gpt.py) on one sequence of T = seq_len tokens (docs/method/lm.md §3):
+    per block Q, K, V, O, the causal half of the attention and the MLP; the output head 2·T·d·V;
+    the token and position lookups are no matmuls."""
     d = family_of(model_config).describe(model_config).width
-    tokens = int(model_config.seq_len)
-    return model_config.depth * encoder_block(tokens, d, model_config.mlp_dim) + dense(tokens, d, vocab_size)
+    t, mlp = int(model_config.seq_len), model_config.mlp_dim
+    block = 4 * dense(t, d, d) + causal_attention(t, d) + 2 * dense(t, d, mlp)
+    return model_config.depth * block + dense(t, d, vocab_size)
 
 
 def train_flops_per_example(

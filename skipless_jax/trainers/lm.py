@@ -12,7 +12,8 @@ docs/method/lm.md §1) and `val_perplexity` (exp val_loss), over
 `config.dataset.eval_windows` validation windows spread over the split, every target once. `config.analysis.every_steps`
 logs the live per-layer log κ of the token matrices (①, ①+②, ③, ③+④; docs/method.md §2) of a
 probe batch of validation windows. The final metrics also record the corpus (`corpus_*`: the
-Python version, files, bytes, SHA-256). The perf records count sequences as `perf/img_per_sec`.
+Python version, files, bytes, SHA-256). The perf records count tokens, `perf/tokens_per_sec`
+(docs/method/lm.md §3).
 """
 
 from __future__ import annotations

@@ -166,6 +166,14 @@ def model_flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, f
     return model, tg
 
 
+def throughput_unit(config: ml_collections.ConfigDict) -> tuple[str, int]:
+    """(the name of what an example feeds, how many per example): ('tokens', config.model.seq_len)
+    for the lm trainer (an example is a sequence; docs/method/lm.md §3), else ('img', 1)."""
+    if (config.get("trainer") or "supervised") == "lm":
+        return "tokens", int(config.model.seq_len)
+    return "img", 1
+
+
 class Meter:
     """The perf/* fields of a train record over the timing window (docs/method.md §25).
 
@@ -176,7 +184,9 @@ class Meter:
     perf/img_per_sec_per_device = that / devices; perf/tflops_per_device = model FLOPs per
     example (`model_flops_per_example`) × images/s / devices / 1e12; perf/mfu = that / the peak
     (absent where unknown); perf/xla_tflops_per_device = the compiled step's per-device FLOPs × s
-    / 1e12; with Token Graying, perf/tg_tflops_per_device = its FLOPs per example × images/s /
+    / 1e12; the lm trainer's records say perf/tokens_per_sec (sequences/s × seq_len) and
+    perf/tokens_per_sec_per_device instead of the two image rates (`throughput_unit`); with
+    Token Graying, perf/tg_tflops_per_device = its FLOPs per example × images/s /
     devices / 1e12 (not in the model FLOPs). perf/core_hours = `core_hours` (before a resume) +
     devices × this loop's training hours (wall-clock less the excluded time);
     perf/core_hours_total = `core_hours_total` + devices × this loop's wall-clock hours.
@@ -199,6 +209,7 @@ class Meter:
                          "XLA's count of the compiled step: %.4g per device.", flops_per_example, tg, cost.flops)
         self.flops_per_example, self.tg_flops_per_example = float(flops_per_example), tg
         self.peak = peak_tflops(config, jax.devices()[0])
+        self.unit, self.per_example = throughput_unit(config)
         self.clock = clock
         self.begin = clock()
         self.excluded_seconds, self._depth = 0.0, 0
@@ -241,8 +252,8 @@ class Meter:
         steps_per_sec = (step - last_step) / seconds
         images_per_sec = steps_per_sec * self.images
         out.update({
-            "perf/img_per_sec": images_per_sec,
-            "perf/img_per_sec_per_device": images_per_sec / self.devices,
+            f"perf/{self.unit}_per_sec": images_per_sec * self.per_example,
+            f"perf/{self.unit}_per_sec_per_device": images_per_sec * self.per_example / self.devices,
             "perf/tflops_per_device": self.flops_per_example * images_per_sec / self.devices / 1e12,
             "perf/xla_tflops_per_device": self.xla_flops * steps_per_sec / 1e12,
         })
