@@ -14,6 +14,13 @@ with DCT Token Graying in pre-training.
 
 Args: init_from (an MAE workdir; none: from scratch), tg / eps (Token Graying in fine-tuning),
 skip_sab, skip_ffn, init, seed, epochs, layer_decay.
+
+Init settings under init='skipless' (docs/method/authors_init.md §3):
+- Q/K random part uniform (`init_qk_dist='uniform'`): the authors' fork (yipingji/mae models_mae.py).
+- V/O W^V W^O = c² U V (`init_vo='fork'`): the authors' fork.
+- c = 1 (`init_c`, the fork's W_v = W_p = 1.0): the authors' fork (main_pretrain.py defaults).
+- MLP Xavier uniform (`init_mlp='default'`): the authors' fork (its SUO call is commented out).
+- α = 2, β = 0.6: the paper's text (ViT-B/16 supervised constants; the fork does not record its own).
 """
 
 import ml_collections
@@ -38,7 +45,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         dict(batch_size=64, eval_batch_size=120, image_size=placeholder(int), aug=None, num_workers=0)
     )
     c.model = config_blocks.vit_model(
-        a, config_blocks.VITB_SUPERVISED_INIT, variant=placeholder(str), width=64, depth=4, num_heads=4,
+        a, config_blocks.MAE_FORK_INIT, variant=placeholder(str), width=64, depth=4, num_heads=4,
         mlp_dim=128, patch_size=2, pool="gap_fc_norm", posemb="learn", drop_path=0.0, head_init_std=2e-5,
     )
     c.optimizer = config_blocks.mae_optimizer(1e-3 * 256 / 64, c.input.batch_size, b2=0.999,

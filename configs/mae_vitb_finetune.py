@@ -18,6 +18,13 @@ text gives 1e-3 / 0.75 (`settings=paper`). Global batch 1024 (lr = base × 1024 
 global average pooling → fc_norm → head (std 2e-5); whole batches per epoch (MAE's loader drops
 the last). Hardware: sized for one 8-GPU node or a TPU
 v4-32 slice (bfloat16 compute); wall-clock not measured.
+
+Init settings under init='skipless' (docs/method/authors_init.md §3):
+- Q/K random part uniform (`init_qk_dist='uniform'`): the authors' fork (yipingji/mae models_mae.py).
+- V/O W^V W^O = c² U V (`init_vo='fork'`): the authors' fork.
+- c = 1 (`init_c`, the fork's W_v = W_p = 1.0): the authors' fork (main_pretrain.py defaults).
+- MLP Xavier uniform (`init_mlp='default'`): the authors' fork (its SUO call is commented out).
+- α = 2, β = 0.6: the paper's text (ViT-B/16 supervised constants; the fork does not record its own).
 """
 
 import ml_collections
@@ -48,7 +55,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
              aug=config_blocks.deit_aug())
     )
     c.model = config_blocks.vit_model(
-        a, config_blocks.VITB_SUPERVISED_INIT, variant="B/16", patch_size=placeholder(int),
+        a, config_blocks.MAE_FORK_INIT, variant="B/16", patch_size=placeholder(int),
         pool="gap_fc_norm", posemb="learn", drop_path=0.1, head_init_std=2e-5, dtype="bfloat16", gelu="exact",
     )
     c.optimizer = config_blocks.mae_optimizer(s["base_lr"], c.input.batch_size, b2=0.999,

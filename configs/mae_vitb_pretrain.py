@@ -25,6 +25,13 @@ slice or 8 × 8-GPU nodes (bfloat16 compute); wall-clock not measured.
 Args: tg ('none' | 'dct' | 'svd') and eps for Token Graying in pre-training; target ('raw': the
 input image is reconstructed, 'grayed': the image TG produces); skip_sab / skip_ffn / init for the
 encoder (the decoder keeps its skips); seed; epochs.
+
+Init settings under init='skipless' (docs/method/authors_init.md §3):
+- Q/K random part uniform (`init_qk_dist='uniform'`): the authors' fork (yipingji/mae models_mae.py).
+- V/O W^V W^O = c² U V (`init_vo='fork'`): the authors' fork.
+- c = 1 (`init_c`, the fork's W_v = W_p = 1.0): the authors' fork (main_pretrain.py defaults).
+- MLP Xavier uniform (`init_mlp='default'`): the authors' fork (its SUO call is commented out).
+- α = 2, β = 0.6: the paper's text (ViT-B/16 supervised constants; the fork does not record its own).
 """
 
 import ml_collections
@@ -48,7 +55,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
              aug=config_blocks.MAE_AUG)
     )
     c.model = config_blocks.vit_model(
-        a, config_blocks.VITB_SUPERVISED_INIT, variant="B/16", patch_size=placeholder(int),
+        a, config_blocks.MAE_FORK_INIT, variant="B/16", patch_size=placeholder(int),
         posemb="sincos2d", drop_path=0.0, dtype="bfloat16", gelu="exact",
     )
     c.mae = config_blocks.mae(target=a["target"])

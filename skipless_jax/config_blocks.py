@@ -18,6 +18,8 @@ from ml_collections.config_dict import placeholder
 # Skipless-init constants (docs/method.md §3).
 VITB_SUPERVISED_INIT = dict(init_alpha=2.0, init_beta=0.6, init_c=3.0)  # ViT-B/16 supervised
 DINO_VITS_INIT = dict(init_alpha=1.8, init_beta=1.0, init_c=3.0)  # DINO ViT-S/16
+# The MAE recipes' init: the authors' fork's draws and c (docs/method/authors_init.md §3), the text's α, β.
+MAE_FORK_INIT = dict(VITB_SUPERVISED_INIT, init_c=1.0, init_qk_dist="uniform", init_vo="fork", init_mlp="default")
 
 
 def deit_aug(**overrides: Any) -> dict[str, Any]:

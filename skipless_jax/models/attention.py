@@ -32,28 +32,36 @@ class InitFields(nn.Module, kw_only=True):
     init_alpha: float = 1.0
     init_beta: float = 1.0
     init_c: float = 1.0
+    # The text's draws or the authors' fork's (docs/method/authors_init.md §2).
+    init_qk_dist: str = "normal"
+    init_vo: str = "polar"
+    init_mlp: str = "suo"
     dtype: Any = jnp.float32
 
     @property
     def init_fields(self) -> dict[str, Any]:
         """The init arguments (docs/method.md §3), as keywords of an `InitFields` module (attention)."""
         return dict(init_scheme=self.init_scheme, init_alpha=self.init_alpha, init_beta=self.init_beta,
-                    init_c=self.init_c)
+                    init_c=self.init_c, init_qk_dist=self.init_qk_dist, init_vo=self.init_vo,
+                    init_mlp=self.init_mlp)
 
 
-def kernel_params(module: InitFields, d: int) -> dict[str, jax.Array]:
-    """The four (d, d) float32 params `query`, `key`, `value`, `out` of an attention `module` (its
-    `InitFields` and num_heads; called in its compact method):
-    Xavier uniform each under the default init; one joint draw of the four (models/init.py,
+def kernel_params(module: InitFields, d: int, names: tuple[str, ...] = ATTENTION_KERNELS) -> dict[str, jax.Array]:
+    """The (d, d) float32 params `names` (of `query`, `key`, `value`, `out`) of an attention `module`
+    (its `InitFields` and num_heads; called in its compact method):
+    Xavier uniform each under the default init; Haar orthogonal each under init='orthogonal'
+    (docs/method/skipless_lm.md §4); one joint draw of the four (models/init.py,
     docs/method.md §3) under the skipless and mimetic inits."""
     if module.init_scheme in init_lib.PLAIN_SCHEMES:
         xavier = nn.initializers.xavier_uniform()
-        return {n: module.param(n, xavier, (d, d), jnp.float32) for n in ATTENTION_KERNELS}
+        return {n: module.param(n, xavier, (d, d), jnp.float32) for n in names}
+    if module.init_scheme == "orthogonal":
+        return {n: module.param(n, init_lib.scaled_uniform_orthogonal, (d, d), jnp.float32) for n in names}
     joint = None
     if module.is_initializing():
         joint = init_lib.attention_kernels(
             module.make_rng("params"), module.init_scheme, d, module.num_heads,
-            module.init_alpha, module.init_beta, module.init_c,
+            module.init_alpha, module.init_beta, module.init_c, module.init_qk_dist, module.init_vo,
         )
     # Flax evaluates an initializer's shape on apply too; outside init it is a placeholder.
     return {
@@ -61,8 +69,21 @@ def kernel_params(module: InitFields, d: int) -> dict[str, jax.Array]:
             n,
             lambda _, n=n: jnp.zeros((d, d), jnp.float32) if joint is None else jnp.asarray(joint[n], jnp.float32),
         )
-        for n in ATTENTION_KERNELS
+        for n in names
     }
+
+
+# config.model.attention_shape (docs/method/skipless_lm.md §1-§3): the softmax, Value-SkipInit's
+# αI + βA, shaped attention βA + αI − γC (SAS, and SAS-P's parallel block).
+ATTENTION_SHAPES = ("softmax", "value_skip", "sas", "sas_p")
+SHAPED = ("sas", "sas_p")  # centred, zero queries, identity value (block 0: r·W + s·I) and output
+
+
+def running_mean_rows(v: jax.Array, start: Any, n: int) -> jax.Array:
+    """(C V) of docs/method/skipless_lm.md §2 at rows start … start + n − 1: (B, L, h, d_h) values
+    -> (B, n, h, d_h) float32, row i the mean of v_0 … v_i (C_ij = 1/(i + 1) for j ≤ i)."""
+    total = jax.lax.dynamic_slice_in_dim(jnp.cumsum(v.astype(jnp.float32), axis=1), start, n, axis=1)
+    return total / (start + jnp.arange(n) + 1).astype(jnp.float32)[None, :, None, None]
 
 
 class MultiHeadAttention(InitFields):
@@ -93,30 +114,62 @@ class MultiHeadAttention(InitFields):
     causal: bool = False
     decode: bool = False
     talking_heads: bool = False
+    attention_shape: str = "softmax"  # ATTENTION_SHAPES (docs/method/skipless_lm.md §1-§3)
 
     @nn.compact
     def __call__(self, x: jax.Array, kv: jax.Array | None = None, bias: jax.Array | None = None,
-                 key_mask: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+                 key_mask: jax.Array | None = None, layer: Any = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """`layer`: the block's index (an int, traced under scan); shaped attention's block 0 has its own value."""
         d = x.shape[-1]
-        kernels = kernel_params(self, d)
+        shaped = self.attention_shape in SHAPED
+        kernels = kernel_params(self, d, ("key",) if shaped else ATTENTION_KERNELS)
+        if shaped:  # queries start at zero; no value or output kernel (docs/method/skipless_lm.md §2)
+            kernels["query"] = self.param("query", nn.initializers.zeros, (d, d), jnp.float32)
         biases = {
             name: self.param(f"{name}_bias", nn.initializers.zeros, (d,), jnp.float32)
-            for name in ATTENTION_KERNELS
+            for name in kernels
         }
 
         def project(inputs: jax.Array, name: str) -> jax.Array:
+            if name not in kernels:  # shaped attention's identity output
+                return inputs.astype(self.dtype)
             k = kernels[name].astype(self.dtype)
             return inputs.astype(self.dtype) @ k + biases[name].astype(self.dtype)
 
         tokens = x if kv is None else kv
         keys = project(tokens, "key")
         details = {"keys": keys}
-        q, v = project(x, "query"), project(tokens, "value")
+        q = project(x, "query")
+        v = self._shaped_value(tokens, layer) if shaped else project(tokens, "value")
         if kv is None and bias is None and not self.talking_heads and x.ndim == 3:
             merged = self._fused(q, keys, v, key_mask, details)
         else:
             merged = self._explicit(q, keys, v, bias, key_mask, details)
         return project(merged, "out"), details
+
+    def _shaped_value(self, tokens: jax.Array, layer: Any) -> jax.Array:
+        """SAS's value (docs/method/skipless_lm.md §2 item 3): X (r W + s I) in block 0, X elsewhere;
+        every block holds W (zero), r and s (one), so that the blocks stack under scan."""
+        if layer is None:
+            raise ValueError(f"attention_shape={self.attention_shape!r} needs the block's layer index")
+        d = tokens.shape[-1]
+        w = self.param("value", nn.initializers.zeros, (d, d), jnp.float32)
+        r = self.param("value_resid_gain", nn.initializers.ones, (1,), jnp.float32)
+        s = self.param("value_skip_gain", nn.initializers.ones, (1,), jnp.float32)
+        eye = jnp.eye(d, dtype=jnp.float32)
+        return tokens.astype(self.dtype) @ jnp.where(layer == 0, r * w + s * eye, eye).astype(self.dtype)
+
+    def _shape(self, heads: jax.Array, v_self: jax.Array, v_keys: jax.Array, start: Any) -> jax.Array:
+        """(B, n, h, d_h) softmax heads A V -> β_h A V + α_h V_self [− γ_h (C V) rows start …] for
+        Value-SkipInit [SAS, SAS-P] (docs/method/skipless_lm.md §1-§2); float32 gains per head."""
+        h = self.num_heads
+        alpha = self.param("attn_skip_gain", nn.initializers.ones, (h,), jnp.float32)[:, None]
+        beta = self.param("attn_resid_gain", nn.initializers.ones, (h,), jnp.float32)[:, None]
+        out = beta * heads + alpha * v_self
+        if self.attention_shape in SHAPED:
+            gamma = self.param("centre_gain", nn.initializers.ones, (h,), jnp.float32)[:, None]
+            out = out - gamma * running_mean_rows(v_keys, start, heads.shape[1])
+        return out.astype(self.dtype)
 
     def _fused(self, q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None,
                details: dict[str, jax.Array]) -> jax.Array:
@@ -126,12 +179,17 @@ class MultiHeadAttention(InitFields):
         q, k, v = (t.reshape(b, t.shape[1], h, d // h) for t in (q, k, v))
         mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, n): every head and query
         causal = self.causal or self.decode
+        if self.attention_shape in SHAPED and not causal:
+            raise ValueError(f"attention_shape={self.attention_shape!r} centres by the causal mask; the attention is not causal")
+        v_self, start = v, 0
         if self.decode:
-            q, k, v, cache_mask = self._cached(q, k, v)
+            q, k, v, cache_mask, start = self._cached(q, k, v)
             if cache_mask is not None:  # the queries at the cache index over the cache (the creating call: causal)
                 mask, causal = cache_mask, False
         heads = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal,
                                              implementation=self.implementation)  # scale 1/√d_h
+        if self.attention_shape != "softmax":
+            heads = self._shape(heads, v_self, v, start)
         if self.capture_attention:
             logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(d // h, q.dtype))
             if mask is not None:
@@ -145,8 +203,8 @@ class MultiHeadAttention(InitFields):
                   key_mask: jax.Array | None, details: dict[str, jax.Array]) -> jax.Array:
         """(B…, n_q, d) queries, (B…, n_kv, d) keys and values -> (B…, n_q, d): float32 logits
         (+ bias, talking heads, the key mask), softmax, heads merged."""
-        if self.causal or self.decode:
-            raise ValueError("causal attention is self-attention on (B, n, d) without bias or talking heads")
+        if self.causal or self.decode or self.attention_shape != "softmax":
+            raise ValueError("causal or shaped attention is self-attention on (B, n, d) without bias or talking heads")
         d = q.shape[-1]
         h = self.num_heads
 
@@ -179,19 +237,20 @@ class MultiHeadAttention(InitFields):
             kernel = self.param(name, lambda _: jnp.eye(h, dtype=jnp.float32))
         return kernel, self.param(f"{name}_bias", nn.initializers.zeros, (h,), jnp.float32)
 
-    def _cached(self, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, Any]:
-        """(q, cache keys, cache values, mask (1, 1, n, L)) after writing k, v at the cache index;
-        the first call (no cache yet) creates a zero cache of k's shape and returns k, v, None."""
+    def _cached(self, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, Any, Any]:
+        """(q, cache keys, cache values, mask (1, 1, n, L), the index written at) after writing k, v
+        at the cache index; the first call (no cache yet) creates a zero cache of k's shape and
+        returns k, v, None, 0."""
         created = not self.has_variable("cache", "keys")
         keys = self.variable("cache", "keys", jnp.zeros, k.shape, k.dtype)
         values = self.variable("cache", "values", jnp.zeros, v.shape, v.dtype)
         index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
         if created:
-            return q, k, v, None
+            return q, k, v, None, 0
         n, length = q.shape[1], keys.value.shape[1]
         at = index.value
         keys.value = jax.lax.dynamic_update_slice(keys.value, k.astype(keys.value.dtype), (0, at, 0, 0))
         values.value = jax.lax.dynamic_update_slice(values.value, v.astype(values.value.dtype), (0, at, 0, 0))
         index.value = at + n
         mask = jnp.arange(length)[None, :] <= at + jnp.arange(n)[:, None]  # query at + i sees keys 0 … at + i
-        return q, keys.value.astype(q.dtype), values.value.astype(q.dtype), mask[None, None]
+        return q, keys.value.astype(q.dtype), values.value.astype(q.dtype), mask[None, None], at

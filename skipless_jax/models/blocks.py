@@ -14,8 +14,9 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
-from skipless_jax.models.attention import InitFields, MultiHeadAttention
+from skipless_jax.models.attention import SHAPED, InitFields, MultiHeadAttention
 from skipless_jax.models.common import DropPath, MlpBlock
 
 
@@ -59,22 +60,55 @@ class EncoderBlock(SwitchFields):
     attention_impl: str | None = None
     causal: bool = False  # query t attends to keys 0 … t (models/gpt.py)
     decode: bool = False  # causal, with the attention's KV cache (generation)
+    attention_shape: str = "softmax"  # attention.ATTENTION_SHAPES (docs/method/skipless_lm.md §1-§3)
+    mlp_branch_gain: float = 0.1  # SAS / SAS-P: the MLP branch's initial gain g_M
 
     @nn.compact
-    def __call__(self, x: jax.Array, train: bool) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def __call__(self, x: jax.Array, train: bool, layer: Any = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """`layer`: this block's index (an int, traced under scan), read by shaped attention."""
         out: dict[str, Any] = {}
         y = nn.LayerNorm(dtype=self.dtype)(x)
-        y, details = MultiHeadAttention(
+        attention = MultiHeadAttention(
             self.num_heads, self.capture_attention, self.attention_impl, self.causal, self.decode, dtype=self.dtype,
-            **self.init_fields,
-        )(y)
+            attention_shape=self.attention_shape, **self.init_fields,
+        )
+        if self.attention_shape in SHAPED:
+            return self._shaped(x, y, attention, train, layer, out)
+        y, details = attention(y)
         out.update(details)
         y = nn.Dropout(self.dropout)(y, deterministic=not train)
         x = residual(x, y, self.skip_sab, self.drop_path, train, out, "sab")  # ② the attention skip
 
         z = nn.LayerNorm(dtype=self.dtype)(x)
-        z = MlpBlock(self.mlp_dim, self.init_scheme, self.dropout, self.gelu_approximate, self.dtype)(z, train)
+        z = MlpBlock(self.mlp_dim, self.init_scheme, self.dropout, self.gelu_approximate, self.dtype,
+                     init_mlp=self.init_mlp)(z, train)
         z = nn.Dropout(self.dropout)(z, deterministic=not train)
         x = residual(x, z, self.skip_ffn, self.drop_path, train, out, "ffn")  # ④ the MLP skip
         out["output"] = x
         return x, out
+
+    def _shaped(self, x: jax.Array, y: jax.Array, attention: nn.Module, train: bool, layer: Any,
+                out: dict[str, Any]) -> tuple[jax.Array, dict[str, Any]]:
+        """SAS (sequential) or SAS-P (parallel) block of docs/method/skipless_lm.md §2-§3 on x and
+        y = N₁(x): no attention skip; SAS keeps the MLP skip with a trainable gain s_M."""
+        def gain(name: str, value: float) -> jax.Array:
+            return self.param(name, nn.initializers.constant(value), (1,), jnp.float32).astype(self.dtype)
+
+        def mlp(inputs: jax.Array) -> jax.Array:
+            z = MlpBlock(self.mlp_dim, self.init_scheme, self.dropout, self.gelu_approximate, self.dtype,
+                         init_mlp=self.init_mlp)(inputs, train)
+            return nn.Dropout(self.dropout)(z, deterministic=not train)
+
+        a, details = attention(y, layer=layer)
+        out.update(details)
+        a = gain("attn_branch_gain", 1.0) * nn.Dropout(self.dropout)(a, deterministic=not train)
+        out["sab"], out["sab_skip"] = a, x + a
+        if self.attention_shape == "sas_p":  # g_M·MLP(N₁(x)) + g_A·SA(N₁(x)): no skip, one norm
+            z = gain("mlp_branch_gain", self.mlp_branch_gain) * mlp(y)
+            h = a
+        else:  # g_M·MLP(N₂(h)) + s_M·h, h = g_A·SA(N₁(x))
+            z = gain("mlp_branch_gain", self.mlp_branch_gain) * mlp(nn.LayerNorm(dtype=self.dtype)(a))
+            h = gain("mlp_skip_gain", 1.0) * a
+        out["ffn"], out["ffn_skip"] = z, h + z
+        out["output"] = h + z
+        return out["output"], out

@@ -85,7 +85,7 @@ class LayerScaleBlock(SwitchFields):
             y, details = attention(parts.layer_norm(LN_EPS, self.dtype, "norm1")(x))
             out["keys"] = details["keys"]
         x = residual(x, gamma_1.astype(self.dtype) * y, self.skip_sab, self.drop_path, train, out, "sab")  # ②
-        z = MlpBlock(self.mlp_dim, self.init_scheme, 0.0, self.gelu_approximate, self.dtype, name="mlp")(
+        z = MlpBlock(self.mlp_dim, self.init_scheme, 0.0, self.gelu_approximate, self.dtype, self.init_mlp, name="mlp")(
             parts.layer_norm(LN_EPS, self.dtype, "norm2")(x), train)
         x = residual(x, gamma_2.astype(self.dtype) * z, self.skip_ffn, self.drop_path, train, out, "ffn")  # ④
         return x, out

@@ -107,17 +107,22 @@ class DropPath(nn.Module):
 
 
 class MlpBlock(nn.Module):
-    """Dense(d→mlp_dim) – GELU – Dense(mlp_dim→d); `gelu_approximate`: tanh form or exact erf."""
+    """Dense(d→mlp_dim) – GELU – Dense(mlp_dim→d); `gelu_approximate`: tanh form or exact erf.
+    Under `init_scheme='skipless'` the biases are zero and the kernels scaled uniform orthogonal
+    (`init_mlp='suo'`) or Xavier uniform (`'default'`, the authors' fork: docs/method/authors_init.md)."""
 
     mlp_dim: int
     init_scheme: str = "default"
     dropout: float = 0.0
     gelu_approximate: bool = True
     dtype: Any = jnp.float32
+    init_mlp: str = "suo"
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
-        if self.init_scheme == "skipless":  # scaled uniform orthogonal, zero biases (docs/method.md §3)
+        if self.init_scheme == "skipless" and self.init_mlp == "default":
+            kernel_init, bias_init = nn.initializers.xavier_uniform(), nn.initializers.zeros
+        elif self.init_scheme in ("skipless", "orthogonal"):  # scaled uniform orthogonal, zero biases (docs/method.md §3)
             kernel_init, bias_init = init_lib.scaled_uniform_orthogonal, nn.initializers.zeros
         else:
             kernel_init = nn.initializers.xavier_uniform()

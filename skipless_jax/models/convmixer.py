@@ -71,8 +71,8 @@ class ConvMixer(parts.FamilyModel, kw_only=True):
         x = parts.BatchNorm(dtype=self.dtype, name="embedding_norm")(self._act(tokens), train)
         out["embedding"] = x
         x = x.reshape(b, gh, gw, d)
-        skipless = self.init_scheme == "skipless"
-        pointwise_init = init_lib.scaled_uniform_orthogonal if skipless else nn.initializers.lecun_normal()
+        suo = self.init_scheme == "skipless" and self.init_mlp == "suo"  # docs/method/authors_init.md §2
+        pointwise_init = init_lib.scaled_uniform_orthogonal if suo else nn.initializers.lecun_normal()
         blocks = []
         rates = parts.drop_path_rates(self.drop_path, self.depth)
         for layer in range(self.depth):

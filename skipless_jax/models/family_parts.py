@@ -42,6 +42,9 @@ COMMON_FIELDS: dict[str, Any] = dict(
     init_alpha=1.0,
     init_beta=1.0,
     init_c=1.0,
+    init_qk_dist="normal",
+    init_vo="polar",
+    init_mlp="suo",
     token_graying=None,
     tg_eps=0.95,
     dtype="float32",
@@ -118,7 +121,8 @@ def check_common(f: dict[str, Any]) -> None:
              f"config.model.drop_path={rate!r} must be in [0, 1)")
     require(str(f["dtype"]) in DTYPES, f"config.model.dtype={f['dtype']!r} is unknown; allowed: {list(DTYPES)}")
     require(f["gelu"] in GELUS, f"config.model.gelu={f['gelu']!r} is unknown; allowed: {list(GELUS)}")
-    init_lib.validate_init_config({k: f[k] for k in ("init", "init_alpha", "init_beta", "init_c")})
+    init_lib.validate_init_config({k: f[k] for k in ("init", "init_alpha", "init_beta", "init_c", "init_qk_dist",
+                                                     "init_vo", "init_mlp")})
     if f["token_graying"] is not None:
         token_graying.validate_token_graying(f["token_graying"], f["tg_eps"])
 
@@ -128,7 +132,8 @@ def common_kwargs(f: dict[str, Any]) -> dict[str, Any]:
     return dict(
         skip_sab=f["skip_sab"], skip_ffn=f["skip_ffn"], drop_path=float(f["drop_path"]),
         init_scheme=f["init"], init_alpha=float(f["init_alpha"]), init_beta=float(f["init_beta"]),
-        init_c=float(f["init_c"]), token_graying=f["token_graying"], tg_eps=float(f["tg_eps"]),
+        init_c=float(f["init_c"]), init_qk_dist=f["init_qk_dist"], init_vo=f["init_vo"], init_mlp=f["init_mlp"],
+        token_graying=f["token_graying"], tg_eps=float(f["tg_eps"]),
         dtype=jnp.dtype(f["dtype"]), gelu_approximate=f["gelu"] == "tanh", head_zero_init=f["head_zero_init"],
     )
 

@@ -4,8 +4,10 @@ Dense kernels are (in, out): y = x W. Attention kernels are (d, d) with heads as
 (query/key/value) or row groups (out). All functions are pure in `key`; validation happens on
 Python floats before anything is traced.
 
-- `scaled_orthogonal_vo`: value/output of a whole layer with W^V W^O = c² U Vᵀ (κ = 1).
-- `mimetic_qk`: per-head W^Q_h W^K_hᵀ = rank-d_h truncation of α Z_h + β I.
+- `scaled_orthogonal_vo`: value/output of a whole layer with W^V W^O = c² U Vᵀ (κ = 1), or the
+  authors' fork's c² U V (`vo='fork'`, docs/method/authors_init.md §2).
+- `mimetic_qk`: per-head W^Q_h W^K_hᵀ = rank-d_h truncation of α Z_h + β I, Z_h Gaussian or
+  uniform (`dist`, docs/method/authors_init.md §1).
 - `mimetic_vo`: the plain mimetic baseline W^V W^O = α Z − β I (Trockman & Kolter).
 - `scaled_uniform_orthogonal`: the DKS/TAT MLP kernel initializer (flax `kernel_init` style),
   built on `haar_orthogonal`.
@@ -30,7 +32,15 @@ from skipless_jax import linalg
 # build under them as under 'default' (PLAIN_SCHEMES), then every parameter is redrawn.
 REFERENCE_SCHEMES = ("timm", "mae")
 PLAIN_SCHEMES = ("default", *REFERENCE_SCHEMES)
-INIT_METHODS = ("default", "skipless", "mimetic", *REFERENCE_SCHEMES)
+INIT_METHODS = ("default", "skipless", "mimetic", *REFERENCE_SCHEMES, "orthogonal")
+# The inits without α, β, c: 'orthogonal' draws every kernel Haar orthogonal (docs/method/skipless_lm.md §4).
+NO_CONSTANTS = (*PLAIN_SCHEMES, "orthogonal")
+
+# config.model.init_qk_dist / init_vo / init_mlp (docs/method/authors_init.md §2): the paper's
+# text first (the default), the authors' fork second.
+QK_DISTS = ("normal", "uniform")
+VO_FORMS = ("polar", "fork")
+MLP_INITS = ("suo", "default")
 
 # Plain mimetic V/O constants of docs/method.md §3 (α₂ = β₂ = 0.4); Q/K take the configured α, β.
 MIMETIC_VO_ALPHA = 0.4
@@ -61,7 +71,7 @@ def validate_init(
     if method not in INIT_METHODS:
         raise ValueError(f"model.init={method!r} is unknown; allowed: {', '.join(INIT_METHODS)}")
     _check_heads(d, num_heads)
-    if method in PLAIN_SCHEMES:
+    if method in NO_CONSTANTS:
         return
     _check_positive("model.init_alpha", alpha)
     _check_nonnegative("model.init_beta", beta)
@@ -69,9 +79,16 @@ def validate_init(
         _check_positive("model.init_c", c)
 
 
+def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    """`config.model.<name>` is None (the default, allowed[0]) or one of `allowed`."""
+    if value is not None and value not in allowed:
+        raise ValueError(f"config.model.{name}={value!r} is unknown; allowed: {', '.join(allowed)}")
+
+
 def validate_init_config(model_config: Any) -> None:
     """Validates `config.model`'s init fields: init, init_alpha, init_beta, init_c, init_self_share
-    (a target in (0, 1) of init='skipless' or 'mimetic', or None), width, num_heads.
+    (a target in (0, 1) of init='skipless' or 'mimetic', or None), init_qk_dist, init_vo, init_mlp
+    (docs/method/authors_init.md), width, num_heads.
 
     Width/heads are checked only without a `variant` (whose standard sizes replace them).
     """
@@ -83,11 +100,13 @@ def validate_init_config(model_config: Any) -> None:
     d, h = get("width", None), get("num_heads", None)
     if not get("variant", None) and d is not None and h is not None:
         _check_heads(d, h)
-    if method not in PLAIN_SCHEMES:
+    if method not in NO_CONSTANTS:
         _check_positive("model.init_alpha", get("init_alpha", None))
         _check_nonnegative("model.init_beta", get("init_beta", None))
     if method == "skipless":
         _check_positive("model.init_c", get("init_c", None))
+    for name, allowed in (("init_qk_dist", QK_DISTS), ("init_vo", VO_FORMS), ("init_mlp", MLP_INITS)):
+        _check_choice(name, get(name, None), allowed)
     if get("init_self_share", None) is not None:
         check_self_share(get("init_self_share", None))
         if method not in SHARE_METHODS:
@@ -95,32 +114,46 @@ def validate_init_config(model_config: Any) -> None:
                              f"{' or '.join(map(repr, SHARE_METHODS))}; config.model.init={method!r} has none")
 
 
-def scaled_orthogonal_vo(key: jax.Array, d: int, c: float) -> tuple[jax.Array, jax.Array]:
+def scaled_orthogonal_vo(key: jax.Array, d: int, c: float, vo: str = "polar") -> tuple[jax.Array, jax.Array]:
     """Whole-layer value/output init (docs/method.md §3): G ~ N(0,1)^{d×d} = U S Vᵀ, W^V = cU, W^O = cVᵀ.
 
     Returns (w_v, w_o), both (d, d) float32; w_v's columns are grouped by head, w_o's rows.
     The full product W^V W^O = c² U Vᵀ has every singular value equal to c².
+    `vo='fork'` (the authors' fork, docs/method/authors_init.md §2): W^O = cV, W^V W^O = c² U V,
+    each singular pair (u_i, v_i) signed so that u_i's entry of largest magnitude is positive.
     """
     _check_positive("c", c)
+    _check_choice("init_vo", vo, VO_FORMS)
     g = jax.random.normal(key, (d, d), jnp.float32)
     u, _, vt = jnp.linalg.svd(g, full_matrices=False)
-    return c * u, c * vt
+    if vo == "polar":
+        return c * u, c * vt
+    rows = jnp.arange(d)
+    sign = jnp.where(u[jnp.argmax(jnp.abs(u), axis=0), rows] < 0, -1.0, 1.0)  # (d,), one per pair
+    return c * u * sign[None, :], c * (vt * sign[:, None]).T
 
 
 def mimetic_qk_targets(
-    key: jax.Array, d: int, num_heads: int, alpha: float, beta: float
+    key: jax.Array, d: int, num_heads: int, alpha: float, beta: float, dist: str = "normal"
 ) -> jax.Array:
-    """Per-head targets M_h = α Z_h + β I_d, Z_h ~ N(0, 1/d) (docs/method.md §3). Returns (h, d, d).
+    """Per-head targets M_h = α Z_h + β I_d (docs/method.md §3). Returns (h, d, d).
 
-    Head h draws Z_h from `jax.random.split(key, num_heads)[h]`.
+    Head h draws Z_h from `jax.random.split(key, num_heads)[h]`: 'normal' Z_h ~ N(0, 1/d);
+    'uniform' (the authors' fork, docs/method/authors_init.md §1) Z_h = −b + 2b·U, U ~ U[0, 1),
+    b = √3/√d (the same variance 1/d).
     """
     keys = jax.random.split(key, num_heads)
-    z = jax.vmap(lambda k: jax.random.normal(k, (d, d), jnp.float32))(keys) / math.sqrt(d)
+    if dist == "normal":
+        z = jax.vmap(lambda k: jax.random.normal(k, (d, d), jnp.float32))(keys) / math.sqrt(d)
+    else:
+        _check_choice("init_qk_dist", dist, QK_DISTS)
+        bound = math.sqrt(3.0) / math.sqrt(d)
+        z = -bound + 2.0 * bound * jax.vmap(lambda k: jax.random.uniform(k, (d, d), jnp.float32))(keys)
     return alpha * z + beta * jnp.eye(d, dtype=jnp.float32)
 
 
 def mimetic_qk(
-    key: jax.Array, d: int, num_heads: int, alpha: float, beta: float
+    key: jax.Array, d: int, num_heads: int, alpha: float, beta: float, dist: str = "normal"
 ) -> tuple[jax.Array, jax.Array]:
     """Mimetic query/key init per head (docs/method.md §3).
 
@@ -131,7 +164,7 @@ def mimetic_qk(
     _check_heads(d, num_heads)
     _check_positive("alpha", alpha)
     _check_nonnegative("beta", beta)
-    return _truncated_qk(mimetic_qk_targets(key, d, num_heads, alpha, beta))
+    return _truncated_qk(mimetic_qk_targets(key, d, num_heads, alpha, beta, dist))
 
 
 def _truncated_qk(m: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -188,11 +221,13 @@ def scaled_uniform_orthogonal(
 
 
 def attention_kernels(
-    key: jax.Array, method: str, d: int, num_heads: int, alpha: float, beta: float, c: float
+    key: jax.Array, method: str, d: int, num_heads: int, alpha: float, beta: float, c: float,
+    qk_dist: str = "normal", vo: str = "polar",
 ) -> dict[str, jax.Array]:
     """The four (d, d) attention kernels {query, key, value, out} for `method` (docs/method.md §3).
 
-    'skipless': mimetic Q/K with (alpha, beta) and scaled-orthogonal V/O with c.
+    'skipless': mimetic Q/K with (alpha, beta) and scaled-orthogonal V/O with c; `qk_dist` and
+                `vo` choose the text's or the authors' fork's draw (docs/method/authors_init.md).
     'mimetic':  mimetic Q/K with (alpha, beta) and mimetic V/O with the fixed
                 (MIMETIC_VO_ALPHA, MIMETIC_VO_BETA) = (0.4, 0.4); c is unused. The plain
                 mimetic baseline of docs/method.md §3 sets alpha = beta = 0.7 in the config.
@@ -201,9 +236,9 @@ def attention_kernels(
         raise ValueError(f"attention_kernels method={method!r} is unknown; allowed: skipless, mimetic")
     validate_init(method, d, num_heads, alpha, beta, c)
     k_qk, k_vo = jax.random.split(key)
-    w_q, w_k = mimetic_qk(k_qk, d, num_heads, alpha, beta)
+    w_q, w_k = mimetic_qk(k_qk, d, num_heads, alpha, beta, qk_dist)
     if method == "skipless":
-        w_v, w_o = scaled_orthogonal_vo(k_vo, d, c)
+        w_v, w_o = scaled_orthogonal_vo(k_vo, d, c, vo)
     else:
         w_v, w_o = mimetic_vo(k_vo, d, MIMETIC_VO_ALPHA, MIMETIC_VO_BETA)
     return dict(query=w_q, key=w_k, value=w_v, out=w_o)
@@ -222,14 +257,14 @@ REFERENCE_QK: dict[str, Any] = {}
 
 
 def query_key_kernels(
-    key: jax.Array, method: str, d: int, num_heads: int, alpha: float, beta: float
+    key: jax.Array, method: str, d: int, num_heads: int, alpha: float, beta: float, dist: str = "normal"
 ) -> tuple[jax.Array, jax.Array]:
     """(w_q, w_k), both (d, d), of one attention layer drawn from the layer's `key` as `method`
     draws them (docs/method.md §3): the Q/K half of `attention_kernels` for 'skipless' and
     'mimetic' (traceable in alpha, beta); Xavier uniform for 'default'; the reference table's
     rule (models/init_schemes.py) for 'timm' and 'mae'."""
     if method in SHARE_METHODS:
-        return _truncated_qk(mimetic_qk_targets(jax.random.split(key)[0], d, num_heads, alpha, beta))
+        return _truncated_qk(mimetic_qk_targets(jax.random.split(key)[0], d, num_heads, alpha, beta, dist))
     keys = jax.random.split(key)
     if method == "default":
         draw = jax.nn.initializers.xavier_uniform()
@@ -240,9 +275,9 @@ def query_key_kernels(
     return REFERENCE_QK[method](keys, d)
 
 
-@functools.partial(jax.jit, static_argnames=("method", "d", "num_heads", "depth", "num_tokens", "num_samples"))
+@functools.partial(jax.jit, static_argnames=("method", "d", "num_heads", "depth", "num_tokens", "num_samples", "dist"))
 def _share(key: jax.Array, alpha: jax.Array, beta: jax.Array, *, method: str, d: int, num_heads: int,
-           depth: int, num_tokens: int, num_samples: int) -> jax.Array:
+           depth: int, num_tokens: int, num_samples: int, dist: str = "normal") -> jax.Array:
     """The mean of diag softmax(X Wᵠ_h (X Wᴷ_h)ᵀ/√d_h) over samples, tokens, heads and layers
     (docs/method.md §3); split(key, depth + 1): [0] the tokens X, [1 + l] layer l's kernels."""
     keys = jax.random.split(key, depth + 1)
@@ -250,7 +285,7 @@ def _share(key: jax.Array, alpha: jax.Array, beta: jax.Array, *, method: str, d:
     dh = d // num_heads
 
     def layer_share(layer_key: jax.Array) -> jax.Array:
-        w_q, w_k = query_key_kernels(layer_key, method, d, num_heads, alpha, beta)
+        w_q, w_k = query_key_kernels(layer_key, method, d, num_heads, alpha, beta, dist)
         q, k = ((x @ w).reshape(num_samples, num_tokens, num_heads, dh) for w in (w_q, w_k))
         attention = jax.nn.softmax(jnp.einsum("sqhe,skhe->shqk", q, k) / math.sqrt(dh), axis=-1)
         return jnp.diagonal(attention, axis1=-2, axis2=-1).mean()
@@ -268,7 +303,8 @@ def _share_fields(model_config: Any) -> dict[str, Any]:
     sizes = variants.resolve_sizes(model_config)
     get = lambda k, v: v if sizes.get(k) is None else sizes[k]
     fields = dict(method=get("init", "default"), d=sizes.get("width"), num_heads=sizes.get("num_heads"),
-                  depth=sizes.get("depth"), alpha=get("init_alpha", 1.0), beta=get("init_beta", 1.0))
+                  depth=sizes.get("depth"), alpha=get("init_alpha", 1.0), beta=get("init_beta", 1.0),
+                  dist=get("init_qk_dist", "normal"))
     validate_init(fields["method"], fields["d"], fields["num_heads"], fields["alpha"], fields["beta"], 1.0)
     if not (isinstance(fields["depth"], int) and fields["depth"] > 0):
         raise ValueError(f"config.model.depth={fields['depth']!r} must be a positive int")
@@ -283,7 +319,7 @@ def _share_of_beta(model_config: Any, num_tokens: int, num_samples: int, seed: i
             raise ValueError(f"{name}={value!r} must be a positive int")
     fields = _share_fields(model_config)
     static = dict(method=fields["method"], d=fields["d"], num_heads=fields["num_heads"], depth=fields["depth"],
-                  num_tokens=num_tokens, num_samples=num_samples)
+                  num_tokens=num_tokens, num_samples=num_samples, dist=fields["dist"])
     cpu = jax.devices("cpu")[0]
 
     def share(beta: float) -> float:

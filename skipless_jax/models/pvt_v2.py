@@ -111,12 +111,15 @@ class DWMlp(nn.Module):
     init_scheme: str = "default"
     gelu_approximate: bool = False
     dtype: Any = jnp.float32
+    init_mlp: str = "suo"  # 'default': Xavier uniform kernels under the skipless init (docs/method/authors_init.md)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         b, n, d = x.shape
         if self.init_scheme == "skipless":
             kernel_init, bias_init = init_lib.scaled_uniform_orthogonal, nn.initializers.zeros
+            if self.init_mlp == "default":
+                kernel_init = nn.initializers.xavier_uniform()
             dw_init = parts.dirac_init
         else:
             kernel_init, bias_init = nn.initializers.xavier_uniform(), nn.initializers.normal(stddev=1e-6)
@@ -143,7 +146,8 @@ class PVTBlock(SwitchFields):
         y = SRAttention(self.grid, self.num_heads, self.sr_ratio, dtype=self.dtype, name="sra", **self.init_fields)(
             parts.layer_norm(BLOCK_EPS, self.dtype, "norm1")(x))
         x = residual(x, y, self.skip_sab, self.drop_path, train, out, "sab")  # ②
-        z = DWMlp(self.grid, self.mlp_dim, self.init_scheme, self.gelu_approximate, self.dtype, name="mlp")(
+        z = DWMlp(self.grid, self.mlp_dim, self.init_scheme, self.gelu_approximate, self.dtype, self.init_mlp,
+                  name="mlp")(
             parts.layer_norm(BLOCK_EPS, self.dtype, "norm2")(x))
         x = residual(x, z, self.skip_ffn, self.drop_path, train, out, "ffn")  # ④
         return x, out

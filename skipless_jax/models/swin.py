@@ -124,7 +124,8 @@ class SwinBlock(SwitchFields):
                             **self.init_fields)(y)
         x = residual(x, y.reshape(b, n, c), self.skip_sab, self.drop_path, train, out, "sab")  # ②
         z = parts.layer_norm(LN_EPS, self.dtype, "norm2")(x)
-        z = MlpBlock(self.mlp_dim, self.init_scheme, 0.0, self.gelu_approximate, self.dtype, name="mlp")(z, train)
+        z = MlpBlock(self.mlp_dim, self.init_scheme, 0.0, self.gelu_approximate, self.dtype, self.init_mlp,
+                     name="mlp")(z, train)
         x = residual(x, z, self.skip_ffn, self.drop_path, train, out, "ffn")  # ④
         return x, out
 

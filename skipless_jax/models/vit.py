@@ -75,6 +75,7 @@ class ViT(ModelFields):
     attention_impl: str | None = None  # None | 'xla' | 'cudnn' (jax.nn.dot_product_attention)
     remat: str | None = None  # a key of REMAT_POLICIES: recompute each block's activations
     scan: bool = False  # the blocks stacked under SCANNED_BLOCKS and run by one scanned layer
+    attention_shape: str = "softmax"  # or 'value_skip' (docs/method/skipless_lm.md §1)
 
     def _position_embedding(self, grid_h: int, grid_w: int, d: int) -> jax.Array:
         extra = int(self.pool != "gap")
@@ -150,24 +151,30 @@ def _block_kwargs(module: nn.Module) -> dict[str, Any]:
         init_alpha=module.init_alpha,
         init_beta=module.init_beta,
         init_c=module.init_c,
+        init_qk_dist=module.init_qk_dist,
+        init_vo=module.init_vo,
+        init_mlp=module.init_mlp,
         gelu_approximate=module.gelu_approximate,
         capture_attention=getattr(module, "capture_attention", False),
         dtype=module.dtype,
         attention_impl=getattr(module, "attention_impl", None),
         causal=getattr(module, "causal", False),
         decode=getattr(module, "decode", False),
+        attention_shape=getattr(module, "attention_shape", "softmax"),
+        mlp_branch_gain=getattr(module, "mlp_branch_gain", 0.1),
     )
 
 
 class _ScannedBlock(nn.Module):
-    """One `EncoderBlock` as nn.scan's body: (x, drop-path rate of this layer) -> (x, its out dict)."""
+    """One `EncoderBlock` as nn.scan's body: (x, (drop-path rate, index) of this layer) -> (x, its out dict)."""
 
     block: dict[str, Any]
     train: bool
 
     @nn.compact
-    def __call__(self, x: jax.Array, rate: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
-        x, out = EncoderBlock(**self.block, drop_path=rate, name="block")(x, self.train)
+    def __call__(self, x: jax.Array, layer_inputs: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, dict[str, Any]]:
+        rate, layer = layer_inputs
+        x, out = EncoderBlock(**self.block, drop_path=rate, name="block")(x, self.train, layer)
         return sharding.constrain_batch(x), out
 
 
@@ -200,7 +207,7 @@ def encoder_blocks(
             body, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
             in_axes=0, length=depth,
         )(kwargs, train, name=SCANNED_BLOCKS)
-        x, stacked = scanned(x, jnp.asarray(rates, jnp.float32))
+        x, stacked = scanned(x, (jnp.asarray(rates, jnp.float32), jnp.arange(depth)))
         blocks = [jax.tree.map(lambda a, i=i: a[i], stacked) for i in range(depth)]
     else:
         block_cls = EncoderBlock
@@ -208,7 +215,7 @@ def encoder_blocks(
             block_cls = nn.remat(EncoderBlock, policy=REMAT_POLICIES[policy], static_argnums=(2,))
         blocks = []
         for layer in range(depth):
-            x, block_out = block_cls(**kwargs, drop_path=rates[layer], name=f"block_{layer}")(x, train)
+            x, block_out = block_cls(**kwargs, drop_path=rates[layer], name=f"block_{layer}")(x, train, layer)
             x = sharding.constrain_batch(x)
             blocks.append(block_out)
     if final_norm:
@@ -323,6 +330,13 @@ def check_config(model: Any, image_size: int) -> None:
     require(impl in ATTENTION_IMPLS,
              f"config.model.attention_impl={impl!r} is unknown; allowed: {list(ATTENTION_IMPLS)}")
     init_lib.validate_init_config(sizes)
+    shape = model.get("attention_shape", "softmax")
+    require(shape in ("softmax", "value_skip"),
+             f"config.model.attention_shape={shape!r} is not defined for the 'vit' family (SAS centres by the "
+             "causal mask); allowed: 'softmax', 'value_skip'")
+    require(shape == "softmax" or model.get("init", "default") not in init_lib.REFERENCE_SCHEMES,
+             f"config.model.attention_shape={shape!r}: the reference inits have no rule for its gains; "
+             f"config.model.init={model.get('init')!r}, allowed: 'default', 'skipless', 'mimetic', 'orthogonal'")
     if model.get("token_graying") is not None:
         token_graying.validate_token_graying(model.token_graying, model.get("tg_eps", 0.95))
 
