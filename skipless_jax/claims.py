@@ -1,8 +1,9 @@
-"""The papers' claims as code, judged over seeds (docs/method.md §19).
+"""The papers' claims as code, judged over seeds (docs/method.md §19, docs/method/verdicts.md).
 
 A config module may define `CLAIMS` beside `GRIDS`: a claim's name -> a dict of the `Claim`
-fields below but `name`. Cells A and B are arg filters over the runs (the `name=value` args of
-their folders, as `report` reads them), e.g.
+fields below but `name`. Cells A and B are arg filters over the runs (a run's args: the config's
+defaults, its sweep record's args and its folder's `name=value` parts, as `report` reads them),
+e.g.
 
     CLAIMS = {
         "init_beats_default_adamw": dict(
@@ -13,21 +14,24 @@ their folders, as `report` reads them), e.g.
     }
 
 `judge` gives one row per claim × setting (the values of its `per` args among the runs of
-either cell; a run without one of them has the value "", so runs that differ in any `per` arg
-are never pooled): the two cells' values, `stats.compare`, the Holm-adjusted p over all the rows
-judged together, runs that trained as k/n per cell, and the verdict (method.md §19).
+either cell, as the runs give them: "" where a run does not, so runs that differ in any `per` arg
+are never pooled): the two cells' values, `stats.compare` (or `stats.fisher_exact` on the trained
+counts for `kind='trained'`), the Holm-adjusted p within the claim's `family` (every row of the
+family over every run judged, whatever is printed), runs that trained as k/n per cell, and the
+verdict (method.md §19). With `select='lr'` each cell chooses its lr on validation first.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from skipless_jax import stats
 
 VERDICTS = ("holds", "not shown", "reversed", "untested")
+KINDS = ("mean", "trained")
 FAILED = "no final metrics"  # a run folder whose run failed, stopped non-finite or has not finished
 OPPOSITE = {"greater": "less", "less": "greater"}
 
@@ -35,8 +39,13 @@ OPPOSITE = {"greater": "less", "less": "greater"}
 @dataclasses.dataclass(frozen=True)
 class Claim:
     """H1: the `metric` of cell A, plus `margin`, is `alternative` than cell B's, in each setting
-    of the `per` args. A run trained when its final `trained_metric` is below `trained_below`
-    (None: half the chance-level loss, ½ ln(number of classes) of the config's dataset)."""
+    of the `per` args (`kind='trained'`: A's runs train more often than B's, Fisher's exact
+    test). A run trained when its final `trained_metric` is below `trained_below` (None: half
+    the chance-level loss, ½ ln(number of classes) of the config's dataset). `family`: the Holm
+    family (default: the claim's name). `select`: an arg each cell chooses per setting, the
+    value whose runs' mean `select_by` is the largest (`select_max`; the smallest otherwise);
+    `select_field` is the config field that gives it where a run leaves the arg unset
+    (docs/method/verdicts.md)."""
 
     name: str
     a: Mapping[str, str]
@@ -48,11 +57,19 @@ class Claim:
     trained_metric: str = "train_loss"
     trained_below: float | None = None
     text: str = ""  # the claim in words, for the report's legend
+    family: str = ""
+    kind: str = "mean"
+    select: str = ""
+    select_by: str = "val_accuracy"
+    select_max: bool = True
+    select_field: str = ""
 
     def __post_init__(self):
         where = f"claim {self.name!r}"
         if self.alternative not in stats.ALTERNATIVES:
             raise ValueError(f"{where}: alternative={self.alternative!r}; allowed: {', '.join(stats.ALTERNATIVES)}")
+        if self.kind not in KINDS:
+            raise ValueError(f"{where}: kind={self.kind!r}; allowed: {', '.join(KINDS)}")
         for cell in ("a", "b"):
             value = getattr(self, cell)
             if not isinstance(value, Mapping) or not value:
@@ -61,8 +78,15 @@ class Claim:
         if isinstance(self.per, str):
             object.__setattr__(self, "per", (self.per,))
         object.__setattr__(self, "per", tuple(self.per))
+        object.__setattr__(self, "family", self.family or self.name)
         if not math.isfinite(self.margin) or self.margin < 0:
             raise ValueError(f"{where}: margin={self.margin} must be a finite number >= 0")
+        if self.kind == "trained" and (self.margin or self.select):
+            raise ValueError(f"{where}: kind='trained' (Fisher's exact test on trained counts) takes no margin or "
+                             f"select; got margin={self.margin}, select={self.select!r}")
+        if self.select and self.select in self.per:
+            raise ValueError(f"{where}: select={self.select!r} is also in per={self.per}; an arg is chosen "
+                             "per cell or judged per setting, not both")
 
 
 def from_module(module: Any, names: Sequence[str] | None = None, path: str = "the config") -> list[Claim]:
@@ -85,8 +109,29 @@ def from_module(module: Any, names: Sequence[str] | None = None, path: str = "th
     return list(out.values())
 
 
-def _matches(run: Mapping[str, Any], cell: Mapping[str, str]) -> bool:
-    return all(str(run.get(k, "")) == v for k, v in cell.items())
+def _arg(run: Mapping[str, Any], key: str, defaults: Mapping[str, str]) -> str:
+    return str(run[key]) if key in run else defaults.get(key, "")
+
+
+def _matches(run: Mapping[str, Any], cell: Mapping[str, str], defaults: Mapping[str, str]) -> bool:
+    return all(_arg(run, k, defaults) == v for k, v in cell.items())
+
+
+def unmatched(claim: Claim, table: Sequence[Mapping[str, Any]], defaults: Mapping[str, str] | None = None
+              ) -> list[str]:
+    """One line per cell of `claim` that matches no run of `table`: the filters that match none
+    on their own, or that each matches some run but not all of them together."""
+    defaults = defaults or {}
+    lines = []
+    for c in ("a", "b"):
+        cell = getattr(claim, c)
+        if any(_matches(r, cell, defaults) for r in table):
+            continue
+        empty = [f"{k}={v}" for k, v in cell.items() if not any(_arg(r, k, defaults) == v for r in table)]
+        why = (f"{', '.join(empty)} {'matches' if len(empty) == 1 else 'match'} none of the {len(table)} runs"
+               if empty else f"each of {_filter(cell)} matches some run, never all together")
+        lines.append(f"`{claim.name}`: cell {c.upper()} matches no run: {why}.")
+    return lines
 
 
 def _finite(v: Any) -> bool:
@@ -109,6 +154,43 @@ def _cell_values(runs: Sequence[Mapping[str, Any]], claim: Claim, threshold: flo
     return values, trained, failed
 
 
+SelectValue = Callable[[Mapping[str, Any], Claim], float]
+
+
+def choose(runs: Sequence[Mapping[str, Any]], claim: Claim, value_of: SelectValue
+           ) -> tuple[list[Mapping[str, Any]], float | None, list[float]]:
+    """(the runs of the chosen value, the value, the values tried, ascending): the value of
+    `claim.select` whose runs' mean `select_by` is best (largest, or smallest without
+    `select_max`; a tie: the smaller value); no run with `select_by`: ([], None, values)."""
+    groups: dict[float, list[Mapping[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault(value_of(r, claim), []).append(r)
+    grid = sorted(groups)
+    scores = {v: stats.mean_std([float(r[claim.select_by]) for r in rs if _finite(r.get(claim.select_by))])[0]
+              for v, rs in groups.items()}
+    scored = [v for v in grid if not math.isnan(scores[v])]
+    if not scored:
+        return [], None, grid
+    sign = -1.0 if claim.select_max else 1.0
+    best = min(scored, key=lambda v: (sign * scores[v], v))
+    return groups[best], best, grid
+
+
+def interior(value: float | None, grid: Sequence[float]) -> bool:
+    """Whether a chosen value lies strictly inside a grid of at least 3 values."""
+    return value is not None and len(grid) >= 3 and grid[0] < value < grid[-1]
+
+
+def arg_number(run: Mapping[str, Any], claim: Claim, defaults: Mapping[str, str]) -> float:
+    """The run's `claim.select` arg (its own, else the default) as a number; a one-line error if not."""
+    text = _arg(run, claim.select, defaults)
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"claim {claim.name!r}: run {run['run']!r} has {claim.select}={text!r}, not a number; "
+                         "the claim's select_field names the config field that gives it") from None
+
+
 def judge(
     claims: Iterable[Claim],
     table: Sequence[Mapping[str, Any]],
@@ -117,11 +199,16 @@ def judge(
     alpha: float = 0.05,
     failed_as: float | None = None,
     natural_key: Any = str,
+    defaults: Mapping[str, str] | None = None,
+    select_value: SelectValue | None = None,
 ) -> list[dict[str, Any]]:
     """One row per claim × setting over the runs of `table` (report's rows: `run`, its args, its
-    final metrics, `status` for runs without final metrics); verdicts by method.md §19."""
+    final metrics, `status` for runs without final metrics; an arg a run lacks is its `defaults`
+    value); verdicts by method.md §19 with Holm within each claim's family over these rows."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"--alpha={alpha} must be in (0, 1)")
+    defaults = defaults or {}
+    select_value = select_value or (lambda run, claim: arg_number(run, claim, defaults))
     out = []
     for claim in claims:
         threshold = claim.trained_below
@@ -129,40 +216,46 @@ def judge(
             if not num_classes or num_classes < 2:
                 raise ValueError(f"claim {claim.name!r}: trained_below is not set and the number of classes is unknown")
             threshold = 0.5 * math.log(num_classes)
-        cells = {c: [r for r in table if _matches(r, getattr(claim, c))] for c in ("a", "b")}
+        cells = {c: [r for r in table if _matches(r, getattr(claim, c), defaults)] for c in ("a", "b")}
         settings = sorted({tuple(str(r.get(k, "")) for k in claim.per) for rs in cells.values() for r in rs},
                           key=lambda s: natural_key(",".join(s)))
         for setting in settings:
             named = ",".join(f"{k}={v}" for k, v in zip(claim.per, setting) if v)  # an absent arg: not shown
-            row: dict[str, Any] = {"claim": claim.name, "setting": named or "all", "margin": claim.margin}
+            row: dict[str, Any] = {"claim": claim.name, "setting": named or "all", "margin": claim.margin,
+                                   "family": claim.family, "kind": claim.kind, "_runs": set()}
             failed = []
             for c in ("a", "b"):
                 members = [r for r in cells[c] if tuple(str(r.get(k, "")) for k in claim.per) == setting]
+                row["_runs"] |= {r["run"] for r in members}
+                if claim.select:
+                    members, chosen, grid = choose(members, claim, select_value)
+                    row[f"chosen_{c}"], row[f"interior_{c}"] = chosen, interior(chosen, grid)
                 values, trained, failed_runs = _cell_values(members, claim, threshold, failed_as)
-                row[f"n_{c}"] = len(values)
-                row[f"mean_{c}"], row[f"std_{c}"] = stats.mean_std(values)
+                if claim.kind == "trained":
+                    row[f"n_{c}"], row[f"_k_{c}"] = len(members), trained
+                    row[f"mean_{c}"], row[f"std_{c}"] = trained / len(members) if members else math.nan, math.nan
+                else:
+                    row[f"n_{c}"] = len(values)
+                    row[f"mean_{c}"], row[f"std_{c}"] = stats.mean_std(values)
                 row[f"trained_{c}"] = f"{trained}/{len(members)}"
                 row[f"_values_{c}"] = values
                 failed += failed_runs
-            row["left_out"] = 0 if failed_as is not None else len(failed)  # of the test
+            row["left_out"] = 0 if failed_as is not None or claim.kind == "trained" else len(failed)  # of the test
             row["failed_runs"] = ";".join(failed)  # without final metrics, left out or counted as failed_as
-            def compare(alternative: str, row=row, claim=claim) -> stats.Comparison:
-                return stats.compare(row["_values_a"], row["_values_b"], alternative=alternative, margin=claim.margin)
-
-            c = compare(claim.alternative) if min(row["n_a"], row["n_b"]) >= 2 else None
-            if c is not None:
-                row.update(gap=c.gap, ci_low=c.ci_low, ci_high=c.ci_high, p_welch=c.p_welch,
-                           p_permutation=c.p_permutation, p_mannwhitney=c.p_mannwhitney,
-                           prob_superiority=c.prob_superiority)
-                row["_p"] = _deciding(c)
-                if claim.alternative in OPPOSITE:
-                    row["_p_reverse"] = _deciding(compare(OPPOSITE[claim.alternative]))
+            if min(row["n_a"], row["n_b"]) >= 2:
+                _test(row, claim)
             out.append(row)
-    tested = [r for r in out if "_p" in r]
-    for key, adjusted in (("_p", "p_holm"), ("_p_reverse", "_p_holm_reverse")):
-        with_p = [r for r in tested if key in r]
-        for r, p in zip(with_p, stats.holm([r[key] for r in with_p]) if with_p else []):
-            r[adjusted] = p
+    families: dict[str, list[dict[str, Any]]] = {}
+    for r in out:
+        if "_p" in r:
+            families.setdefault(r["family"], []).append(r)
+    for members in families.values():
+        for key, adjusted in (("_p", "p_holm"), ("_p_reverse", "_p_holm_reverse")):
+            with_p = [r for r in members if key in r]
+            for r, p in zip(with_p, stats.holm([r[key] for r in with_p]) if with_p else []):
+                r[adjusted] = p
+        for r in members:
+            r["family_size"] = len(members)
     for r in out:
         if "_p" not in r:
             r["verdict"] = "untested"
@@ -175,14 +268,38 @@ def judge(
     return out
 
 
+def _test(row: dict[str, Any], claim: Claim) -> None:
+    """The row's tests, its deciding p (`_p`) and that of the opposite alternative (`_p_reverse`)."""
+    if claim.kind == "trained":
+        def fisher(alternative: str) -> float:
+            return stats.fisher_exact(row["_k_a"], row["n_a"], row["_k_b"], row["n_b"], alternative)
+
+        row.update(gap=row["mean_a"] - row["mean_b"], p_fisher=fisher(claim.alternative))
+        row["_p"] = row["p_fisher"]
+        if claim.alternative in OPPOSITE:
+            row["_p_reverse"] = fisher(OPPOSITE[claim.alternative])
+        return
+
+    def compare(alternative: str) -> stats.Comparison:
+        return stats.compare(row["_values_a"], row["_values_b"], alternative=alternative, margin=claim.margin)
+
+    c = compare(claim.alternative)
+    row.update(gap=c.gap, ci_low=c.ci_low, ci_high=c.ci_high, p_welch=c.p_welch, p_permutation=c.p_permutation,
+               p_mannwhitney=c.p_mannwhitney, prob_superiority=c.prob_superiority)
+    row["_p"] = _deciding(c)
+    if claim.alternative in OPPOSITE:
+        row["_p_reverse"] = _deciding(compare(OPPOSITE[claim.alternative]))
+
+
 def _deciding(c: stats.Comparison) -> float:
     """The p that decides (method.md §19): the larger of Welch's and the permutation test's; the
     permutation p alone where Welch's is undefined (both cells without variance)."""
     return c.p_permutation if math.isnan(c.p_welch) else max(c.p_welch, c.p_permutation)
 
 
-PUBLIC = ("claim", "setting", "n_a", "n_b", "mean_a", "std_a", "mean_b", "std_b", "gap", "ci_low", "ci_high",
-          "p_welch", "p_permutation", "p_mannwhitney", "p_holm", "prob_superiority", "trained_a", "trained_b",
+PUBLIC = ("claim", "setting", "family", "kind", "n_a", "n_b", "mean_a", "std_a", "mean_b", "std_b", "gap",
+          "ci_low", "ci_high", "p_welch", "p_permutation", "p_mannwhitney", "p_fisher", "p_holm", "family_size",
+          "prob_superiority", "chosen_a", "interior_a", "chosen_b", "interior_b", "trained_a", "trained_b",
           "left_out", "failed_runs", "verdict")
 
 
@@ -190,29 +307,62 @@ def _g(v: Any, digits: int) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}g}"
 
 
+def _chosen(r: Mapping[str, Any], select: str) -> str:
+    """'A lr=0.001; B lr=0.0003, not interior' (the values each cell chose on validation)."""
+    parts = []
+    for c in ("a", "b"):
+        value = r.get(f"chosen_{c}")
+        text = f"{c.upper()} {select}={_g(value, 4) or '-'}"
+        parts.append(text if r.get(f"interior_{c}") else f"{text}, not interior")
+    return "; ".join(parts)
+
+
 def markdown(rows: Sequence[Mapping[str, Any]], claims: Sequence[Claim], alpha: float,
-             failed_as: float | None) -> str:
-    """The verdict table, its legend and the runs left out, as Markdown."""
+             failed_as: float | None, notes: Sequence[str] = ()) -> str:
+    """The verdict table, its legend (the claims with rows here), `notes` (e.g. cells that
+    match no run) and the runs left out, as Markdown. A p_fisher column where a row is a
+    trained-count claim, a `chosen` column where a row chose an arg on validation."""
+    by_name = {c.name: c for c in claims}
+    fisher = any(r.get("kind") == "trained" for r in rows)
+    chosen = any("chosen_a" in r for r in rows)
     head = ["claim", "setting", "n_a", "n_b", "A mean ± std", "B mean ± std", "gap", "95% CI", "p_welch",
-            "p_perm", "p_mw", "p_holm", "P(A>B)", "trained A", "trained B", "verdict"]
+            "p_perm", "p_mw", *(["p_fisher"] if fisher else []), "p_holm", "P(A>B)",
+            *(["chosen on validation"] if chosen else []), "trained A", "trained B", "verdict"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ci = f"[{_g(r['ci_low'], 3)}, {_g(r['ci_high'], 3)}]" if "ci_low" in r and not math.isnan(r["ci_low"]) else ""
+        select = by_name[r["claim"]].select if r["claim"] in by_name else ""
         cells = [r["claim"], r["setting"], str(r["n_a"]), str(r["n_b"]),
                  f"{_g(r['mean_a'], 4)} ± {_g(r['std_a'], 2)}".strip(" ±"),
                  f"{_g(r['mean_b'], 4)} ± {_g(r['std_b'], 2)}".strip(" ±"),
                  _g(r.get("gap"), 3), ci, _g(r.get("p_welch"), 3), _g(r.get("p_permutation"), 3),
-                 _g(r.get("p_mannwhitney"), 3), _g(r.get("p_holm"), 3), _g(r.get("prob_superiority"), 3),
+                 _g(r.get("p_mannwhitney"), 3), *([_g(r.get("p_fisher"), 3)] if fisher else []),
+                 _g(r.get("p_holm"), 3), _g(r.get("prob_superiority"), 3),
+                 *([_chosen(r, select) if "chosen_a" in r else ""] if chosen else []),
                  r["trained_a"], r["trained_b"], f"**{r['verdict']}**"]
         lines.append("| " + " | ".join(cells) + " |")
-    tested = sum("_p" in r for r in rows)
+    sizes = {r["family"]: r["family_size"] for r in rows if "family_size" in r}
     lines.append("")
-    lines.append(f"Verdicts at α = {alpha:g}, Holm over the {tested} tested rows; p_holm adjusts max(p_welch, p_perm).")
+    deciding = "max(p_welch, p_perm)" + (", or p_fisher for a trained-count claim" if fisher else "")
+    if sizes:
+        families = ", ".join(f"`{f}` {n} row{'s' if n > 1 else ''}" for f, n in sizes.items())
+        lines.append(f"Verdicts at α = {alpha:g}; p_holm adjusts {deciding} by Holm within each claim's family, "
+                     f"every tested row of it over these runs, printed or not: {families}.")
+    else:
+        lines.append(f"Verdicts at α = {alpha:g}; no row has at least 2 runs in each cell, so none is tested.")
+    shown = {r["claim"] for r in rows}
     for c in claims:
+        if c.name not in shown:
+            continue
         margin = f", margin {c.margin:g}" if c.margin else ""
         what = f"{c.text}: " if c.text else ""
+        test = (f"runs trained (k/n), Fisher's exact test, H1 A {_SYMBOL[c.alternative]} B" if c.kind == "trained"
+                else f"{c.metric}, H1 A {_SYMBOL[c.alternative]} B{margin}")
+        select = (f"; each cell's {c.select} chosen by the {'largest' if c.select_max else 'smallest'} mean "
+                  f"{c.select_by}" if c.select else "")
         lines.append(f"- `{c.name}`: {what}A = {_filter(c.a)} vs B = {_filter(c.b)}; "
-                     f"{c.metric}, H1 A {_SYMBOL[c.alternative]} B{margin}, per {', '.join(c.per) or '-'}.")
+                     f"{test}, per {', '.join(c.per) or '-'}{select}.")
+    lines += [f"- {note}" for note in notes]
     left = list(dict.fromkeys(run for r in rows for run in r["failed_runs"].split(";") if run))
     how = f"counted as {failed_as:g}" if failed_as is not None else "left out of the tests"
     if left:
@@ -246,7 +396,7 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:
     ax = fig.subplots()
     for y, r in enumerate(reversed(tested)):
         color = COLORS[r["verdict"]]
-        low, high = r["ci_low"], r["ci_high"]
+        low, high = r.get("ci_low", math.nan), r.get("ci_high", math.nan)
         if not math.isnan(low):
             ax.plot([low, high], [y, y], color=color, lw=2)
         ax.plot([r["gap"]], [y], "o", color=color, ms=5)

@@ -55,10 +55,10 @@ import re
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from skipless_jax import claims as claims_lib
-from skipless_jax import stats
+from skipless_jax import cli, stats
 from skipless_jax.trainers.outcome import FINAL_METRICS, HISTORY, RUN_RECORD
 
 FORMATS = ("md", "csv")
@@ -88,10 +88,24 @@ def natural_key(text: str) -> list[tuple[int, float, str]]:
     return [(0, float(p), "") if i % 2 else (1, 0.0, p) for i, p in enumerate(re.split(r"(\d+(?:\.\d+)?)", text))]
 
 
-def rows(roots: Sequence[str], metrics: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+def record_args(folder: str) -> dict[str, str]:
+    """The args of the command a sweep trained the run folder with: the `name=value` items after
+    the ':' of its `sweep_run.json`'s config ({} without a readable record)."""
+    try:
+        with open(os.path.join(folder, RUN_RECORD)) as f:
+            config = json.load(f).get("config", "")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    items = [item for item in str(config).partition(":")[2].split(",") if "=" in item]
+    return dict(item.split("=", 1) for item in items)
+
+
+def rows(roots: Sequence[str], metrics: Sequence[str] | None = None, recorded: bool = False
+         ) -> tuple[list[dict[str, Any]], list[str]]:
     """(one dict per run: run, its args (strings), its final metrics as in the file, or `status`
     for a run without final metrics; its folders, None for a CSV's rows). A root is a folder or
-    a CSV file that `--format=csv` wrote."""
+    a CSV file that `--format=csv` wrote. `recorded`: a folder's args start from those of its
+    `sweep_run.json` (`record_args`), its folder's args winning."""
     out, folders = [], []
     for root in roots:
         if os.path.isfile(root) and root.endswith(".csv"):
@@ -107,7 +121,8 @@ def rows(roots: Sequence[str], metrics: Sequence[str] | None = None) -> tuple[li
                     final = json.load(f)
             else:
                 final = {"status": claims_lib.FAILED}
-            out.append({"run": run, **run_args(run), **final})
+            args = {**record_args(folder), **run_args(run)} if recorded else run_args(run)
+            out.append({"run": run, **args, **final})
             folders.append(folder)
     if metrics is not None:
         have = columns(out)
@@ -308,27 +323,102 @@ def grid_runs(config: str, grid: str) -> set[str]:
     return {run.name for run in sweep.expand(config, grid)}
 
 
-def load_claims(spec: str) -> tuple[list[claims_lib.Claim], int | None]:
-    """(the claims of `PATH[:NAME,...]`, the number of classes of the config's dataset, if known)."""
+class ClaimsSpec(NamedTuple):
+    """What `--claims=PATH[:NAME,...]` names: the claims to print, every claim of their families
+    (judged together: the Holm families), the number of classes of the config's dataset (None:
+    unknown), the config's arg defaults and its module."""
+
+    printed: list[claims_lib.Claim]
+    judged: list[claims_lib.Claim]
+    num_classes: int | None
+    defaults: dict[str, str]
+    module: Any
+
+
+def config_defaults(module: Any) -> dict[str, str]:
+    """The args a config module's `get_config` hands `config_args.parse`, with their defaults as
+    strings ({} for a config without `get_config` or args): recorded while `get_config()` runs."""
+    from skipless_jax import config_args
+
+    seen: list[dict[str, Any]] = []
+    parse = config_args.parse
+
+    def recording(arg: str | None, **defaults: Any) -> dict[str, Any]:
+        seen.append(defaults)
+        return parse(arg, **defaults)
+
+    config_args.parse = recording
+    try:
+        module.get_config()
+    except (AttributeError, TypeError, ValueError):
+        pass  # no get_config, or one that needs its args: no defaults
+    finally:
+        config_args.parse = parse
+    return {k: str(v) for k, v in seen[0].items()} if seen else {}
+
+
+def load_claims(spec: str) -> ClaimsSpec:
+    """The claims of `PATH[:NAME,...]` (all, or the named ones) and what judging them needs."""
     from skipless_jax import sweep
 
     path, _, names = spec.partition(":")
     module = sweep.load_config_module(path)
-    claims = claims_lib.from_module(module, [n for n in names.split(",") if n], path)
+    printed = claims_lib.from_module(module, [n for n in names.split(",") if n], path)
+    families = {c.family for c in printed}
+    judged = [c for c in claims_lib.from_module(module, None, path) if c.family in families]
     try:
         from skipless_jax.data import sources
 
         num_classes = sources.dataset_info(module.get_config().dataset.name).num_classes
     except (AttributeError, ValueError, KeyError):
         num_classes = None  # claims then need trained_below
-    return claims, num_classes
+    return ClaimsSpec(printed, judged, num_classes, config_defaults(module), module)
+
+
+def select_value(spec: ClaimsSpec) -> claims_lib.SelectValue:
+    """A run's value of a claim's `select` arg: the arg as a number, or where it is not one (unset:
+    'None'), the claim's `select_field` of the config built from the run's args."""
+    built: dict[str, Any] = {}
+
+    def value(run: dict[str, Any], claim: claims_lib.Claim) -> float:
+        if not claim.select_field or _is_float(run.get(claim.select, spec.defaults.get(claim.select))):
+            return claims_lib.arg_number(run, claim, spec.defaults)
+        from skipless_jax import config_args
+
+        arg = config_args.to_arg({k: run[k] for k in spec.defaults if k in run})
+        if arg not in built:
+            built[arg] = spec.module.get_config(arg)
+        field = built[arg]
+        for part in claim.select_field.split("."):
+            field = field[part]
+        return float(field)
+
+    return value
+
+
+def judge_claims(spec: ClaimsSpec, table: list[dict[str, Any]], alpha: float, failed_as: float | None,
+                 printed_runs: set[str] | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the rows of the printed claims, in their order, that have a run in `printed_runs` (None:
+    all), judged with their families over all of `table`; one line per printed cell that matches
+    no run)."""
+    verdicts = claims_lib.judge(spec.judged, table, num_classes=spec.num_classes, alpha=alpha,
+                                failed_as=failed_as, natural_key=natural_key, defaults=spec.defaults,
+                                select_value=select_value(spec))
+    order = {c.name: i for i, c in enumerate(spec.printed)}
+    shown = [r for r in verdicts if r["claim"] in order and (printed_runs is None or r["_runs"] & printed_runs)]
+    shown.sort(key=lambda r: order[r["claim"]])  # stable: each claim's settings stay in order
+    notes = [line for c in spec.printed for line in claims_lib.unmatched(c, table, spec.defaults)]
+    return shown, notes
 
 
 def format_claims(rows_: list[dict[str, Any]], claims: Sequence[claims_lib.Claim], fmt: str, alpha: float,
-                  failed_as: float | None) -> str:
+                  failed_as: float | None, notes: Sequence[str] = ()) -> str:
+    """The verdicts as CSV (the notes then go to stderr) or Markdown."""
     if fmt == "csv":
+        for note in notes:
+            print(f"report: {note}", file=sys.stderr, flush=True)
         return format_table(claims_lib.public(rows_), "csv")
-    return claims_lib.markdown(rows_, claims, alpha, failed_as)
+    return claims_lib.markdown(rows_, claims, alpha, failed_as, notes)
 
 
 # A table in a Markdown file made by `report`: the command's args in a comment, its output below,
@@ -352,17 +442,21 @@ def render(argv: Sequence[str]) -> str:
     return out.getvalue()
 
 
-def refresh(path: str) -> int:
-    """Rewrites each report block of the Markdown file `path` from its args; returns their number."""
+def refresh(path: str) -> tuple[int, int]:
+    """Rewrites each report block of the Markdown file `path` from its args: (the blocks whose
+    text changed, all blocks). The file is written only when one changed."""
     with open(path) as f:
         text = f.read()
     blocks = list(DOC_BLOCK.finditer(text))
+    changed = 0
     for m in reversed(blocks):
         body = render(shlex.split(m["args"]))
+        changed += body != m["body"]
         text = text[: m.start("body")] + body + text[m.end("body"):]
-    with open(path, "w") as f:
-        f.write(text)
-    return len(blocks)
+    if changed:
+        with open(path, "w") as f:
+            f.write(text)
+    return changed, len(blocks)
 
 
 def _flag_number(flag: str, text: str) -> float:
@@ -398,7 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give SRC... (a sweep root or a CSV), or --refresh=FILE.md alone")
     try:
         if args.refresh:
-            print(f"report: {refresh(args.refresh)} table(s) of {args.refresh} rewritten from their commands")
+            changed, total = refresh(args.refresh)
+            print(f"report: {changed} of {total} table(s) of {args.refresh} changed (each rewritten from its command)")
             return 0
         if bool(args.grid) != bool(args.config):
             raise ValueError("--grid=NAME and --config=PATH go together")
@@ -406,22 +501,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("--claims is its own table: drop --mean_over / --plot_x")
         alpha = _flag_number("--alpha", args.alpha)
         failed_as = None if args.failed_as is None else _flag_number("--failed_as", args.failed_as)
-        claims, num_classes = load_claims(args.claims) if args.claims else ([], None)
+        spec = load_claims(args.claims) if args.claims else None
         metrics = args.metrics.split(",") if args.metrics else None
-        table, folders = rows(args.dirs, metrics)
-        if args.grid:
-            names = grid_runs(args.config, args.grid)
+        table, folders = rows(args.dirs, metrics, recorded=spec is not None)
+        names = grid_runs(args.config, args.grid) if args.grid else None
+        if spec is not None:  # the families are judged over every run; --grid chooses the rows printed
+            if not table:
+                raise ValueError(f"no run (a folder with {FINAL_METRICS}) under {', '.join(args.dirs)}")
+            verdicts, notes = judge_claims(spec, table, alpha, failed_as, names)
+            if args.plot:
+                claims_lib.plot(verdicts, args.plot)
+            sys.stdout.write(format_claims(verdicts, spec.printed, args.format, alpha, failed_as, notes))
+            return 0
+        if names is not None:
             kept = [(r, f) for r, f in zip(table, folders) if r["run"] in names]
             table, folders = [r for r, _ in kept], [f for _, f in kept]
         if not table:
             raise ValueError(f"no run (a folder with {FINAL_METRICS}) under {', '.join(args.dirs)}")
-        if args.claims:
-            verdicts = claims_lib.judge(claims, table, num_classes=num_classes, alpha=alpha,
-                                        failed_as=failed_as, natural_key=natural_key)
-            if args.plot:
-                claims_lib.plot(verdicts, args.plot)
-            sys.stdout.write(format_claims(verdicts, claims, args.format, alpha, failed_as))
-            return 0
         arg_names = columns([run_args(r["run"]) for r in table])
         group_by = [a for a in arg_names if a != args.mean_over] if args.mean_over else []
         if args.plot_x and not args.plot:
@@ -439,6 +535,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
+    except OSError as err:  # a folder that cannot take --refresh's or --plot's file: one line (cli.write_error)
+        written = ("--refresh", args.refresh) if args.refresh else ("--plot", args.plot)
+        if isinstance(err, FileNotFoundError) or written[1] is None:
+            raise
+        return cli.say_write_error(err, *written)
     sys.stdout.write(format_table(table, args.format))
     return 0
 

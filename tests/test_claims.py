@@ -4,13 +4,16 @@ verdicts, runs that did not train or failed, and the quickstart's claims against
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
+import itertools
 import json
 import math
 import os
 
 import numpy as np
 import pytest
+from scipy import stats as ss
 
 from skipless_jax import claims, report, stats, sweep
 
@@ -65,12 +68,58 @@ def test_rows_tests_and_verdicts():
     assert rows[3]["n_a"] == 0 and rows[3]["trained_b"] == "1/1" and "p_holm" not in rows[3]
 
 
-def test_the_holm_family_is_the_rows_printed_together():
+def test_the_holm_family_is_the_claims_field():
+    """Claims that name one family share Holm's adjustment; others are their own family."""
     table = _table()
-    alone = claims.judge([SOAP_BEATS_ADAMW], [r for r in table if r["depth"] == "8"], num_classes=10)
-    together = claims.judge([SOAP_BEATS_ADAMW], table, num_classes=10)
-    assert alone[0]["p_holm"] == max(alone[0]["p_welch"], alone[0]["p_permutation"])  # a family of one
-    assert together[0]["p_holm"] >= alone[0]["p_holm"]
+    other = claims.Claim("adamw_beats_soap", a={"opt": "adamw"}, b={"opt": "soap"}, per=("depth",))
+    apart = claims.judge([SOAP_BEATS_ADAMW, other], table, num_classes=10)
+    assert {r["family"] for r in apart} == {"soap_beats_adamw", "adamw_beats_soap"}
+    mine = [r for r in apart if r["claim"] == "soap_beats_adamw" and "_p" in r]
+    assert [r["p_holm"] for r in mine] == pytest.approx(stats.holm([r["_p"] for r in mine]))
+    assert all(r["family_size"] == 3 for r in mine)
+    shared = dataclasses.replace(other, family="soap_beats_adamw")
+    joint = claims.judge([SOAP_BEATS_ADAMW, shared], table, num_classes=10)
+    tested = [r for r in joint if "_p" in r]
+    assert [r["p_holm"] for r in tested] == pytest.approx(stats.holm([r["_p"] for r in tested]))
+    assert all(r["family_size"] == 6 for r in tested)
+
+
+def _two_claims_config(tmp_path) -> str:
+    config = tmp_path / "two.py"
+    config.write_text(
+        "KW = dict(per=('depth',), trained_below=1.0)\n"
+        "CLAIMS = {'soap_beats_adamw': dict(a={'opt': 'soap'}, b={'opt': 'adamw'}, **KW),\n"
+        "          'adamw_beats_soap': dict(a={'opt': 'adamw'}, b={'opt': 'soap'}, **KW)}\n"
+        "GRIDS = {'deep': 'opt=soap,adamw depth=16 seed=0,1,2,3,4'}\n"
+        "def get_config(arg=None):\n"
+        "    import ml_collections\n"
+        "    from skipless_jax import config_args\n"
+        "    a = config_args.parse(arg, opt='soap', depth=8, seed=0)\n"
+        "    return ml_collections.ConfigDict(dict(seed=a['seed']))\n")
+    return str(config)
+
+
+def test_a_claim_reads_the_same_printed_alone_with_others_or_under_a_grid(tmp_path, capsys):
+    """The family is fixed by the claim: its rows' p_holm and verdicts do not depend on which
+    claims or rows one `report --claims` call prints."""
+    path, config = _write_csv(tmp_path, _table()), _two_claims_config(tmp_path)
+
+    def rows(*extra):
+        assert report.main([path, "--format=csv", *extra]) == 0
+        return {(r["claim"], r["setting"]): (r["p_holm"], r["verdict"])
+                for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+
+    alone = rows(f"--claims={config}:soap_beats_adamw")
+    together = rows(f"--claims={config}")
+    grid = rows(f"--claims={config}:soap_beats_adamw", f"--config={config}", "--grid=deep")
+    assert len(alone) == 4 and len(together) == 8 and list(grid) == [("soap_beats_adamw", "depth=16")]
+    assert all(together[k] == v for k, v in alone.items())
+    assert grid[("soap_beats_adamw", "depth=16")] == alone[("soap_beats_adamw", "depth=16")] \
+        == (alone[("soap_beats_adamw", "depth=16")][0], "reversed")
+    assert report.main([path, f"--claims={config}:soap_beats_adamw"]) == 0
+    md = capsys.readouterr().out
+    assert "Holm within each claim's family, every tested row of it over these runs, printed or not: " \
+           "`soap_beats_adamw` 3 rows." in md
 
 
 def test_failed_runs_are_listed_left_out_and_counted_as_not_trained(capsys, tmp_path):
@@ -151,7 +200,7 @@ def test_report_claims_cli_from_a_csv(tmp_path, capsys):
     assert list(out[0]) == list(claims.PUBLIC)
     assert report.main([path, f"--claims={config}"]) == 0  # both claims: one family of 6 tested rows
     md = capsys.readouterr().out
-    assert md.count("| soap_beats_adamw |") == 4 and "Holm over the 6 tested rows" in md
+    assert md.count("| soap_beats_adamw |") == 4 and "`soap_beats_adamw` 3 rows, `adamw_beats_soap` 3 rows." in md
     for argv, message in [
         ([path, f"--claims={config}:nope"], "--claims: 'nope' is not a claim of"),
         ([path, f"--claims={QUICKSTART}:init_beats_default_adamw", "--mean_over=seed"], "--claims is its own table"),
@@ -171,7 +220,9 @@ def test_report_claims_reads_a_sweep_root_with_failed_runs(tmp_path, capsys):
         if r["run"] != "opt=soap,depth=8,seed=3":
             (folder / "final_metrics.json").write_text(json.dumps({k: r[k] for k in ("test_accuracy", "train_loss")}))
     assert report.main([str(tmp_path / "root"), f"--claims={QUICKSTART}:init_beats_default_adamw"]) == 0
-    assert "| init_beats_default_adamw |" not in capsys.readouterr().out  # no run matches its cells
+    md = capsys.readouterr().out  # the config's defaults: skip_sab=False, init=skipless, so cell A matches
+    assert "| init_beats_default_adamw | depth=8 | 5 | 0 |" in md
+    assert "- `init_beats_default_adamw`: cell B matches no run: init=default matches none of the 31 runs." in md
     config = tmp_path / "c.py"
     config.write_text("CLAIMS = {'s': dict(a={'opt': 'soap'}, b={'opt': 'adamw'}, per=('depth',),\n"
                       "                    trained_below=1.0)}\n")
@@ -225,3 +276,131 @@ def test_the_forest_plot_draws_each_tested_row(tmp_path, capsys):
     with pytest.raises(ValueError, match="no claim row has two cells"):
         claims.plot([r for r in claims.judge([SOAP_BEATS_ADAMW], _table(), num_classes=10) if "gap" not in r],
                     str(tmp_path / "x.png"))
+
+
+def _sweep_root(root, base: str, grid: dict[str, list[str]], value) -> None:
+    """Run folders as `sweep --config=configs/quickstart.py:BASE --grid=GRID` names them, each with
+    its sweep_run.json and final metrics from `value(args)` (test accuracy, train loss), untrained."""
+    for combo in itertools.product(*([(k, v) for v in vs] for k, vs in grid.items())):
+        name = ",".join(f"{k}={v}" for k, v in combo)
+        folder = root / name
+        folder.mkdir(parents=True)
+        spec = f"configs/quickstart.py:{','.join(filter(None, (base, name)))}"
+        (folder / "sweep_run.json").write_text(json.dumps({"config": spec, "overrides": []}))
+        accuracy, loss = value(dict(combo))
+        (folder / "final_metrics.json").write_text(json.dumps({"test_accuracy": accuracy, "train_loss": loss,
+                                                               "step": 10}))
+
+
+def test_report_claims_judges_a_users_sweep_by_its_recorded_args_and_the_config_defaults(tmp_path, capsys):
+    """`sweep --config=configs/quickstart.py:epochs=1,depth=8 --grid='opt=adamw,soap seed=0,1,2'`:
+    the folders carry opt and seed only; skip_sab, skip_ffn and init come from the config's
+    defaults, depth from the sweep record, so SOAP > AdamW with the skipless init is judged."""
+    root = tmp_path / "root"
+    rng = np.random.default_rng(0)
+    _sweep_root(root, "epochs=1,depth=8", {"opt": ["adamw", "soap"], "seed": ["0", "1", "2"]},
+                lambda a: ((0.95 if a["opt"] == "soap" else 0.80) + rng.normal(0, 0.01), 0.01))
+    recorded = report.record_args(str(root / "opt=soap,seed=1"))
+    assert recorded == {"epochs": "1", "depth": "8", "opt": "soap", "seed": "1"}
+    assert report.main([str(root), f"--claims={QUICKSTART}", "--format=csv"]) == 0
+    captured = capsys.readouterr()
+    out = list(csv.DictReader(io.StringIO(captured.out)))
+    assert [(r["claim"], r["setting"], r["n_a"], r["n_b"]) for r in out] == [
+        ("init_beats_default_adamw", "depth=8", "3", "0"), ("init_soap_matches_skips", "depth=8", "3", "0"),
+        ("soap_beats_adamw_init", "depth=8", "3", "3")]
+    judged = out[2]
+    assert judged["verdict"] == "holds" and float(judged["p_holm"]) == pytest.approx(0.05)  # 1 of 20 splits
+    err = captured.err
+    assert "report: `init_beats_default_adamw`: cell B matches no run: init=default matches none of the 6 runs." in err
+    assert "`soap_beats_adamw_default`: cell A matches no run: init=default matches none" in err
+    assert ("`sab_skip_matters_more`: cell A matches no run: skip_sab=True, init=default match none of the 6 runs."
+            in err)
+    assert report.main([str(root), f"--claims={QUICKSTART}"]) == 0
+    md = capsys.readouterr().out
+    legend = [line for line in md.splitlines() if line.startswith("- `")]
+    judged_claims = {line.split("`")[1] for line in legend if " A = " in line}
+    assert judged_claims == {"init_beats_default_adamw", "init_soap_matches_skips", "soap_beats_adamw_init"}
+    # claims with no row get no footnote, only the line that says which filter matched nothing
+    assert not any(line.startswith("- `soap_beats_adamw_default`: Cutting") for line in legend)
+
+
+def test_trained_more_often_is_fishers_exact_test_on_the_trained_counts():
+    table = []
+    for depth, k_soap, k_adamw in ((8, 5, 0), (12, 4, 1)):
+        for seed in range(5):
+            table.append(_run("soap", depth, seed, 0.9, loss=0.01 if seed < k_soap else 2.3))
+            table.append(_run("adamw", depth, seed, 0.9, loss=0.01 if seed < k_adamw else 2.3))
+    table[-1] = _run("adamw", 12, 4, None)  # a run without final metrics: not trained
+    claim = claims.Claim("trains_more", a={"opt": "soap"}, b={"opt": "adamw"}, per=("depth",), kind="trained")
+    rows = claims.judge([claim], table, num_classes=10, natural_key=report.natural_key)
+    assert [(r["trained_a"], r["trained_b"]) for r in rows] == [("5/5", "0/5"), ("4/5", "1/5")]
+    fisher = [ss.fisher_exact([[5, 0], [0, 5]], alternative="greater").pvalue,
+              ss.fisher_exact([[4, 1], [1, 4]], alternative="greater").pvalue]
+    assert [r["p_fisher"] for r in rows] == pytest.approx(fisher, abs=1e-12)
+    assert [r["p_holm"] for r in rows] == pytest.approx(stats.holm(fisher))
+    assert [r["verdict"] for r in rows] == ["holds", "not shown"]  # 2/252 ≤ 0.05; 4 of 5 against 1 of 5: p 0.10
+    assert rows[0]["mean_a"] == 1.0 and rows[1]["gap"] == pytest.approx(0.6)
+    reverse = claims.judge([dataclasses.replace(claim, a=claim.b, b=claim.a)], table, num_classes=10,
+                           natural_key=report.natural_key)
+    assert [r["verdict"] for r in reverse] == ["reversed", "not shown"]
+    md = claims.markdown(rows, [claim], 0.05, None)
+    assert "| p_fisher |" in md and "runs trained (k/n), Fisher's exact test, H1 A > B" in md
+
+
+def _lr_config(tmp_path) -> str:
+    config = tmp_path / "lr.py"
+    config.write_text(
+        "import ml_collections\n"
+        "from skipless_jax import config_args\n"
+        "CLAIMS = {'best_lr': dict(a={'init': 'skipless', 'val': 'True'}, b={'init': 'default', 'val': 'True'},\n"
+        "                          per=('depth',), select='lr', select_field='optimizer.lr', trained_below=1.0)}\n"
+        "def get_config(arg=None):\n"
+        "    a = config_args.parse(arg, init='skipless', depth=8, lr=None, val=False, seed=0)\n"
+        "    lr = config_args.optional_number(a, 'lr')\n"
+        "    return ml_collections.ConfigDict(dict(optimizer=dict(lr=1e-3 if lr is None else lr)))\n")
+    return str(config)
+
+
+def test_each_cell_chooses_its_lr_on_validation_and_is_judged_on_test(tmp_path, capsys):
+    """Cell A is best on validation at the recipe's lr (unset: 1e-3 from the config), B at 3e-4,
+    the end of its grid; on test B would be best at 2e-3, which validation does not choose."""
+    rng = np.random.default_rng(2)
+    means = {("skipless", "3e-4"): (0.80, 0.80), ("skipless", ""): (0.90, 0.88), ("skipless", "2e-3"): (0.85, 0.86),
+             ("default", "3e-4"): (0.79, 0.76), ("default", ""): (0.70, 0.70), ("default", "2e-3"): (0.10, 0.90)}
+    table = []
+    for (init, lr), (val, test) in means.items():
+        for seed in range(5):
+            run = ",".join(filter(None, (f"init={init}", f"lr={lr}" if lr else "", "val=True", f"seed={seed}")))
+            table.append({"run": run, **report.run_args(run), "val_accuracy": val + rng.normal(0, 0.005),
+                          "test_accuracy": test + rng.normal(0, 0.005), "train_loss": 0.01})
+    path = _write_csv(tmp_path, table)
+    assert report.main([path, f"--claims={_lr_config(tmp_path)}", "--format=csv"]) == 0
+    row = next(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert (float(row["chosen_a"]), row["interior_a"], float(row["chosen_b"]), row["interior_b"]) == \
+           (1e-3, "True", 3e-4, "False")
+    a = [r["test_accuracy"] for r in table if r["init"] == "skipless" and "lr" not in r]
+    b = [r["test_accuracy"] for r in table if r["init"] == "default" and r.get("lr") == "3e-4"]
+    c = stats.compare(a, b)
+    assert (float(row["p_welch"]), float(row["p_permutation"]), int(row["n_a"])) == (c.p_welch, c.p_permutation, 5)
+    assert report.main([path, f"--claims={_lr_config(tmp_path)}"]) == 0
+    md = capsys.readouterr().out
+    assert "| A lr=0.001; B lr=0.0003, not interior |" in md
+    assert "each cell's lr chosen by the largest mean val_accuracy" in md
+    two = [r for r in table if r.get("lr") != "2e-3"]  # a grid of 2 values has no interior
+    rows = claims.judge(claims.from_module(sweep.load_config_module(_lr_config(tmp_path))), two,
+                        defaults={"lr": "1e-3"})
+    assert (rows[0]["chosen_a"], rows[0]["interior_a"]) == (1e-3, False)
+    with pytest.raises(ValueError, match=r"claim 'best_lr': run 'init=skipless,val=True,seed=0' has lr='None', "
+                                         "not a number"):
+        claims.judge(claims.from_module(sweep.load_config_module(_lr_config(tmp_path))), two, defaults={"lr": "None"})
+
+
+@pytest.mark.parametrize("spec,message", [
+    (dict(kind="rate"), "kind='rate'; allowed: mean, trained"),
+    (dict(kind="trained", margin=0.01), "kind='trained' .* takes no margin or select"),
+    (dict(select="depth", per=("depth",)), "select='depth' is also in per"),
+])
+def test_bad_new_fields_are_one_line_errors(spec, message):
+    with pytest.raises(ValueError, match=message) as err:
+        claims.Claim("bad", a={"opt": "soap"}, b={"opt": "adamw"}, **spec)
+    assert "\n" not in str(err.value)

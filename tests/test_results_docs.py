@@ -38,7 +38,25 @@ def test_a_block_is_rewritten_from_its_command(tmp_path, monkeypatch):
     csv_path.write_text("run,seed,test_accuracy\nseed=0,0,0.5\nseed=1,1,0.7\n")
     doc = tmp_path / "doc.md"
     doc.write_text(f"text\n<!-- report: {csv_path} --mean_over=seed -->\nstale\n<!-- /report -->\nmore\n")
-    assert report.refresh(str(doc)) == 1
+    assert report.refresh(str(doc)) == (1, 1)
     text = doc.read_text()
     assert "stale" not in text and "| 0.6 | 0.1414 | 2 | 2 |" in text and text.endswith("<!-- /report -->\nmore\n")
     assert report.render([str(csv_path), "--mean_over=seed"]) in text
+
+
+def test_refresh_counts_the_tables_that_changed(tmp_path, monkeypatch, capsys):
+    """Nothing changed: '0 of 2', and the file is not written; one stale block: '1 of 2'."""
+    monkeypatch.chdir(ROOT)
+    csv_path = tmp_path / "runs.csv"
+    csv_path.write_text("run,seed,test_accuracy\nseed=0,0,0.5\nseed=1,1,0.7\n")
+    block = f"<!-- report: {csv_path} --mean_over=seed -->\n"
+    body = report.render([str(csv_path), "--mean_over=seed"])
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"{block}{body}<!-- /report -->\n{block}{body}<!-- /report -->\n")
+    os.utime(doc, (0, 0))
+    assert report.main([f"--refresh={doc}"]) == 0
+    assert capsys.readouterr().out == f"report: 0 of 2 table(s) of {doc} changed (each rewritten from its command)\n"
+    assert os.stat(doc).st_mtime == 0  # not written
+    doc.write_text(f"{block}stale\n<!-- /report -->\n{block}{body}<!-- /report -->\n")
+    assert report.refresh(str(doc)) == (1, 2)
+    assert doc.read_text().count(body) == 2
