@@ -184,6 +184,17 @@ CLAIMS = {
         b={"skip_sab": "False", "skip_ffn": "True", "init": "default", "opt": "adamw"},
         per=_PER,
     ),
+    # #52 item 4, written before its runs: the failure rate, not the mean. A run trained when its
+    # final train loss is below ½ ln 10 (docs/method.md §19); Fisher's exact test on k/n per cell
+    # (docs/method/verdicts.md §3), its own Holm family.
+    "init_trains_more_often": dict(
+        text="Cutting the Skip: the skipless init trains more often than the default init under AdamW, no skips",
+        a={**_NO_SKIPS, "init": "skipless", "opt": "adamw"},
+        b={**_NO_SKIPS, "init": "default", "opt": "adamw"},
+        per=_PER,
+        kind="trained",
+        family="init_trains_more_often",
+    ),
 }
 
 
