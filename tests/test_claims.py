@@ -254,7 +254,8 @@ def test_the_quickstart_claims_name_cells_of_its_grids():
     runs = [report.run_args(n) for n in names]
     qs = claims.from_module(module, path=QUICKSTART)
     assert [c.name for c in qs] == ["init_beats_default_adamw", "init_soap_matches_skips", "soap_beats_adamw_init",
-                                   "soap_beats_adamw_default", "sab_skip_matters_more"]
+                                   "soap_beats_adamw_default", "sab_skip_matters_more",
+                                   "init_trains_more_often"]
     for c in qs:
         for cell in (c.a, c.b):
             matching = [r for r in runs if all(r.get(k) == v for k, v in cell.items())]
@@ -307,7 +308,7 @@ def test_report_claims_judges_a_users_sweep_by_its_recorded_args_and_the_config_
     out = list(csv.DictReader(io.StringIO(captured.out)))
     assert [(r["claim"], r["setting"], r["n_a"], r["n_b"]) for r in out] == [
         ("init_beats_default_adamw", "depth=8", "3", "0"), ("init_soap_matches_skips", "depth=8", "3", "0"),
-        ("soap_beats_adamw_init", "depth=8", "3", "3")]
+        ("soap_beats_adamw_init", "depth=8", "3", "3"), ("init_trains_more_often", "depth=8", "3", "0")]
     judged = out[2]
     assert judged["verdict"] == "holds" and float(judged["p_holm"]) == pytest.approx(0.05)  # 1 of 20 splits
     err = captured.err
@@ -319,7 +320,8 @@ def test_report_claims_judges_a_users_sweep_by_its_recorded_args_and_the_config_
     md = capsys.readouterr().out
     legend = [line for line in md.splitlines() if line.startswith("- `")]
     judged_claims = {line.split("`")[1] for line in legend if " A = " in line}
-    assert judged_claims == {"init_beats_default_adamw", "init_soap_matches_skips", "soap_beats_adamw_init"}
+    assert judged_claims == {"init_beats_default_adamw", "init_soap_matches_skips", "soap_beats_adamw_init",
+                             "init_trains_more_often"}
     # claims with no row get no footnote, only the line that says which filter matched nothing
     assert not any(line.startswith("- `soap_beats_adamw_default`: Cutting") for line in legend)
 
