@@ -249,13 +249,13 @@ def test_the_quickstart_claims_name_cells_of_its_grids():
     """Every cell of every quickstart claim is a set of runs of the quickstart's named grids."""
     module = sweep.load_config_module(QUICKSTART)
     names = set()
-    for grid in ("table1", "skip_ablation", "depth"):
+    for grid in ("table1", "skip_ablation", "depth", "claims"):
         names |= {r.name for r in sweep.expand(QUICKSTART, grid, module)}
     runs = [report.run_args(n) for n in names]
     qs = claims.from_module(module, path=QUICKSTART)
     assert [c.name for c in qs] == ["init_beats_default_adamw", "init_soap_matches_skips", "soap_beats_adamw_init",
                                    "soap_beats_adamw_default", "sab_skip_matters_more",
-                                   "init_trains_more_often"]
+                                   "init_trains_more_often", "init_beats_default_adamw_best_lr"]
     for c in qs:
         for cell in (c.a, c.b):
             matching = [r for r in runs if all(r.get(k) == v for k, v in cell.items())]
