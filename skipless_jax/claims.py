@@ -343,11 +343,11 @@ def markdown(rows: Sequence[Mapping[str, Any]], claims: Sequence[Claim], alpha: 
         lines.append("| " + " | ".join(cells) + " |")
     sizes = {r["family"]: r["family_size"] for r in rows if "family_size" in r}
     lines.append("")
-    deciding = "max(p_welch, p_perm)" + (", or p_fisher for a trained-count claim" if fisher else "")
+    deciding = "max(p_welch, p_perm)" + (" (p_fisher for a trained-count claim)" if fisher else "")
     if sizes:
         families = ", ".join(f"`{f}` {n} row{'s' if n > 1 else ''}" for f, n in sizes.items())
-        lines.append(f"Verdicts at α = {alpha:g}; p_holm adjusts {deciding} by Holm within each claim's family, "
-                     f"every tested row of it over these runs, printed or not: {families}.")
+        lines.append(f"Verdicts at α = {alpha:g}; p_holm is Holm's adjustment of {deciding} within each claim's "
+                     f"family (every tested row of it over these runs, printed or not): {families}.")
     else:
         lines.append(f"Verdicts at α = {alpha:g}; no row has at least 2 runs in each cell, so none is tested.")
     shown = {r["claim"] for r in rows}

@@ -118,8 +118,8 @@ def test_a_claim_reads_the_same_printed_alone_with_others_or_under_a_grid(tmp_pa
         == (alone[("soap_beats_adamw", "depth=16")][0], "reversed")
     assert report.main([path, f"--claims={config}:soap_beats_adamw"]) == 0
     md = capsys.readouterr().out
-    assert "Holm within each claim's family, every tested row of it over these runs, printed or not: " \
-           "`soap_beats_adamw` 3 rows." in md
+    assert "p_holm is Holm's adjustment of max(p_welch, p_perm) within each claim's family (every tested row of " \
+           "it over these runs, printed or not): `soap_beats_adamw` 3 rows." in md
 
 
 def test_failed_runs_are_listed_left_out_and_counted_as_not_trained(capsys, tmp_path):
