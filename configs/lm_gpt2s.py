@@ -39,7 +39,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         width=768, depth=a["depth"], num_heads=12, mlp_dim=3072, seq_len=1024, tied_head=True,
         dropout=0.0, drop_path=0.0, dtype="bfloat16", attention_impl=placeholder(str), remat="dots", scan=False,
     ))
-    c.optimizer = config_blocks.optimizer(a["opt"], lr=a["lr"], weight_decay=0.1)
+    c.optimizer = config_blocks.lm_optimizer(a["opt"], lr=a["lr"])
     c.schedule = ml_collections.ConfigDict(dict(warmup_steps=2000, end_lr=6e-5))
     c.total_steps = a["steps"]
     c.grad_clip_norm = 1.0

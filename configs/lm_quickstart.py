@@ -6,9 +6,10 @@ The default is the "Cutting the Skip" recipe applied to language: no skips, skip
 on byte-level tokens of the embedded `stdlib` corpus (the `.py` files of the running Python's
 standard library, one file in 20 held out for validation; data/text.py). The model: width 128,
 depth 4, 4 heads, MLP 512, context 128 tokens, tied head. Batch 32 windows of 128 tokens, 200
-steps (0.8M tokens), lr 0.003 for SOAP (0.001 for AdamW), warm-up 20 steps, cosine to 1e-05,
-gradient clipping 1.0; validation on 256 windows (32,768 bytes) spread over the validation
-split, at the end.
+steps (0.8M tokens), lr 0.003 for SOAP (0.001 for AdamW), b1 0.9, b2 0.95, weight decay 0.1 on
+the parameters of ≥ 2 dims (GPT-2's, docs/method/lm.md §4), warm-up 20 steps, cosine to 1e-05,
+gradient clipping 1.0 (`init=default` is GPT-2's init); validation on 256 windows (32,768
+bytes) spread over the validation split, at the end.
 Hardware: any CPU; on this project's 2-core CPU, shared with other jobs, a run took 2:53 to
 5:13 of wall-clock and about 150 s of CPU (user + system, measured for seeds 0-2).
 Expected validation bits per byte: 3.77 ± 0.05 (mean ± std of seeds 0-4, docs/results.md),
@@ -110,7 +111,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         scan=False,
     ))
     default_lr = 3e-3 if a["opt"] == "soap" else 1e-3
-    c.optimizer = config_blocks.optimizer(a["opt"], lr=a["lr"] or default_lr, weight_decay=0.1)
+    c.optimizer = config_blocks.lm_optimizer(a["opt"], lr=a["lr"] or default_lr)
     c.schedule = ml_collections.ConfigDict(dict(warmup_steps=20, end_lr=1e-5))
     c.total_steps = a["steps"]
     c.grad_clip_norm = 1.0

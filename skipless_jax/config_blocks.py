@@ -80,6 +80,14 @@ def optimizer(name: str, **fields: Any) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(opt)
 
 
+def lm_optimizer(name: str, lr: float) -> ml_collections.ConfigDict:
+    """`config.optimizer` of the LM configs (GPT-2 / nanoGPT, docs/method/lm.md §4): AdamW with
+    b1 0.9, b2 0.95, or SOAP (b2 0.95 already); weight decay 0.1 on the parameters of ≥ 2 dims."""
+    opt = optimizer(name, lr=lr, weight_decay=0.1, weight_decay_rule="ndim")
+    opt.b2 = 0.95
+    return opt
+
+
 def runtime(*, eval_every: int, checkpoint_every: int, log_every: int = 100, analysis: bool = True) -> dict[str, Any]:
     """The run's fields (`c.update(runtime(...))`): a data-parallel mesh (`--config.mesh.fsdp=8`
     shards parameters over 8 devices, data takes the rest), logging, evaluation and checkpoint

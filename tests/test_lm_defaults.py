@@ -49,8 +49,7 @@ def corpus(tmp_path_factory):
 def identity_sentencepiece(corpus, tmp_path_factory):
     """A 400-piece SentencePiece model that round-trips code: the identity normalizer, no dummy
     prefix, whitespace kept, byte fallback."""
-    import sentencepiece
-
+    sentencepiece = pytest.importorskip("sentencepiece", reason="needs sentencepiece (requirements-test.txt)")
     folder = tmp_path_factory.mktemp("sp")
     with open(folder / "corpus.txt", "wb") as f:
         for name in sorted(os.listdir(corpus)):
@@ -196,3 +195,57 @@ def test_lm_throughput_is_counted_in_tokens():
     assert fields["perf/tokens_per_sec_per_device"] == pytest.approx(4 * 8 * 16 / 2 / 2, rel=1e-12)
     assert fields["perf/tflops_per_device"] == pytest.approx(100.0 * 4 * 8 / 2 / 2 / 1e12, rel=1e-12)
     assert not any(k.startswith("perf/img") for k in fields)
+
+
+# ------------------------------------------------------------------------------------------
+# GPT-2's init and optimizer (docs/method/lm.md §4).
+
+# GPT-2's std of each leaf of a depth-2 decoder (L = 2: residual projections 0.02 / √4), by name.
+GPT2_STD = {"token_embedding/embedding": 0.02, "pos_embedding": 0.02, "head/kernel": 0.02,
+            "MultiHeadAttention_0/query": 0.02, "MultiHeadAttention_0/key": 0.02,
+            "MultiHeadAttention_0/value": 0.02, "MultiHeadAttention_0/out": 0.01,
+            "MlpBlock_0/Dense_0/kernel": 0.02, "MlpBlock_0/Dense_1/kernel": 0.01}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scan", [False, True])
+def test_gpt_default_init_is_gpt2s(scan):
+    from skipless_jax.models import init_schemes
+    from skipless_jax.nested import flatten
+
+    c = tiny_config(width=64, depth=2, num_heads=2, mlp_dim=128, init="default", tied_head=False, scan=scan)
+    model = models.build(c.model, 257)
+    key = jax.random.PRNGKey(7)
+    params = models.init_variables(c.model, model, key, jnp.zeros((1, 16), jnp.int32))["params"]
+    leaves = sorted(flatten(params).items())
+    assert len(leaves) == (2 * 16 if not scan else 16) + 6  # blocks; the tables, final norm, head
+    for index, (path, value) in enumerate(leaves):
+        value = np.asarray(value)
+        std = next((s for name, s in GPT2_STD.items() if path.endswith(name)), None)
+        if std is not None:  # exactly std × the leaf's standard normal draw (init_schemes.redraw's keys)
+            draw = np.asarray(jax.random.normal(jax.random.fold_in(key, index), value.shape))
+            np.testing.assert_allclose(value, std * draw, rtol=1e-6, atol=0, err_msg=path)
+            assert abs(value.std() / std - 1) < 0.1, path
+        elif path.endswith("scale"):
+            np.testing.assert_array_equal(value, 1.0, err_msg=path)
+        else:
+            assert path.endswith("bias"), path
+            np.testing.assert_array_equal(value, 0.0, err_msg=path)
+    assert init_schemes.redraws(c.model) and not init_schemes.redraws(tiny_config(init="skipless").model)
+
+
+def test_lm_configs_use_gpt2s_adamw_and_decay_every_matrix():
+    from skipless_jax import optim
+    from skipless_jax.nested import flatten
+
+    for name in ("lm_quickstart", "lm_gpt2s"):
+        opt = load_config(name, "opt=adamw").optimizer
+        assert (opt.name, opt.b1, opt.b2, opt.weight_decay, opt.weight_decay_rule) == ("adamw", 0.9, 0.95, 0.1, "ndim")
+        c = load_config(name)
+        assert c.grad_clip_norm == 1.0 and c.schedule.warmup_steps > 0 and c.optimizer.b2 == 0.95
+    c = tiny_config(tied_head=False)
+    model = models.build(c.model, 257)
+    params = init_params(model, jax.random.PRNGKey(0), jnp.zeros((1, 16), jnp.int32))
+    mask = flatten(optim.decay_mask(params, "ndim"))
+    assert {p for p, decayed in mask.items() if decayed} == {p for p, v in flatten(params).items() if v.ndim >= 2}
+    assert mask["token_embedding/embedding"] and mask["pos_embedding"] and not mask["encoder_norm/scale"]

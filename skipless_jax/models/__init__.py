@@ -113,9 +113,10 @@ def init_variables(
     DINO's backbone + head) on inputs shaped like `dummy`, under every `config.model.init`: the
     module's own init with `rng` as its 'params' stream (`rngs`: other streams its init draws,
     e.g. MAE's 'masking'), then, for a reference scheme ('timm', 'mae'), every parameter redrawn
-    by its family's table with the same key (`init_schemes.reinitialize`, docs/method.md §24)."""
+    by its family's table with the same key (`init_schemes.reinitialize`, docs/method.md §24), as
+    for the `gpt` family's default, GPT-2's (docs/method/lm.md §4)."""
     variables = model.init({"params": rng, **rngs}, dummy, train=False)
-    if model_config.get("init", "default") in init_schemes.SCHEMES:
+    if init_schemes.redraws(model_config):
         variables = init_schemes.reinitialize(model, variables, rng)
     return variables
 

@@ -6,7 +6,9 @@
 
 The blocks are the ViT's (`vit.encoder_blocks`: the same switches `skip_sab`, `skip_ffn`, the
 same init fields `init='skipless' | 'default' | 'mimetic'` with α, β, c, scan, remat and
-`attention_impl`), made causal through the attention's mask: the logits at position t depend on
+`attention_impl`), made causal through the attention's mask; `init='default'` is GPT-2's
+(N(0, 0.02²), the residual output projections N(0, (0.02/√(2L))²), zero biases; drawn by role,
+models/init_schemes.py, docs/method/lm.md §4): the logits at position t depend on
 tokens 0 … t only. The skipless init's W^Q W^Kᵀ = αZ + βI favours attending to the token itself,
 which the causal mask allows. Token Graying does not apply (it pre-conditions image patches).
 

@@ -1,4 +1,5 @@
-"""The references' initializations as `config.model.init` schemes 'timm' and 'mae' (docs/method.md §24).
+"""The references' initializations as `config.model.init` schemes 'timm' and 'mae' (docs/method.md §24),
+and the `gpt` family's `init='default'`, GPT-2's (docs/method/lm.md §4).
 
 The model initializes as under `init='default'`; `reinitialize` then redraws every parameter by
 the rule its family's table gives the parameter's role (models/roles.py: the family's `ROLES`
@@ -24,7 +25,8 @@ from skipless_jax.models.common import posemb_sincos_2d_cls
 
 SCHEMES = init_lib.REFERENCE_SCHEMES
 # The family of a model class; the MAE pre-training model is 'mae'.
-FAMILY_OF = {"ViT": "vit", "CaiT": "cait", "Swin": "swin", "PVTv2": "pvt_v2", "ConvMixer": "convmixer", "MAE": "mae"}
+FAMILY_OF = {"ViT": "vit", "CaiT": "cait", "Swin": "swin", "PVTv2": "pvt_v2", "ConvMixer": "convmixer", "MAE": "mae",
+             "GPT": "gpt"}
 
 # A rule: (key, shape, the shape of the kernel next to it (a bias's weight; else its own shape)) -> array.
 Rule = Callable[[jax.Array, tuple, tuple], Any]
@@ -86,13 +88,13 @@ def mae_position_table(key, shape, kernel):
 
 NORMS = {roles.NORM_SCALE: ones, roles.NORM_BIAS: zeros}
 LINEAR_TIMM = {role: trunc(0.02) for role in (roles.ATTENTION_QKV, roles.ATTENTION_OUT, roles.TALKING_HEADS,
-                                              roles.KERNEL, roles.HEAD_KERNEL)}
+                                              roles.MLP_OUT, roles.KERNEL, roles.HEAD_KERNEL)}
 LINEAR_TIMM.update({role: zeros for role in (roles.ATTENTION_BIAS, roles.BIAS, roles.HEAD_BIAS)})
 TOKENS_TIMM = {roles.PATCH_KERNEL: torch_default, roles.PATCH_BIAS: torch_default, roles.CLASS_TOKEN: trunc(0.02),
                roles.POSITION_TABLE: trunc(0.02)}
 MAE_ENCODER = {roles.PATCH_KERNEL: xavier(), roles.PATCH_BIAS: torch_default, roles.CLASS_TOKEN: normal(0.02),
                roles.MASK_TOKEN: normal(0.02), roles.ATTENTION_QKV: xavier(fused=3), roles.ATTENTION_OUT: xavier(),
-               roles.ATTENTION_BIAS: zeros, roles.KERNEL: xavier(), roles.BIAS: zeros}
+               roles.ATTENTION_BIAS: zeros, roles.MLP_OUT: xavier(), roles.KERNEL: xavier(), roles.BIAS: zeros}
 TORCH_DEFAULT = {role: torch_default for role in (roles.PATCH_KERNEL, roles.PATCH_BIAS, roles.DEPTHWISE_KERNEL,
                                                   roles.DEPTHWISE_BIAS, roles.KERNEL, roles.BIAS, roles.HEAD_KERNEL,
                                                   roles.HEAD_BIAS)}
@@ -112,6 +114,29 @@ RULES: dict[tuple[str, str], dict[str, Rule]] = {
 }
 
 
+def gpt2(depth: int) -> dict[str, Rule]:
+    """GPT-2's init of a decoder of `depth` blocks (nanoGPT `GPT._init_weights` and its residual
+    rescale; docs/method/lm.md §4): N(0, 0.02²) tables and kernels, the residual output
+    projections (attention `out`, the MLP's second kernel) N(0, (0.02/√(2·depth))²), zero
+    biases, unit norms."""
+    residual = normal(0.02 / math.sqrt(2 * depth))
+    return {**NORMS, roles.TOKEN_TABLE: normal(0.02), roles.POSITION_TABLE: normal(0.02),
+            roles.ATTENTION_QKV: normal(0.02), roles.KERNEL: normal(0.02), roles.HEAD_KERNEL: normal(0.02),
+            roles.ATTENTION_OUT: residual, roles.MLP_OUT: residual,
+            roles.ATTENTION_BIAS: zeros, roles.BIAS: zeros, roles.HEAD_BIAS: zeros}
+
+
+# family -> (model -> {role: rule}): the families whose init='default' is a reference's, redrawn by it.
+DEFAULTS: dict[str, Callable[[Any], dict[str, Rule]]] = {"gpt": lambda model: gpt2(model.depth)}
+
+
+def redraws(model_config: Any) -> bool:
+    """Whether `config.model`'s init redraws every parameter after the module init: a reference
+    scheme, or the default of a family in DEFAULTS."""
+    scheme = model_config.get("init", "default")
+    return scheme in SCHEMES or (scheme == "default" and model_config.get("name") in DEFAULTS)
+
+
 def check(scheme: str, family: str) -> None:
     """One-line ValueError for a reference scheme the family has no table for."""
     if scheme in SCHEMES and (scheme, family) not in RULES:
@@ -127,11 +152,13 @@ def family_of(model: Any) -> str:
     return FAMILY_OF[name]
 
 
-def redraw(params: Any, scheme: str, family: str, key: jax.Array) -> Any:
-    """`params` (a flax params tree) with every leaf redrawn by the (scheme, family) table; leaf
-    i draws from fold_in(key, i) in path order."""
-    check(scheme, family)
-    rules, table = RULES[scheme, family], roles.table_of(family)
+def redraw(params: Any, scheme: str, family: str, key: jax.Array, rules: dict[str, Rule] | None = None) -> Any:
+    """`params` (a flax params tree) with every leaf redrawn by `rules` (default the (scheme,
+    family) table); leaf i draws from fold_in(key, i) in path order."""
+    if rules is None:
+        check(scheme, family)
+        rules = RULES[scheme, family]
+    table = roles.table_of(family)
     flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
     out = {}
     for index, (path, value) in enumerate(sorted(flat.items())):
@@ -148,7 +175,8 @@ def redraw(params: Any, scheme: str, family: str, key: jax.Array) -> Any:
 
 def reinitialize(model: Any, variables: dict[str, Any], key: jax.Array) -> dict[str, Any]:
     """`variables` of `model.init` with `params` redrawn under the model's reference scheme
-    (`model.init_scheme` in SCHEMES); anything else is returned unchanged."""
+    (`model.init_scheme` in SCHEMES) or its family's default (DEFAULTS); anything else is
+    returned unchanged."""
     if type(model).__name__ == "DINO":  # the backbone redrawn, DINO's head as DINO draws it
         scheme = getattr(model.backbone, "init_scheme", "default")
         if scheme not in SCHEMES:
@@ -157,6 +185,9 @@ def reinitialize(model: Any, variables: dict[str, Any], key: jax.Array) -> dict[
         params["backbone"] = redraw(params["backbone"], scheme, family_of(model.backbone), key)
         return {**variables, "params": params}
     scheme = getattr(model, "init_scheme", "default")
+    family = FAMILY_OF.get(type(model).__name__)
+    if scheme == "default" and family in DEFAULTS:
+        return {**variables, "params": redraw(variables["params"], scheme, family, key, DEFAULTS[family](model))}
     if scheme not in SCHEMES:
         return variables
     params = redraw(variables["params"], scheme, family_of(model), key)

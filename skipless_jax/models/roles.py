@@ -46,12 +46,14 @@ DEPTHWISE_BIAS = "depthwise_bias"
 HEAD_KERNEL = "head_kernel"  # the classifier
 HEAD_BIAS = "head_bias"
 WEIGHT_NORM_SCALE = "weight_norm_scale"  # g of a weight-normalized layer (DINO's head)
+MLP_OUT = "mlp_out"  # the second kernel of a block's MLP, its branch's output (GPT-2 scales it)
 KERNEL = "kernel"  # any other Dense layer (MLPs, patch merging, MAE's decoder projections)
 BIAS = "bias"
 
 ROLES = (CLASS_TOKEN, MASK_TOKEN, POSITION_TABLE, TOKEN_TABLE, RELATIVE_POSITION_TABLE, LAYER_SCALE, PATCH_KERNEL,
          PATCH_BIAS, NORM_SCALE, NORM_BIAS, ATTENTION_QKV, ATTENTION_OUT, ATTENTION_BIAS, TALKING_HEADS, CONV_KERNEL,
-         CONV_BIAS, DEPTHWISE_KERNEL, DEPTHWISE_BIAS, HEAD_KERNEL, HEAD_BIAS, WEIGHT_NORM_SCALE, KERNEL, BIAS)
+         CONV_BIAS, DEPTHWISE_KERNEL, DEPTHWISE_BIAS, HEAD_KERNEL, HEAD_BIAS, WEIGHT_NORM_SCALE, MLP_OUT, KERNEL,
+         BIAS)
 # Layer 0 of layer-wise lr decay (docs/method.md §9): the tokens' embedding before the first block.
 EMBEDDING_ROLES = frozenset({CLASS_TOKEN, POSITION_TABLE, TOKEN_TABLE, PATCH_KERNEL, PATCH_BIAS})
 
@@ -69,6 +71,7 @@ SHARED: Table = (
     (r"/(proj_l|proj_w)$", TALKING_HEADS),
     (r"(^|/)head/kernel$", HEAD_KERNEL),
     (r"(^|/)head/bias$", HEAD_BIAS),
+    (r"(^|/)(MlpBlock_0|mlp)/Dense_1/kernel$", MLP_OUT),  # common.MlpBlock's second kernel
     (r"(^|/)kernel$", KERNEL),
     (r"(^|/)bias$", BIAS),
 )

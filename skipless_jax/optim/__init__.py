@@ -72,7 +72,7 @@ def build_schedule(config: Any, total_steps: int, warmup_steps: int | None = Non
 NO_DECAY = (roles.POSITION_TABLE, roles.CLASS_TOKEN, roles.RELATIVE_POSITION_TABLE)
 # MAE's pre-training decays its (1, 1, d) class and mask tokens (stored (1, 1, d) and (d,) here).
 MAE_DECAYED_TOKENS = (roles.CLASS_TOKEN, roles.MASK_TOKEN)
-DECAY_RULES = ("deit", "mae_pretrain", "all")
+DECAY_RULES = ("deit", "mae_pretrain", "all", "ndim")
 
 
 def decay_mask(params: Any, rule: str = "deit") -> Any:
@@ -80,7 +80,9 @@ def decay_mask(params: Any, rule: str = "deit") -> Any:
     MAE fine-tuning alike): kernels (≥ 2 dims per layer); biases, norms, the position table and
     class token are not. 'mae_pretrain' (MAE's main_pretrain: timm add_weight_decay without a
     skip list): the kernels and the class and mask tokens. 'all' (torch AdamW over
-    `model.parameters()`, the ConvMixer CIFAR-10 reference): every leaf. Leaves are told apart by
+    `model.parameters()`, the ConvMixer CIFAR-10 reference): every leaf. 'ndim' (nanoGPT's
+    `configure_optimizers`, docs/method/lm.md §4): every leaf of ≥ 2 dims per layer, tables
+    included. Leaves are told apart by
     their role (`models.find_role`: the names of every model here); a leaf without one (a name
     no model spells) is decayed by its rank alone."""
     from skipless_jax import models, sharding
@@ -93,6 +95,8 @@ def decay_mask(params: Any, rule: str = "deit") -> Any:
         if rule == "all":
             return True
         name = sharding.path_str(path)
+        if rule == "ndim":
+            return layer_ndim(name, p) >= 2
         role = models.find_role(name)
         if rule == "mae_pretrain" and role in MAE_DECAYED_TOKENS:
             return True
