@@ -8,8 +8,14 @@ with the trainer's donation and output shardings, lowered for abstract inputs an
 nothing runs. XLA's per-device figures: `cost_analysis()["flops"]` and `memory_analysis()`
 (argument and temporary bytes), and the per-device bytes of parameters + optimizer state
 from the shardings. Steps: supervised AdamW, supervised SOAP, supervised AdamW with
-`grad_accum_steps=4`, DINO (AdamW); meshes: data-parallel (`{data: N}`) and FSDP
-(`{fsdp: N}`). The ideal per-device FLOPs ratio against one device is 1/N.
+`grad_accum_steps=4`, DINO (AdamW), and the Fashion-MNIST study's step (configs/fashion_vit.py
+at its own sizes: ViT width 64, depth 8, 49 tokens, batch 128, AdamW; --width/--depth/--batch
+do not apply to it); meshes: data-parallel (`{data: N}`) and FSDP (`{fsdp: N}`). The ideal
+per-device FLOPs ratio against one device is 1/N; the Fashion-MNIST step's on 8 devices should
+be at most 0.13:
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/scaling.py --steps="fashion_mnist vit" --devices=1,8 \
+        --meshes=data --output=/tmp/scaling_fashion.json
 
 The functions `supervised_program` and `dino_program` are also what tests/test_scaling.py
 compiles.
@@ -131,6 +137,15 @@ def family_config(spec: str, image_size: int, batch: int, opt: str = "adamw", dt
         fields = dict(skip_sab=skips, skip_ffn=skips and family != "convmixer", init=init)
         c.model = config_blocks.family_model(family, fields, 0.0, variant=variant)
         c.model.dtype = dtype
+    return c
+
+
+def fashion_config() -> ml_collections.ConfigDict:
+    """configs/fashion_vit.py's default (the standard ViT the study's Table 1 starts from) at its
+    own sizes, 100 steps."""
+    c = load_config("fashion_vit")
+    c.total_epochs, c.total_steps = None, 100
+    c.schedule.warmup_epochs, c.schedule.warmup_steps = None, 2
     return c
 
 
@@ -286,6 +301,7 @@ STEPS: dict[str, Callable[..., Program]] = {
     "supervised soap": lambda axes, **kw: supervised_program(supervised_config("soap", **kw), axes),
     "supervised adamw accum 4": lambda axes, **kw: supervised_program(supervised_config("adamw", accum=4, **kw), axes),
     "dino adamw": lambda axes, **kw: dino_program(dino_config("adamw", **kw), axes),
+    "fashion_mnist vit": lambda axes, **kw: supervised_program(fashion_config(), axes),
 }
 
 

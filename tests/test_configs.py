@@ -15,6 +15,7 @@ from collections.abc import Callable
 import ml_collections
 import numpy as np
 import pytest
+from idx_folders import write_folder
 from PIL import Image
 
 from skipless_jax import trainers
@@ -273,6 +274,9 @@ def test_config_trains_one_step_and_evaluates_on_mock_data(name, tmp_path, monke
             pytest.skip("sources.DATASETS has no 'tiny_imagenet' entry yet")
         c.dataset.data_dir = str(tmp_path / "tiny-imagenet-200")
         _write_tiny_imagenet(c.dataset.data_dir)
+    if c.dataset.name == "fashion_mnist":  # the four IDX files of tests/idx_folders.py, not the real 70,000
+        c.dataset.data_dir = str(tmp_path / "fashion-mnist")
+        write_folder(c.dataset.data_dir, train=MOCK_EXAMPLES, test=MOCK_EXAMPLES)
     with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES, policy=tfds.testing.MockPolicy.USE_CODE):
         # mock_data serves any split but leaves is_prepared() False; the trainer checks it first.
         monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)

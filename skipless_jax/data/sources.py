@@ -16,7 +16,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from skipless_jax.data import dense_sources, digit_scenes, imagenet_real, record_sources, tiny_imagenet
+from skipless_jax.data import dense_sources, digit_scenes, idx, imagenet_real, record_sources, tiny_imagenet
 from skipless_jax.data.record_sources import Source
 
 
@@ -63,6 +63,11 @@ DATASETS: dict[str, DatasetInfo] = {
     "tiny_imagenet": DatasetInfo(
         200, (64, 64, 3), {"train": 100_000, "val": 10_000},
         (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
+    ),
+    # Zalando's Fashion-MNIST: 70,000 real 28×28 grayscale images, 10 classes, from its four IDX
+    # files (data/idx.py; Debian's dataset-fashion-mnist, or tfds); mean/std of the train split.
+    "fashion_mnist": DatasetInfo(
+        10, (28, 28, 1), {"train": 60_000, "test": 10_000}, (0.2860,), (0.3530,), tfds_name="fashion_mnist",
     ),
 }
 _IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -118,6 +123,7 @@ READERS: dict[str, Callable[[str, str | None], Source]] = {
     **{name: functools.partial(record_sources.tfds_source, info.tfds_name)
        for name, info in DATASETS.items() if info.tfds_name is not None},
     "imagenet2012_real": imagenet_real.reader,
+    "fashion_mnist": idx.reader(idx.FASHION_MNIST),  # the IDX folder, else its tfds copy
 }
 
 
