@@ -20,25 +20,26 @@ Depth 4 is the default; add `depth=8` to the args for the other column. The defa
 (seed 0: 93.1 and 93.6 on two other 2-core CPUs, each deterministic), so a run is checked
 against the spread, not against one seed's number. In bf16 (`--config.model.dtype=bfloat16`)
 the default gave 95.6 ± 0.7 against 95.0 ± 0.7 in float32 in the same 3-seed run (sample std)
-(docs/results.md). The papers' claims (`CLAIMS` below), judged over 5 seeds one table of
-docs/results.md at a time, e.g. `python -m skipless_jax.report docs/figures/quickstart_runs.csv
---config=configs/quickstart.py --grid=table1 --claims=configs/quickstart.py` (docs/method.md
-§19: Welch and permutation tests, the larger p deciding, Holm over the rows printed together,
-so a call over every grid at once is a larger family with larger p's): at depth 8, SOAP >
-AdamW with the skipless init holds (93.9 against 89.3, Holm p 0.032; compare `:depth=8` with
-`:depth=8,opt=adamw`); the skipless init > the default init under AdamW
-is not shown at 5 seeds (89.3 ± 1.7 against 72.4 ± 29.8: one default-init seed of five
-collapses to 19 %, the permutation p is 0.008 but Welch's is 0.14); at depth 4, removing the
-SAB skip costs more than removing the FFN skip (Holm p 0.032). At depth 12 (the `depth` grid)
-SOAP > AdamW with the default init holds (93.9 against 10.4: AdamW never trains; `:depth=12,init=default`
-against `:depth=12,init=default,opt=adamw`), and the skipless init against the default init
-under AdamW just misses (59.1 ± 27.7 against 10.4 ± 0.7: 4 of 5 seeds train against 0 of 5;
-Holm p 0.064). The clearest view of "Cutting the Skip"'s effect (the `claims` grid, docs/results.md
-"The papers' claims in miniature") is AdamW at a learning rate of 2e-3, depth 8:
-`:depth=8,opt=adamw,lr=2e-3,val=True` (82.5 ± 4.2 %, 5 seeds) against
+(docs/results.md). The papers' claims (`CLAIMS` below), judged over 5 seeds by `python -m
+skipless_jax.report docs/figures/quickstart_runs.csv docs/figures/claims_runs.csv
+--claims=configs/quickstart.py` (docs/method.md §19: Welch and permutation tests, the larger p
+deciding; Holm within each claim's family over both CSVs, whatever is printed,
+docs/method/verdicts.md): at depth 8, SOAP > AdamW with the skipless init holds (93.9 against
+89.3, Holm p 0.016; compare `:depth=8` with `:depth=8,opt=adamw`); the skipless init > the
+default init under AdamW is not shown at 5 seeds (89.3 ± 1.7 against 72.4 ± 29.8: one
+default-init seed of five collapses to 19 %, the permutation p is 0.008 but Welch's is 0.14);
+at depth 4, removing the SAB skip costs more than removing the FFN skip (Holm p 0.016), at
+depth 8 the reverse holds (Holm p 0.040). At depth 12 (the `depth` grid) SOAP > AdamW with the
+default init holds (93.9 against 10.4: AdamW never trains; `:depth=12,init=default` against
+`:depth=12,init=default,opt=adamw`), and the skipless init against the default init under
+AdamW is not shown (59.1 ± 27.7 against 10.4 ± 0.7: 4 of 5 seeds train against 0 of 5; Holm p
+0.127). The largest gap between the inits (the `claims` grid, docs/results.md "The papers'
+claims in miniature") is AdamW at a learning rate of 2e-3, depth 8, an lr picked after the lr
+grid was seen: `:depth=8,opt=adamw,lr=2e-3,val=True` (82.5 ± 4.2 %, 5 seeds) against
 `:depth=8,init=default,opt=adamw,lr=2e-3,val=True` (10.0 %: every seed at chance); holds, Holm
-p 0.032. With each cell at its best validated lr the skipless init still leads by 9.7 points
-(p 0.004); "init + SOAP within 1 point of the skips" is reversed at depths 8, 12 and 16.
+p 0.044. With each cell at the lr it chooses on validation the skipless init leads by 9.7
+points (Holm p 0.008; the default init's choice, 3e-4, is the end of the lr grid); "init + SOAP
+within 1 point of the skips" is reversed at depths 12 and 16 and not shown at depth 8.
 
 Args (same names in every config): skip_sab, skip_ffn, depth, seed, init, opt, tg, eps, e.g.
     --config=configs/quickstart.py:skip_sab=False,depth=8,seed=1
@@ -146,9 +147,10 @@ GRIDS = {
 }
 
 # The papers' claims, judged over seeds by `python -m skipless_jax.report SRC --claims=configs/quickstart.py`
-# (docs/method.md §19: Welch and permutation tests, Holm over the rows printed together). Cells
-# are arg filters over the runs' folders; each claim is judged separately per depth (and per
-# setting of the miniature's other knobs, where a grid varies them).
+# (docs/method.md §19: Welch and permutation tests; Holm within each claim's `family`, by default
+# its own name: docs/method/verdicts.md). Cells are arg filters over the runs' args (the defaults
+# of get_config below, the sweep's args, the folder's); each claim is judged separately per depth
+# (and per setting of the miniature's other knobs, where a grid varies them).
 _NO_SKIPS = {"skip_sab": "False", "skip_ffn": "False"}
 _WITH_SKIPS = {"skip_sab": "True", "skip_ffn": "True", "init": "default"}
 _PER = ("depth", "lr", "tokens", "label_smoothing", "self_share", "val")

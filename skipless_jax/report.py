@@ -24,15 +24,20 @@ runs that have it, then `runs`, the group's runs (those without final metrics in
 Rows are in natural order of their folders (`depth=8` before `depth=12`).
 `--claims=PATH[:NAME,...]` judges the `CLAIMS` of that config module (all, or the named ones)
 over the runs instead: one row per claim × setting with both cells' n, mean ± std, the gap and
-its 95% Welch interval, the Welch, permutation and Mann–Whitney p-values, the Holm-adjusted p
-over the rows printed together, P(A>B), the runs that trained (k/n) and the verdict (`holds`,
-`not shown`, `reversed`, `untested`; docs/method.md §19, skipless_jax/claims.py); with `--plot`,
-a forest plot of the gaps and their intervals coloured by verdict. Runs without
+its 95% Welch interval, the Welch, permutation and Mann–Whitney p-values (Fisher's for a
+trained-count claim), the Holm-adjusted p within the claim's family (all its rows over every
+run of SRC: `--grid` and `:NAME` only choose the rows printed), P(A>B), the lr each cell chose
+on validation (a `select` claim), the runs that trained (k/n) and the verdict (`holds`, `not
+shown`, `reversed`, `untested`; docs/method.md §19, docs/method/verdicts.md); with `--plot`, a
+forest plot of the gaps and their intervals coloured by verdict. A run's args there are the
+config's defaults, then its `sweep_run.json`'s args, then its folder's; a printed claim's cell
+that matches no run gets one line naming the filters that match nothing. Runs without
 final metrics count as not trained and are left out of the tests, unless `--failed_as=VALUE`
 gives their value (e.g. 0.1, chance accuracy); the report lists them.
 A Markdown file's report blocks — `<!-- report: ARGS -->`, the output of `report ARGS`, then
-`<!-- /report -->` — are rewritten from their args by `--refresh=FILE.md` (tests/test_results_docs.py
-checks that docs/results.md's blocks equal their commands' output).
+`<!-- /report -->` — are rewritten from their args by `--refresh=FILE.md`, which says how many
+changed (tests/test_results_docs.py checks that docs/results.md's blocks equal their commands'
+output).
 `--plot` draws each run's `--plot_metric` from its `history.jsonl` against the step (matplotlib,
 saved; with --mean_over, one colour per group). With `--plot_x=ARG` it draws instead the final
 `--plot_metric` (from `final_metrics.json`) against that numeric arg: each run a dot, and per
