@@ -118,6 +118,7 @@ def evaluate(
     import jax
 
     from skipless_jax import checkpoint, evaluators, sharding, trainers
+    from skipless_jax.evaluators import per_layer
     from skipless_jax.trainers import common, model_ema
 
     model_ema.check_params(params, checkpoint.state_entries(workdir), workdir)
@@ -143,6 +144,9 @@ def evaluate(
         for name, metrics in per_evaluator.items():
             with open(os.path.join(workdir, "eval", f"{name}{suffix}.json"), "w") as f:
                 json.dump({"step": int(found_step), **{ema + k: v for k, v in metrics.items()}}, f, indent=2)
+            # per-layer metrics: their curve beside the JSON (docs/method/per_layer_eval.md §2)
+            per_layer.draw(os.path.join(workdir, "eval", f"{name}{suffix}_layers.png"), metrics,
+                           f"{name}, step {found_step}")
         if only is None:
             with open(os.path.join(workdir, f"evaluation{suffix}.json"), "w") as f:
                 json.dump(results, f, indent=2)

@@ -38,8 +38,8 @@ COMMON_FIELDS = ("type", "split", "every_steps", "prefix")
 TRAIN_SPLIT_TYPES = ("knn", "linear_probe", "linear_segmentation", "dino_linear")  # they also read a train split
 TYPE_FIELDS = {
     "classification": ("dataset", "data_dir"),
-    "knn": ("train_split", "k", "temperature"),
-    "linear_probe": ("train_split", "l2", "steps"),
+    "knn": ("train_split", "k", "temperature", "layers"),
+    "linear_probe": ("train_split", "l2", "steps", "layers"),
     "tokencut": ("dataset", "data_dir", "block", "tau", "eps", "iou", "picture_images"),
     "feature_pca": ("images",),
     "fewshot": ("datasets", "data_dir", "shots", "seeds", "l2_reg"),

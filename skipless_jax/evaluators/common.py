@@ -54,18 +54,52 @@ class FitEvaluator:
 
 @dataclasses.dataclass
 class FeatureFitEvaluator(FitEvaluator):
-    """A `FitEvaluator` on the pooled features of its splits' rows (kNN, linear probe)."""
+    """A `FitEvaluator` on the pooled features of its splits' rows (kNN, linear probe); `layers`:
+    the blocks it evaluates (docs/method/per_layer_eval.md), None for the last layer only."""
+
+    layers: tuple[int, ...] | None = None
 
     def fit_and_test_rows(self, params: Any) -> tuple[Any, Any, int, np.ndarray, np.ndarray]:
-        """(train features (on the devices), train labels, train count, test features, test labels)."""
-        train_x, train_y, n = self.ctx.extract_rows(params, self.train_split)
-        test_x, test_y = self.ctx.extract(params, self.split)
+        """(train features (on the devices), train labels, train count, test features, test labels);
+        with `layers` the features are (rows, len(layers), d)."""
+        train_x, train_y, n = self.ctx.extract_rows(params, self.train_split, self.layers)
+        test_x, test_y = self.ctx.extract(params, self.split, self.layers)
         return train_x, train_y, n, test_x, test_y
+
+    def scores(self, params: Any, score: Callable[..., tuple[str, float]]) -> Iterator[tuple[str, float]]:
+        """`score(train_x, train_y, n, test_x, test_y) -> (metric, value)` on the last layer's
+        features, or with `layers` on each block i's as `layer_<i>/<metric>`, then `best_layer`
+        (the highest value's block, the first among ties); one forward pass for all blocks."""
+        train_x, train_y, n, test_x, test_y = self.fit_and_test_rows(params)
+        if self.layers is None:
+            yield score(train_x, train_y, n, test_x, test_y)
+            return
+        best = None
+        for j, block in enumerate(self.layers):
+            metric, value = score(self.ctx.layer_rows(train_x, j), train_y, n, test_x[:, j], test_y)
+            yield f"layer_{block}/{metric}", value
+            if best is None or value > best[1]:
+                best = (block, value)
+        yield "best_layer", float(best[0])
 
     @staticmethod
     def train_split_of(entry: Any, ctx: Any) -> str:
         """The entry's `train_split`, default the dataset's train split."""
         return entry.get("train_split") or ctx.config.dataset.train_split
+
+    @staticmethod
+    def layers_of(name: str, entry: Any, ctx: Any) -> tuple[int, ...] | None:
+        """The entry's `layers` as block indices (None: 'last'), checked against the run's model."""
+        from skipless_jax import models
+        from skipless_jax.evaluators import per_layer
+
+        layers = entry.get("layers")
+        per_layer.check(f"config.evals.{name}", layers)
+        if layers is None or layers == per_layer.LAST:
+            return None
+        model = models.describe(ctx.config.model)
+        per_layer.check_model(f"config.evals.{name}", layers, model)
+        return per_layer.resolve(layers, model.depth)
 
 
 @dataclasses.dataclass
@@ -148,25 +182,52 @@ class Context:
         batches, n = kept[split]
         return iter(batches), n
 
-    def extract_rows(self, params: Any, split: str) -> tuple[jax.Array, jax.Array, int]:
+    def features_at(self, layers: tuple[int, ...] | None) -> Callable[[Any, jax.Array], jax.Array]:
+        """(params, images) -> the features (B, d), or with `layers` (B, len(layers), d): each
+        block's `pre_logits` from one forward pass (docs/method/per_layer_eval.md §1)."""
+        if layers is None:
+            if self.features is None:
+                raise ValueError("this trainer's model has no features to evaluate")
+            return self.features
+        if self.outputs is None:
+            raise ValueError("this trainer's model has no per-block outputs to evaluate")
+
+        def blocks(params: Any, images: jax.Array) -> jax.Array:
+            out = self.outputs(params, images)["blocks"]
+            return jnp.stack([out[i]["pre_logits"] for i in layers], axis=1)
+
+        return blocks
+
+    def layer_rows(self, rows: jax.Array, j: int) -> jax.Array:
+        """(N, d) rows of entry j of `extract_rows`' (N, L, d) features, still split over the mesh."""
+        programs = self.cache.programs
+        if "layer_rows" not in programs:
+            programs["layer_rows"] = jax.jit(lambda x, j: x[:, j], static_argnums=1,
+                                             out_shardings=sharding.batch_sharding(self.mesh))
+        return programs["layer_rows"](rows, j)
+
+    def extract_rows(self, params: Any, split: str,
+                     layers: tuple[int, ...] | None = None) -> tuple[jax.Array, jax.Array, int]:
         """(features (N, d) float32, int labels (N,), n): every example of `split` as global
         arrays whose rows stay split over the mesh's data axes (no host holds them all); the
         padding rows of the last batch have label −1 (N ≥ n, a multiple of the data devices).
+        With `layers` the features are (N, len(layers), d) (`features_at`).
         Cached for one evaluation round (the kNN bank and the probe's fit share them)."""
-        key = (id(params), split, "rows")
+        key = (id(params), split, "rows", layers)
         rows_cache, programs = self.cache.rows, self.cache.programs
         if key in rows_cache:
             return rows_cache[key]
-        if self.features is None:
-            raise ValueError("this trainer's model has no features to evaluate")
+        features = self.features_at(layers)
         rows = sharding.batch_sharding(self.mesh)
-        if "rows" not in programs:
-            fn = lambda p, b: (self.features(p, b["image"]).astype(jnp.float32),
+        program = ("rows", layers)
+        if program not in programs:
+            fn = lambda p, b: (features(p, b["image"]).astype(jnp.float32),
                                jnp.where(b["mask"] > 0, b["label"].argmax(-1), -1).astype(jnp.int32))
-            programs["rows"] = jax.jit(fn, out_shardings=(rows, rows))
+            programs[program] = jax.jit(fn, out_shardings=(rows, rows))
+        if "concat" not in programs:
             programs["concat"] = jax.jit(lambda parts: jnp.concatenate(parts), out_shardings=rows)
         batches, n = self.batches(split)
-        outs = [programs["rows"](params, batch) for batch in batches]
+        outs = [programs[program](params, batch) for batch in batches]
         feats = programs["concat"]([f for f, _ in outs])
         labels = programs["concat"]([y for _, y in outs])
         counted = int(jax.device_get(jnp.sum(labels >= 0)))
@@ -175,27 +236,29 @@ class Context:
         rows_cache[key] = (feats, labels, n)
         return rows_cache[key]
 
-    def extract(self, params: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
+    def extract(self, params: Any, split: str,
+                layers: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(features (n, d) float32, int labels (n,)) of every example of `split`, cached for
-        one evaluation round (kNN and the linear probe share them)."""
-        key = (id(params), split)
+        one evaluation round (kNN and the linear probe share them); with `layers` the features
+        are (n, len(layers), d) (`features_at`)."""
+        key = (id(params), split) if layers is None else (id(params), split, layers)
         rows_cache, programs = self.cache.rows, self.cache.programs
         if key in rows_cache:
             return rows_cache[key]
-        if self.features is None:
-            raise ValueError("this trainer's model has no features to evaluate")
-        if "features" not in programs:
+        features = self.features_at(layers)
+        program = "features" if layers is None else ("features", layers)
+        if program not in programs:
             fn = lambda p, b: {
-                "features": self.features(p, b["image"]).astype(jnp.float32),
+                "features": features(p, b["image"]).astype(jnp.float32),
                 "label": b["label"].argmax(-1),
                 "mask": b["mask"],
             }
             # Replicated: every host reads all rows.
-            programs["features"] = jax.jit(fn, out_shardings=sharding.replicated(self.mesh))
+            programs[program] = jax.jit(fn, out_shardings=sharding.replicated(self.mesh))
         batches, n = self.batches(split)
         feats, labels = [], []
         for batch in batches:
-            out = jax.device_get(programs["features"](params, batch))
+            out = jax.device_get(programs[program](params, batch))
             keep = out["mask"] > 0  # padding rows of the last batch
             feats.append(out["features"][keep])
             labels.append(out["label"][keep])

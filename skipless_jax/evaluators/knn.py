@@ -20,6 +20,7 @@ from absl import logging
 from jax.sharding import PartitionSpec as P
 
 from skipless_jax import sharding
+from skipless_jax.evaluators import per_layer
 from skipless_jax.evaluators.common import FeatureFitEvaluator
 from skipless_jax.models.dino_head import l2_normalize
 
@@ -140,26 +141,35 @@ def knn_accuracy(
 @dataclasses.dataclass
 class KNN(FeatureFitEvaluator):
     """config.evals entry `type='knn'`: yields ('knn_accuracy', top-1) of the weighted kNN
-    classifier whose bank is the features of `train_split` (default the dataset's train split)."""
+    classifier whose bank is the features of `train_split` (default the dataset's train split);
+    with `layers` ('all' or block indices) ('layer_<i>/knn_accuracy', ·) per block and
+    ('best_layer', ·) (docs/method/per_layer_eval.md)."""
 
     k: int = 20
     temperature: float = 0.07
 
     def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
-        train_x, train_y, n, test_x, test_y = self.fit_and_test_rows(params)  # the bank stays on the devices
+        yield from self.scores(params, self.score)  # the bank stays on the devices
+
+    def score(self, train_x: Any, train_y: Any, n: int, test_x: np.ndarray, test_y: np.ndarray) -> tuple[str, float]:
         k = min(self.k, n)  # a bank smaller than k (a tiny split) votes with all of it
         if k < self.k:
             logging.warning("kNN: only %d train examples; using k=%d instead of %d.", n, k, self.k)
-        yield "knn_accuracy", knn_accuracy(train_x, train_y, test_x, test_y, self.ctx.num_classes, k, self.temperature,
-                                           mesh=self.ctx.mesh)
+        return "knn_accuracy", knn_accuracy(train_x, train_y, test_x, test_y, self.ctx.num_classes, k,
+                                            self.temperature, mesh=self.ctx.mesh)
 
     @staticmethod
     def check(name: str, entry: Any) -> None:
         validate_knn(entry.get("k", 20), entry.get("temperature", 0.07), where=f"config.evals.{name}")
+        per_layer.check(f"config.evals.{name}", entry.get("layers"))
+
+    @staticmethod
+    def check_model(name: str, entry: Any, model: Any) -> None:
+        per_layer.check_model(f"config.evals.{name}", entry.get("layers"), model)
 
     @classmethod
     def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> KNN:
         cls.check(name, entry)
         k, temperature = entry.get("k", 20), entry.get("temperature", 0.07)
         return cls(name=name, ctx=ctx, train_split=cls.train_split_of(entry, ctx), k=k, temperature=temperature,
-                   **common)
+                   layers=cls.layers_of(name, entry, ctx), **common)

@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from skipless_jax import sharding
+from skipless_jax.evaluators import per_layer
 from skipless_jax.evaluators.common import FeatureFitEvaluator
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -140,23 +141,32 @@ def linear_probe_accuracy(
 @dataclasses.dataclass
 class LinearProbe(FeatureFitEvaluator):
     """config.evals entry `type='linear_probe'`: yields ('linear_accuracy', top-1) of the probe
-    fitted on the features of `train_split`."""
+    fitted on the features of `train_split`; with `layers` ('all' or block indices)
+    ('layer_<i>/linear_accuracy', ·) per block and ('best_layer', ·) (docs/method/per_layer_eval.md)."""
 
     l2: float = 1e-4
     max_steps: int = 500
 
     def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
-        train_x, train_y, _, test_x, test_y = self.fit_and_test_rows(params)  # fitted on the devices
-        yield "linear_accuracy", linear_probe_accuracy(
+        yield from self.scores(params, self.score)  # fitted on the devices
+
+    def score(self, train_x: Any, train_y: Any, n: int, test_x: np.ndarray, test_y: np.ndarray) -> tuple[str, float]:
+        return "linear_accuracy", linear_probe_accuracy(
             train_x, train_y, test_x, test_y, self.ctx.num_classes, self.l2, self.max_steps, mesh=self.ctx.mesh
         )
 
     @staticmethod
     def check(name: str, entry: Any) -> None:
         validate_linear_probe(entry.get("l2", 1e-4), entry.get("steps", 500), where=f"config.evals.{name}")
+        per_layer.check(f"config.evals.{name}", entry.get("layers"))
+
+    @staticmethod
+    def check_model(name: str, entry: Any, model: Any) -> None:
+        per_layer.check_model(f"config.evals.{name}", entry.get("layers"), model)
 
     @classmethod
     def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> LinearProbe:
         cls.check(name, entry)
         l2, steps = entry.get("l2", 1e-4), entry.get("steps", 500)
-        return cls(name=name, ctx=ctx, train_split=cls.train_split_of(entry, ctx), l2=l2, max_steps=steps, **common)
+        return cls(name=name, ctx=ctx, train_split=cls.train_split_of(entry, ctx), l2=l2, max_steps=steps,
+                   layers=cls.layers_of(name, entry, ctx), **common)

@@ -52,7 +52,9 @@ class ModelDescription:
     block_keys: every block's out has `keys` (B, [prefix +] grid tokens, width) of its attention
     on `encoded`'s grid (TokenCut); num_layers and layer_id(path) -> 0 … num_layers + 1: the
     layer of a '/'-joined parameter path for layer-wise lr decay (docs/method.md §9);
-    role_of(path): the role of a parameter path (models/roles.py), from the family's `ROLES`.
+    role_of(path): the role of a parameter path (models/roles.py), from the family's `ROLES`;
+    block_pre_logits: every block's out has `pre_logits`, the pooled feature of the model cut
+    after that block (docs/method/per_layer_eval.md §1).
     """
 
     family: str
@@ -67,6 +69,7 @@ class ModelDescription:
     block_keys: bool
     num_layers: int
     layer_id: Callable[[str], int]
+    block_pre_logits: bool = False
 
     def role_of(self, path: str) -> str:
         """The role of a '/'-joined parameter path of this family's model (models/roles.py)."""

@@ -87,6 +87,7 @@ class ConvMixer(parts.FamilyModel, kw_only=True):
                          name=f"block_{layer}_pointwise")(x)
             z = parts.BatchNorm(dtype=self.dtype, name=f"block_{layer}_pointwise_norm")(self._act(z), train)
             block["ffn"], block["ffn_skip"] = z, x + z  # no residual: ffn_skip is never formed
+            block["pre_logits"] = z.mean(axis=1)  # the model cut here (docs/method/per_layer_eval.md §1)
             x = z.reshape(b, gh, gw, d)
             blocks.append(block)
         out["blocks"] = blocks
@@ -141,4 +142,4 @@ def describe(model_config: Any) -> ModelDescription:
     return ModelDescription(
         family=FAMILY, patch_size=f["patch_size"], token_stride=f["patch_size"], width=f["width"], depth=f["depth"],
         prefix_tokens=0, grid_tokens=True, final_norm=False, normed_blocks=False, block_keys=False,
-        num_layers=f["depth"], layer_id=functools.partial(layer_id, depth=f["depth"]))
+        block_pre_logits=True, num_layers=f["depth"], layer_id=functools.partial(layer_id, depth=f["depth"]))

@@ -106,12 +106,18 @@ class ViT(ModelFields):
         x = nn.Dropout(self.dropout)(x, deterministic=not train)
         x, out["blocks"] = encoder_blocks(self, x, train, final_norm=self.pool != "gap_fc_norm")
         out["encoded"] = x
-        if self.pool == "tok":
-            x = x[:, 0]
-        elif self.pool == "gap":
-            x = x.mean(axis=1)
-        else:  # MAE's global pool: the patch tokens' mean (CLS attends, is not pooled), then fc_norm
-            x = nn.LayerNorm(dtype=self.dtype, name="fc_norm")(x[:, 1:].mean(axis=1))
+        fc_norm = nn.LayerNorm(dtype=self.dtype, name="fc_norm") if self.pool == "gap_fc_norm" else None
+
+        def pool(tokens: jax.Array) -> jax.Array:
+            if self.pool == "tok":
+                return tokens[:, 0]
+            if self.pool == "gap":
+                return tokens.mean(axis=1)
+            return fc_norm(tokens[:, 1:].mean(axis=1))  # MAE's global pool: the patch tokens' mean, then fc_norm
+
+        for block in out["blocks"]:  # the model cut after this block (docs/method/per_layer_eval.md §1)
+            block["pre_logits"] = pool(block.get("normed", block["output"]))
+        x = pool(x)
         out["pre_logits"] = x
         if not self.num_classes:
             return x, out
@@ -258,7 +264,7 @@ def model_kwargs(model_config: Any, num_classes: int) -> dict[str, Any]:
     kwargs["dtype"] = jnp.dtype(kwargs.get("dtype", "float32"))
     kwargs["init_scheme"] = kwargs.pop("init", "default")  # `init` would shadow Module.init
     kwargs.pop("init_self_share", None)  # a target for init_beta, set from it (models.apply_init_self_share)
-    gelu = kwargs.pop("gelu", "tanh")
+    gelu = kwargs.pop("gelu", None) or "tanh"  # None (a config's placeholder): flax's tanh form
     kwargs["gelu_approximate"] = gelu == "tanh"
     return dict(num_classes=num_classes, **kwargs)
 
@@ -291,7 +297,7 @@ def describe(model_config: Any) -> ModelDescription:
     return ModelDescription(
         family=FAMILY, patch_size=p, token_stride=p, width=sizes["width"], depth=depth,
         prefix_tokens=int(pool != "gap"), grid_tokens=True, final_norm=final, normed_blocks=final, block_keys=True,
-        num_layers=depth, layer_id=functools.partial(layer_id, num_layers=depth))
+        block_pre_logits=True, num_layers=depth, layer_id=functools.partial(layer_id, num_layers=depth))
 
 def check_config(model: Any, image_size: int) -> None:
     """Variant, sizes, heads, patch vs image size, pooling, position embedding, dtype, GELU, TG, init."""
@@ -312,7 +318,7 @@ def check_config(model: Any, image_size: int) -> None:
              f"config.model.posemb={model.get('posemb')!r} is unknown; allowed: {list(POSEMBS)}")
     require(str(model.get("dtype", "float32")) in DTYPES,
              f"config.model.dtype={model.get('dtype')!r} is unknown; allowed: {list(DTYPES)}")
-    require(model.get("gelu", "tanh") in GELUS,
+    require((model.get("gelu") or "tanh") in GELUS,
              f"config.model.gelu={model.get('gelu')!r} is unknown; allowed: {list(GELUS)}")
     std = model.get("head_init_std")
     require(std is None or (isinstance(std, (int, float)) and math.isfinite(std) and std >= 0),
