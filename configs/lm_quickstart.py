@@ -119,5 +119,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.skip_nonfinite_steps = False
     c.update(config_blocks.runtime(eval_every=0, checkpoint_every=100, log_every=25))  # eval at the end only
     c.analysis.probe_size = 8
+    # Measures added to each validation (docs/method/lm_measures.md), off: e.g. --config.lm_evals.kurtosis=True,
+    # --config.lm_evals.quantize=int8,int4.
+    c.lm_evals = ml_collections.ConfigDict(
+        dict(kurtosis=False, logit_lens=False, quantize="", quantize_activations=False))
     c.keep_checkpoints = 2
     return c

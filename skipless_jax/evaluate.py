@@ -1,7 +1,7 @@
 r"""Evaluate a finished (or pretrained) checkpoint without training.
 
     python -m skipless_jax.evaluate --workdir=DIR [--config=configs/X.py[:args]] [--step=N] [--only=a,b] \
-        [--params=model|ema]
+        [--params=model|ema] [--quantize=int8,int4]
 
 The config is the one saved with the workdir's checkpoint (what its parameters are); a
 `--config` adds or replaces the evaluators (`config.evals`) and data settings, and a config that
@@ -17,6 +17,11 @@ as the run logged them, in `DIR/evaluation_ema[_step<N>].json` and `DIR/eval/<na
 (`feature_pca`, `tokencut`) write `DIR/pictures/<prefix>_step<N>.png`. Compiled programs are
 kept in the persistent compilation cache (skipless_jax/compilation_cache.py), so a second
 evaluation of the same model skips its compiles.
+
+A language model's run (`config.trainer='lm'`) evaluates its validation (`val_loss`,
+`val_bits_per_byte`, `val_perplexity`) and the measures its `config.lm_evals` turns on
+(docs/method/lm_measures.md); `--quantize=int8,int4` adds `val_<format>_bits_per_byte`, the
+weights fake-quantized to each format.
 """
 
 from __future__ import annotations
@@ -110,10 +115,12 @@ class _Recorded:
 def evaluate(
     workdir: str, config: ml_collections.ConfigDict | None = None, step: int | None = None,
     devices: Sequence[jax.Device] | None = None, only: Sequence[str] | None = None, params: str = "model",
+    quantize: str | None = None,
 ) -> dict[str, Any]:
     """Runs every evaluator of the (saved) config on the checkpoint's trained weights (`params`
     'model') or their EMA ('ema'), or those named in `only`; returns {prefix_metric: value,
-    'step'} (prefix 'ema_<prefix>' for the EMA)."""
+    'step'} (prefix 'ema_<prefix>' for the EMA). `quantize` ('int8,int4'): a language model's
+    validation also with its weights fake-quantized to those formats (docs/method/lm_measures.md §2)."""
     config = select(resolve_config(workdir, config), only)
     import jax
 
@@ -123,7 +130,12 @@ def evaluate(
 
     model_ema.check_params(params, checkpoint.state_entries(workdir), workdir)
     trainer = trainers.get(config.get("trainer", "supervised"))
-    evaluators.check_config(config, trainer.EVALUATOR_TYPES)
+    if quantize is not None:
+        if not hasattr(trainer, "with_quantize"):
+            raise ValueError(f"--quantize={quantize}: post-training quantization is measured for language models "
+                             f"(config.trainer='lm'); this run's trainer is {config.get('trainer', 'supervised')!r}")
+        config = trainer.with_quantize(config, quantize)
+    trainers.check_evaluators(trainer, config)
     mesh = sharding.make_mesh(config.mesh, devices)
     ctx, key = trainer.evaluation(config, mesh, picture_dir=workdir)
     for entry in (key,) if isinstance(key, str) else key:
@@ -133,7 +145,7 @@ def evaluate(
     ema = model_ema.PREFIX if params == "ema" else ""
     results: dict[str, Any] = {"step": int(found_step)}
     per_evaluator: dict[str, dict[str, float]] = {}
-    built = [_Recorded(ev, per_evaluator) for ev in evaluators.build(config, ctx)]
+    built = [_Recorded(ev, per_evaluator) for ev in trainers.build_evaluators(trainer, config, ctx)]
     with jax.set_mesh(mesh):
         # Every evaluator (the step is the last), pictures as <workdir>/pictures/<prefix>_step<N>.png.
         for prefix, metric, value in evaluators.run_all(built, ctx, tree, int(found_step), int(found_step)):
@@ -163,7 +175,7 @@ def main(argv: Sequence[str]) -> None:
     try:
         compilation_cache.setup(flags.FLAGS.config or checkpoint.saved_config(flags.FLAGS.workdir))
         results = evaluate(flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.step, only=flags.FLAGS.only,
-                           params=flags.FLAGS.params)
+                           params=flags.FLAGS.params, quantize=flags.FLAGS.quantize)
     except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
         raise SystemExit(f"error: {err}") from None
     print(f"Evaluated step {results['step']}: " + ", ".join(
@@ -181,6 +193,8 @@ if __name__ == "__main__":
     flags.DEFINE_integer("step", None, "The checkpoint step (default: the newest).")
     flags.DEFINE_list("only", None, "Run only these entries of config.evals (comma-separated names).")
     flags.DEFINE_string("params", "model", "The weights evaluated: model (as trained) or ema (the run's model EMA).")
+    flags.DEFINE_string("quantize", None, "A language model's weight formats, e.g. int8,int4: validation bits per "
+                        "byte of the fake-quantized weights too (docs/method/lm_measures.md).")
     flags.mark_flags_as_required(["workdir"])
     from skipless_jax import cli
 

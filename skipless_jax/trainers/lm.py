@@ -18,13 +18,15 @@ Python version, files, bytes, SHA-256). The perf records count tokens, `perf/tok
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from absl import logging
 
@@ -82,6 +84,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
         require(is_positive_int(probe) and probe % shards == 0,
                 f"config.analysis.probe_size={probe!r} must be a positive integer divisible by the {shards} "
                 "data-parallel devices")
+    check_evaluators(config)
     validate.validate_training(config)
 
 
@@ -227,7 +230,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     # ---- The update step (state donated), the evaluation and the κ probe.
     train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,
                          out_shardings=(shardings, sharding.replicated(mesh)))
-    evaluate = make_evaluate(model, config, mesh)
+    evaluate = make_validation(model, config, mesh)  # and the measures of config.lm_evals
     probe = make_kappa_probe(model, config, mesh)
 
     # ---- Loop.
@@ -248,3 +251,195 @@ def unigram_entropy(config: ml_collections.ConfigDict, split: str | None = None)
     """Bits per token of the unigram (token-frequency) model of a split (default the eval split):
     the bits per byte a model that ignores context can reach at best (§26)."""
     return text.unigram_entropy_bits(text.stream(config, split or config.dataset.eval_split))
+
+
+# ----------------------------------------------------------------------------------------
+# The tools on a run (evaluate.py, export.py, analyze.py; trainers/__init__.py) and the measures
+# of `config.lm_evals` (docs/method/lm_measures.md).
+
+# config.lm_evals: the measures each validation adds, all off by default.
+LM_EVALS = dict(kurtosis=False, logit_lens=False, quantize="", quantize_activations=False)  # quantize: "int8,int4"
+
+
+def parse_formats(value: Any, field: str = "config.lm_evals.quantize") -> tuple[str, ...]:
+    """A weight-format list ('int8,int4', or a sequence of names) -> the names; one-line ValueError
+    naming `field` for an unknown one."""
+    from skipless_jax import lm_measures
+
+    names = tuple(n.strip() for n in (value.split(",") if isinstance(value, str) else value or ()) if n.strip())
+    bad = [n for n in names if n not in lm_measures.FORMATS]
+    require(not bad, f"{field}={value!r}: {bad[0] if bad else ''!r} is unknown; allowed: "
+            f"{', '.join(lm_measures.FORMATS)}")
+    return names
+
+
+def lm_evals(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """`config.lm_evals` over LM_EVALS' defaults, `quantize` parsed; one-line ValueErrors."""
+    given = dict(config.get("lm_evals") or {})
+    unknown = sorted(set(given) - set(LM_EVALS))
+    require(not unknown, f"config.lm_evals.{unknown[0] if unknown else ''} is unknown; allowed: {sorted(LM_EVALS)}")
+    out = {**LM_EVALS, **given}
+    for field in ("kurtosis", "logit_lens", "quantize_activations"):
+        require(isinstance(out[field], bool), f"config.lm_evals.{field}={out[field]!r} must be True or False")
+    out["quantize"] = parse_formats(out["quantize"])
+    require(out["quantize"] or not out["quantize_activations"], "config.lm_evals.quantize_activations=True "
+            "quantizes the activations of a quantized model; set config.lm_evals.quantize too")
+    return out
+
+
+def with_quantize(config: ml_collections.ConfigDict, formats: str) -> ml_collections.ConfigDict:
+    """`config` with `config.lm_evals.quantize` = `formats` ('int8,int4', `evaluate --quantize`)."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.lm_evals = ml_collections.ConfigDict({**lm_evals(config), "quantize": ",".join(
+        parse_formats(formats, "--quantize"))})
+    return config
+
+
+def check_evaluators(config: ml_collections.ConfigDict) -> None:
+    """The lm trainer evaluates validation loss, bits per byte and perplexity, and `config.lm_evals`;
+    `config.evals` (the image evaluators) is refused in one line."""
+    require(not config.get("evals"), f"config.evals ({', '.join(config.get('evals') or {})}): the image "
+            "evaluators do not read token windows; the lm trainer's measures are config.lm_evals "
+            f"({', '.join(sorted(LM_EVALS))}; docs/method/lm_measures.md)")
+    lm_evals(config)
+
+
+def validation_windows(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> list[dict[str, jax.Array]]:
+    """The validation windows `make_evaluate` reads ({'tokens': (B, T + 1), 'mask': (B, T)}, global
+    batches on the mesh): every target of `config.dataset.eval_windows` windows once."""
+    batch_size = config.input.get("eval_batch_size") or config.input.batch_size
+    local, _ = text.eval_batches(text.stream(config, config.dataset.eval_split), config.model.seq_len, batch_size,
+                                 config.dataset.get("eval_windows"), jax.process_index(), jax.process_count())
+    batch_sharding = sharding.batch_sharding(mesh)
+    return [device_input.global_batch({k: b[k] for k in ("tokens", "mask")}, batch_sharding) for b in local]
+
+
+def make_validation(model: Any, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+                    evals: dict[str, Any] | None = None):
+    """params -> `make_evaluate`'s [('val', metric, value)] and, where `evals` (default
+    `config.lm_evals`) turns them on, the measures of docs/method/lm_measures.md: 'kurtosis_layer_<l>',
+    'logit_lens_{loss,bits_per_byte}_layer_<l>', '<format>_{loss,bits_per_byte}'."""
+    from skipless_jax import lm_measures
+    from skipless_jax.models import roles
+
+    evaluate = make_evaluate(model, config, mesh)
+    evals = lm_evals(config) if evals is None else evals
+    if not (evals["kurtosis"] or evals["logit_lens"] or evals["quantize"]):
+        return evaluate
+    measures = lm_measures.make_measures(
+        model, validation_windows(config, mesh), roles.table_of("gpt"), config.model.get("tied_head", True),
+        kurtosis=evals["kurtosis"], logit_lens=evals["logit_lens"], quantize=evals["quantize"],
+        activations=evals["quantize_activations"])
+
+    def validate(params: Any) -> list[tuple[str, str, float]]:
+        results = evaluate(params)
+        got = {metric: value for _, metric, value in results}
+        found = measures(params)
+        extra = lm_measures.bits_per_byte_of(found, found["loss"], got["bits_per_byte"])
+        return results + [("val", metric, value) for metric, value in extra.items()]
+
+    return validate
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """What the tools ask of an lm run (trainers/__init__.py): its config, mesh and model. No
+    state is kept between evaluation rounds (`new_round`, called by `evaluators.run_all`)."""
+
+    config: ml_collections.ConfigDict
+    mesh: jax.sharding.Mesh
+    model: Any
+
+    def new_round(self) -> None:
+        pass
+
+
+@dataclasses.dataclass
+class Validation:
+    """The lm trainer's validation as an evaluator (`evaluators.common.Evaluator`): metrics
+    'loss', 'bits_per_byte', 'perplexity' and those of `config.lm_evals`, under the prefix 'val'."""
+
+    validate: Any
+    name: str = "val"
+    prefix: str = "val"
+    every_steps: int | None = None
+
+    def run(self, params: Any, step: int | None = None) -> Iterator[tuple[str, float]]:
+        del step
+        for _, metric, value in self.validate(params):
+            yield metric, value
+
+
+def evaluation(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model: Any = None,
+               picture_dir: str | None = None) -> tuple[Evaluation, str]:
+    """(what the tools read of the run, the state entry they evaluate: 'params')."""
+    del picture_dir  # nothing is drawn
+    return Evaluation(config, mesh, model or models.build(config.model, vocab_size(config))), "params"
+
+
+def build_evaluators(config: ml_collections.ConfigDict, ctx: Evaluation) -> list[Validation]:
+    """The validation of `config` (with `config.lm_evals`' measures), as `evaluate.py` runs it."""
+    return [Validation(make_validation(ctx.model, config, ctx.mesh))]
+
+
+def export_forward(config: ml_collections.ConfigDict, ctx: Evaluation, params: Any) -> tuple[Any, dict[str, Any]]:
+    """(int32 tokens (B, T) -> float32 logits (B, T, vocab), the model.json fields of the input
+    and output) with `params` as constants; T = `config.model.seq_len`."""
+    seq_len = config.model.seq_len
+
+    def fn(tokens: jax.Array) -> jax.Array:
+        return ctx.model.apply({"params": params}, tokens, train=False)[0].astype(jnp.float32)
+
+    meta = {"input": {"shape": [None, seq_len], "dtype": "int32", "what": "token windows"},
+            "output": "logits", "vocab_size": vocab_size(config), "seq_len": seq_len,
+            "tokenizer": config.dataset.get("tokenizer"), "dataset": config.dataset.name,
+            "eval_split": config.dataset.eval_split}
+    return fn, meta
+
+
+def export_examples(config: ml_collections.ConfigDict, count: int) -> dict[str, np.ndarray]:
+    """{'tokens': (N, T + 1) int32, 'mask': (N, T) float32} of the first `count` (-1: all) validation
+    windows `make_evaluate` reads: the mean of the target losses under `mask` is its `val_loss`."""
+    local, _ = text.eval_batches(text.stream(config, config.dataset.eval_split), config.model.seq_len,
+                                 config.input.get("eval_batch_size") or config.input.batch_size,
+                                 config.dataset.get("eval_windows"))
+    tokens = np.concatenate([b["tokens"] for b in local]).astype(np.int32)
+    mask = np.concatenate([b["mask"] for b in local]).astype(np.float32)
+    real = mask.any(axis=1)  # rows past the last window are padding
+    stop = None if count == -1 else count
+    return {"tokens": tokens[real][:stop], "mask": mask[real][:stop]}
+
+
+def analysis(config: ml_collections.ConfigDict, workdir: str | None, weights: str = "model",
+             num_windows: int | None = None) -> dict[str, Any]:
+    """What `analyze` reads of an lm run: {'model', 'params' (the newest checkpoint's, else the
+    trainer's init for config.seed), 'step', 'source', 'inputs': `num_windows` (default
+    config.analysis.probe_size) validation windows spread over the split (N, T), the κ probe of
+    `make_kappa_probe`, 'probe' (their description), 'measures': validation loss and bits per byte
+    with every measure of docs/method/lm_measures.md (int8 and int4 weights)}."""
+    from skipless_jax import checkpoint
+    from skipless_jax.trainers import model_ema
+
+    models.check_config(config.model, 0)
+    model = models.build(config.model, vocab_size(config))
+    saved = bool(workdir) and checkpoint.saved_config(workdir) is not None
+    model_ema.check_params(weights, checkpoint.state_entries(workdir) if saved else [], workdir or "--config")
+    if saved:
+        step, state = checkpoint.load_raw(workdir)
+        params, source = state["params"], "checkpoint"
+    else:
+        init = make_init_state(config.model, model, optax.identity(), config.model.seq_len)
+        params, step, source = jax.jit(init)(jax.random.PRNGKey(config.seed))["params"], 0, "init"
+    num_windows = num_windows or (config.get("analysis") or {}).get("probe_size", 8)
+    stream = text.stream(config, config.dataset.eval_split)
+    require(0 < num_windows <= text.num_windows(len(stream), config.model.seq_len),
+            f"--num_images={num_windows} must be in [1, {text.num_windows(len(stream), config.model.seq_len)}] "
+            "(the validation split's windows)")
+    probe, _ = text.eval_batches(stream, config.model.seq_len, num_windows, num_windows)  # as make_kappa_probe's
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.local_devices()[:1])
+    evals = {**LM_EVALS, "kurtosis": True, "logit_lens": True, "quantize": ("int8", "int4")}
+    with jax.set_mesh(mesh):
+        measures = dict((m, v) for _, m, v in make_validation(model, config, mesh, evals)(params))
+    return {"model": model, "params": params, "step": int(step), "source": source,
+            "inputs": probe[0]["tokens"][:, :-1], "probe": f"{num_windows} validation windows spread over the split",
+            "measures": measures}
