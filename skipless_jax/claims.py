@@ -113,8 +113,14 @@ def _arg(run: Mapping[str, Any], key: str, defaults: Mapping[str, str]) -> str:
     return str(run[key]) if key in run else defaults.get(key, "")
 
 
+def _filter_matches(run: Mapping[str, Any], key: str, value: str, defaults: Mapping[str, str]) -> bool:
+    """One filter: "" matches a run that does not give the arg itself; another value, the run's
+    arg or else its default."""
+    return str(run.get(key, "")) == "" if value == "" else _arg(run, key, defaults) == value
+
+
 def _matches(run: Mapping[str, Any], cell: Mapping[str, str], defaults: Mapping[str, str]) -> bool:
-    return all(_arg(run, k, defaults) == v for k, v in cell.items())
+    return all(_filter_matches(run, k, v, defaults) for k, v in cell.items())
 
 
 def unmatched(claim: Claim, table: Sequence[Mapping[str, Any]], defaults: Mapping[str, str] | None = None
@@ -127,7 +133,7 @@ def unmatched(claim: Claim, table: Sequence[Mapping[str, Any]], defaults: Mappin
         cell = getattr(claim, c)
         if any(_matches(r, cell, defaults) for r in table):
             continue
-        empty = [f"{k}={v}" for k, v in cell.items() if not any(_arg(r, k, defaults) == v for r in table)]
+        empty = [f"{k}={v}" for k, v in cell.items() if not any(_filter_matches(r, k, v, defaults) for r in table)]
         why = (f"{', '.join(empty)} {'matches' if len(empty) == 1 else 'match'} none of the {len(table)} runs"
                if empty else f"each of {_filter(cell)} matches some run, never all together")
         lines.append(f"`{claim.name}`: cell {c.upper()} matches no run: {why}.")

@@ -406,3 +406,13 @@ def test_bad_new_fields_are_one_line_errors(spec, message):
     with pytest.raises(ValueError, match=message) as err:
         claims.Claim("bad", a={"opt": "soap"}, b={"opt": "adamw"}, **spec)
     assert "\n" not in str(err.value)
+
+
+def test_an_empty_filter_matches_runs_that_do_not_give_the_arg_whatever_its_default():
+    table = [dict(_run("adamw", 8, s, 0.9), model="convmixer", run=f"model=convmixer,opt=adamw,seed={s}")
+             for s in range(2)] + [_run("adamw", 8, s, 0.8) for s in range(2)]
+    claim = claims.Claim("c", a={"model": "convmixer"}, b={"model": ""}, trained_below=1.0)
+    row = claims.judge([claim], table, defaults={"model": "vit"})[0]
+    assert (row["n_a"], row["n_b"], row["mean_b"]) == (2, 2, pytest.approx(0.8))
+    vit = claims.Claim("v", a={"model": "vit"}, b={"model": "convmixer"}, trained_below=1.0)
+    assert claims.judge([vit], table, defaults={"model": "vit"})[0]["n_a"] == 2  # the default fills in
