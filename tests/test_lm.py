@@ -373,6 +373,7 @@ def test_generate_cli_prints_text_and_errors_in_one_line(reference, environ, tmp
 def test_lm_config_trains_one_step(name, tmp_path):
     c = load_config(name)
     c.model.update(dict(width=32, depth=1, num_heads=2, mlp_dim=64, seq_len=16))  # dtype, remat as configured
+    c.dataset.update(dict(name="stdlib", max_documents=None))  # the embedded corpus for lm_gpt2s's C4
     c.input.batch_size = c.input.eval_batch_size = 8
     c.dataset.eval_windows = 2
     c.total_steps, c.schedule.warmup_steps, c.grad_accum_steps = 1, 0, 1

@@ -249,3 +249,25 @@ def test_lm_configs_use_gpt2s_adamw_and_decay_every_matrix():
     mask = flatten(optim.decay_mask(params, "ndim"))
     assert {p for p, decayed in mask.items() if decayed} == {p for p, v in flatten(params).items() if v.ndim >= 2}
     assert mask["token_embedding/embedding"] and mask["pos_embedding"] and not mask["encoder_norm/scale"]
+
+
+def test_the_gpt2s_recipes_hardware_time_is_its_flop_count_at_40_percent_mfu():
+    """configs/lm_gpt2s.py's docstring: FLOPs per sequence and step, seconds per step on 8 and 1
+    H100s at 40% MFU of the bf16 peak, hours for its steps, tokens against its documents."""
+    import configs.lm_gpt2s as recipe
+    from skipless_jax.models import flops
+    from skipless_jax.trainers import perf
+
+    c = load_config("lm_gpt2s")
+    per_sequence = flops.train_flops_per_example(c.model, 0, text.VOCAB_SIZE, trainer="lm")
+    step = per_sequence * c.input.batch_size
+    peak = perf.PEAK_TFLOPS["NVIDIA H100 80GB HBM3"] * 1e12
+    doc = " ".join(recipe.__doc__.split())
+    eight, one = step / (8 * peak * 0.4), step / (peak * 0.4)  # seconds per step
+    for figure in (f"{per_sequence:.3g}".replace("+", ""), f"{step:.3g}".replace("+", ""),
+                   f"{eight:.2g} s per step", f"{eight * c.total_steps / 3600:.2f} hours",
+                   f"{one:.2f} s per step", f"{one * c.total_steps / 3600:.1f} hours"):
+        assert figure in doc, figure
+    tokens = c.total_steps * c.input.batch_size * c.model.seq_len
+    assert f"{tokens / 1e9:.2f}B tokens" in doc and c.dataset.name.startswith("c4/en")
+    assert 0.9 < c.dataset.max_documents * 2270 / tokens < 1.1  # about one pass (bytes are tokens)
