@@ -369,13 +369,20 @@ def markdown(rows: Sequence[Mapping[str, Any]], claims: Sequence[Claim], alpha: 
         lines.append(f"- `{c.name}`: {what}A = {_filter(c.a)} vs B = {_filter(c.b)}; "
                      f"{test}, per {', '.join(c.per) or '-'}{select}.")
     lines += [f"- {note}" for note in notes]
-    left = list(dict.fromkeys(run for r in rows for run in r["failed_runs"].split(";") if run))
+    def failed(kinds: tuple[str, ...]) -> list[str]:
+        return list(dict.fromkeys(run for r in rows if r.get("kind", "mean") in kinds
+                                  for run in r["failed_runs"].split(";") if run))
+
+    left, untrained = failed(("mean",)), failed(("trained",))
     how = f"counted as {failed_as:g}" if failed_as is not None else "left out of the tests"
     if left:
         lines.append(f"- {len(left)} run(s) without final metrics (failed, non-finite or unfinished), {how}: "
                      + ", ".join(f"`{run}`" for run in left) + ".")
     else:
         lines.append("- 0 runs without final metrics left out.")
+    if untrained:
+        lines.append(f"- {len(untrained)} run(s) without final metrics counted as not trained in the trained-count "
+                     "tests: " + ", ".join(f"`{run}`" for run in untrained) + ".")
     return "\n".join(lines) + "\n"
 
 

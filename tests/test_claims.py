@@ -347,6 +347,8 @@ def test_trained_more_often_is_fishers_exact_test_on_the_trained_counts():
     assert [r["verdict"] for r in reverse] == ["reversed", "not shown"]
     md = claims.markdown(rows, [claim], 0.05, None)
     assert "| p_fisher |" in md and "runs trained (k/n), Fisher's exact test, H1 A > B" in md
+    assert "- 0 runs without final metrics left out.\n- 1 run(s) without final metrics counted as not trained " \
+           "in the trained-count tests: `opt=adamw,depth=12,seed=4`." in md
 
 
 def _lr_config(tmp_path) -> str:
