@@ -286,6 +286,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.update(config_blocks.runtime(eval_every=0, checkpoint_every=500, log_every=50))  # eval at the end only
     c.keep_checkpoints = 2
     if a["val"]:
-        c.evals = ml_collections.ConfigDict(dict(test=dict(type="classification"),
-                                                 val=dict(type="classification", split=VAL)))
+        c.evals = config_blocks.val_evals(VAL)
     return c

@@ -115,6 +115,13 @@ def runtime(*, eval_every: int, checkpoint_every: int, log_every: int = 100, ana
     return fields
 
 
+def val_evals(split: str) -> ml_collections.ConfigDict:
+    """`config.evals` of a run that holds `split` of its training set out: the test accuracy and
+    the validation accuracy on `split` (what chooses learning rates; the test split never does)."""
+    return ml_collections.ConfigDict(dict(test=dict(type="classification"),
+                                          val=dict(type="classification", split=split)))
+
+
 # DINO's backbone (facebookresearch/dino, docs/method.md §13): exact GELU, position tables of local
 # crops resized bicubically without antialiasing.
 DINO_BACKBONE = dict(gelu="exact", posemb_antialias=False)
