@@ -17,6 +17,13 @@ workdir) they are the trainer's own initialization for `config.seed`; `--params=
 run's model EMA (trainers/model_ema.py) instead of its trained parameters. For a DINO config
 (`config.trainer='dino'`) the analyzed network is the EMA teacher's ViT backbone, the network
 DINO's kNN and linear evaluations use (at initialization teacher = student).
+
+For a language model (`config.trainer='lm'`, e.g. `--workdir` of an LM run) the probe is the
+first `num_images` validation windows (default `config.analysis.probe_size`), and the table is
+followed by the measures of docs/method/lm_measures.md on the validation windows: per layer the
+excess kurtosis of the block output and the logit lens's bits per byte, then the validation
+bits per byte with the weights as trained and fake-quantized to int8 and int4 (`measures` in
+log_kappa.json).
 """
 
 from __future__ import annotations
@@ -192,7 +199,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         result["title"].replace("\n", ": "),
         f"log κ (natural log) per layer, {result['source']} at step {result['step']}, "
-        f"mean over {result['num_images']} test images",
+        f"mean over {result.get('probe') or str(result['num_images']) + ' test images'}",
         "".join(f"{h:>11}" for h in header),
     ]
     for layer in range(len(kappa["sab"])):
@@ -203,6 +210,20 @@ def format_table(result: dict[str, Any]) -> str:
                     f"{j['rel_diff_K_B']:>11.3f}", f"{j['log_kappa_block']:>11.3f}"]
         lines.append("".join(row))
     return "\n".join(lines)
+
+
+def format_measures(measures: dict[str, float]) -> str:
+    """A language model's measures (docs/method/lm_measures.md): one row per layer (excess
+    kurtosis, logit-lens bits per byte), then the validation and quantized bits per byte."""
+    layers = sorted({int(k.rsplit("_", 1)[1]) for k in measures if k.startswith("kurtosis_layer_")})
+    lines = ["validation windows: per layer, excess kurtosis of the block output and logit-lens bits per byte",
+             f"{'layer':>11}{'kurtosis':>11}{'lens bpb':>11}"]
+    for layer in layers:
+        lines.append(f"{layer:>11d}{measures[f'kurtosis_layer_{layer}']:>11.3f}"
+                     f"{measures.get(f'logit_lens_bits_per_byte_layer_{layer}', float('nan')):>11.4f}")
+    whole = [f"{'float32' if name == 'bits_per_byte' else name.removesuffix('_bits_per_byte')} {value:.4f}"
+             for name, value in sorted(measures.items()) if name.endswith("bits_per_byte") and "layer" not in name]
+    return "\n".join(lines + ["validation bits per byte, weights as trained and fake-quantized: " + ", ".join(whole)])
 
 
 def plot_log_kappa(
@@ -292,26 +313,38 @@ def analyze(
     config_name: str = "config",
     params: str = "model",
 ) -> dict[str, Any]:
-    """Runs the analysis, prints the table, writes log_kappa.{png,json}; returns the result."""
-    from skipless_jax import models
+    """Runs the analysis, prints the table, writes log_kappa.{png,json}; returns the result. A
+    trainer whose inputs are not images (the lm trainer) analyses its own probe inputs (token
+    windows) and adds its measures (`measures`: docs/method/lm_measures.md)."""
+    from skipless_jax import models, trainers
     from skipless_jax.data import inputs
 
     config = config_of_workdir(config, workdir)
-    models.check_config(config.model, inputs.image_size(config))
-    models.apply_init_self_share(config.model, inputs.image_size(config))  # β from its target share, if set
-    num_images = num_images or config.get("analysis", {}).get("probe_size", 32)
-    model, image_shape = build(config)
     weights = params
-    params, step, source = load_params(model, config, image_shape, workdir, weights)
-    images = probe_images(config, num_images)
+    trainer = trainers.get(config.get("trainer", "supervised"))
+    extra: dict[str, Any] = {}
+    if trainers.has_own_inputs(trainer):
+        if jacobian:
+            raise ValueError(f"--jacobian is implemented for image models; this run's trainer is {config.trainer!r}")
+        got = trainer.analysis(config, workdir, weights, num_images)
+        model, params, step, source, probe_inputs = (got[k] for k in ("model", "params", "step", "source", "inputs"))
+        probe, extra["measures"] = got["probe"], got["measures"]
+    else:
+        models.check_config(config.model, inputs.image_size(config))
+        models.apply_init_self_share(config.model, inputs.image_size(config))  # β from its target share, if set
+        num_images = num_images or config.get("analysis", {}).get("probe_size", 32)
+        model, image_shape = build(config)
+        params, step, source = load_params(model, config, image_shape, workdir, weights)
+        probe_inputs = probe_images(config, num_images)
+        probe = f"{len(probe_inputs)} test images"
     title = describe(config, config_name)
     result: dict[str, Any] = dict(
-        title=title, source=source, step=step, num_images=int(len(images)), params=weights,
+        title=title, source=source, step=step, num_images=int(len(probe_inputs)), probe=probe, params=weights,
         model=config.model.to_dict(),
-        log_kappa={k: v.tolist() for k, v in embedding_kappa(model, params, images).items()},
+        log_kappa={k: v.tolist() for k, v in embedding_kappa(model, params, probe_inputs).items()}, **extra,
     )
     if jacobian:
-        result["jacobian"] = jacobian_rows(model, params, images)
+        result["jacobian"] = jacobian_rows(model, params, probe_inputs)
     if (config.model.get("name") or "vit") == "vit":  # docs/method.md §3
         from skipless_jax.models import init as init_lib
 
@@ -320,7 +353,7 @@ def analyze(
     output_dir = output_dir or os.path.join(workdir or ".", "analysis")
     os.makedirs(output_dir, exist_ok=True)
     plot_log_kappa(result["log_kappa"], os.path.join(output_dir, "log_kappa.png"),
-                   f"{title}\n{source}, step {step}, mean over {len(images)} test images",
+                   f"{title}\n{source}, step {step}, mean over {probe}",
                    unused=unused_points(config.model))
     written = [os.path.join(output_dir, "log_kappa.png"), os.path.join(output_dir, "log_kappa.json")]
     if jacobian:
@@ -329,6 +362,8 @@ def analyze(
     with open(written[1], "w") as f:
         json.dump(result, f, indent=2)
     print(format_table(result), flush=True)
+    if "measures" in result:
+        print(format_measures(result["measures"]), flush=True)
     if "self_attention_share" in result:
         print(f"Self-attention share at init: {result['self_attention_share']:.4f} (a token's mean attention on "
               f"itself over heads and blocks, {result['num_tokens']} N(0, I) tokens; uniform "

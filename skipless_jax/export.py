@@ -25,6 +25,12 @@ before it is written. Loading needs no skipless_jax:
 
     exported = jax.export.deserialize(bytearray(open('DIR/export/model.jax', 'rb').read()))
     logits = exported.call(images_uint8)
+
+A language model's workdir (`config.trainer='lm'`) exports int32 token windows (B, T) → float32
+logits (B, T, vocab), T = `config.model.seq_len` (model.json: `input`, `vocab_size`, `seq_len`,
+`tokenizer`); its examples.npz holds the validation windows `tokens` (N, T + 1) int32 and `mask`
+(N, T) float32 (all of them with `--examples=all`), so that the mean next-token cross-entropy of
+`exported.call(tokens[:, :-1])` under `mask` is the run's `val_loss`.
 """
 
 from __future__ import annotations
@@ -106,6 +112,14 @@ def forward(workdir: str, params: str = "model", weights_dtype: str = "float32")
     step, state = checkpoint.load_raw(workdir)
     tree = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
                         common.entries(model_ema.weights(state, params), key))
+    shared = {
+        "step": int(step), "params": params, "weights_dtype": weights_dtype,
+        "weights_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))),
+        "built_with": {**{k: EXPORT_BUILD[k] for k in trained_with}, "trained_with": trained_with}, "config": saved,
+    }
+    if trainers.has_own_inputs(trainer):  # not images: the trainer's own inputs (the lm trainer's token windows)
+        fn, meta = trainer.export_forward(config, ctx, tree)
+        return fn, {**meta, **shared}
     mean, std = device_images.dataset_stats(config)
     output = "logits" if ctx.logits is not None else "features"
     apply = ctx.logits if ctx.logits is not None else ctx.features
@@ -114,14 +128,12 @@ def forward(workdir: str, params: str = "model", weights_dtype: str = "float32")
         return apply(tree, device_images.normalize(images, mean, std)).astype(jnp.float32)
 
     info = sources.dataset_info(config.dataset.name)
+    size, channels = inputs.image_size(config), int(info.image_shape[-1])
     meta = {
-        "image_size": inputs.image_size(config), "channels": int(info.image_shape[-1]),
-        "mean": list(mean), "std": list(std), "output": output,
+        "input": {"shape": [None, size, size, channels], "dtype": "uint8", "what": "images"},
+        "image_size": size, "channels": channels, "mean": list(mean), "std": list(std), "output": output,
         **({"num_classes": int(info.num_classes)} if output == "logits" else {}),  # a backbone has no classes
-        "step": int(step), "dataset": config.dataset.name, "eval_split": config.dataset.eval_split,
-        "params": params, "weights_dtype": weights_dtype,
-        "weights_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))),
-        "built_with": {**{k: EXPORT_BUILD[k] for k in trained_with}, "trained_with": trained_with}, "config": saved,
+        "dataset": config.dataset.name, "eval_split": config.dataset.eval_split, **shared,
     }
     return fn, meta
 
@@ -135,14 +147,13 @@ def export(workdir: str, examples: str | None = None, platforms: Sequence[str] =
     count = parse_examples(examples)
     fn, meta = forward(workdir, params, weights_dtype)
     _check_size(meta["weights_bytes"], "weights", weights_dtype)
-    size, channels = meta["image_size"], meta["channels"]
     (batch,) = jax.export.symbolic_shape("b")
-    spec = jax.ShapeDtypeStruct((batch, size, size, channels), jnp.uint8)
+    spec = jax.ShapeDtypeStruct((batch, *meta["input"]["shape"][1:]), jnp.dtype(meta["input"]["dtype"]))
     where = f"the forward of {workdir!r} for {','.join(platforms)}"
     exported = _one_line(f"lowering {where}", lambda: jax.export.export(jax.jit(fn), platforms=tuple(platforms))(spec))
     _check_size(len(exported.mlir_module_serialized), "lowered program", weights_dtype)
     artifact = _one_line(f"serializing {where}", exported.serialize)
-    meta.update(platforms=list(exported.platforms), output_shape=[None, int(exported.out_avals[0].shape[-1])])
+    meta.update(platforms=list(exported.platforms), output_shape=[None, *map(int, exported.out_avals[0].shape[1:])])
     out = os.path.join(workdir, "export")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "model.jax"), "wb") as f:
@@ -150,9 +161,9 @@ def export(workdir: str, examples: str | None = None, platforms: Sequence[str] =
     with open(os.path.join(out, "model.json"), "w") as f:
         json.dump(meta, f, indent=2)
     if count is not None:
-        images, labels = eval_examples(workdir, count)
-        np.savez(os.path.join(out, "examples.npz"), images=images, labels=labels)
-        meta["examples"] = len(labels)
+        arrays = example_arrays(workdir, count)
+        np.savez(os.path.join(out, "examples.npz"), **arrays)
+        meta["examples"] = len(next(iter(arrays.values())))
     return meta
 
 
@@ -172,6 +183,19 @@ def _check_size(size: int, what: str, weights_dtype: str) -> None:
         raise ValueError(f"the {what} take {size / 2**30:.2f} GB, over the {MAX_ARTIFACT_BYTES / 2**30:.0f} GB "
                          f"a jax.export artifact can hold (one flatbuffer){smaller}; otherwise serve the "
                          "checkpoint's orbax weights (DIR/checkpoints) beside the artifact instead of inside it")
+
+
+def example_arrays(workdir: str, count: int) -> dict[str, np.ndarray]:
+    """examples.npz's arrays: `images` and `labels` of `eval_examples`, or the trainer's own
+    (`export_examples`: the lm trainer's validation windows `tokens` and their `mask`)."""
+    import ml_collections
+
+    config = ml_collections.ConfigDict(checkpoint.saved_config(workdir))
+    trainer = trainers.get(config.get("trainer", "supervised"))
+    if trainers.has_own_inputs(trainer):
+        return trainer.export_examples(config, count)
+    images, labels = eval_examples(workdir, count)
+    return {"images": images, "labels": labels}
 
 
 def eval_examples(workdir: str, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -206,8 +230,9 @@ def main(argv: Sequence[str]) -> None:
     except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
         raise SystemExit(f"error: {err}") from None
     extra = f", {meta['examples']} examples" if "examples" in meta else ""
+    shape = ", ".join(["B", *map(str, meta["input"]["shape"][1:])])
     print(f"wrote {os.path.join(f.workdir, 'export')}: step {meta['step']}, {meta['output']} "
-          f"{meta['output_shape']} for uint8 (B, {meta['image_size']}, {meta['image_size']}, {meta['channels']}) "
+          f"{meta['output_shape']} for {meta['input']['dtype']} ({shape}) "
           f"on {','.join(meta['platforms'])}{extra}", flush=True)
 
 
