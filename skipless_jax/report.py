@@ -111,12 +111,13 @@ def rows(roots: Sequence[str], metrics: Sequence[str] | None = None, recorded: b
     for a run without final metrics; its folders, None for a CSV's rows). A root is a folder or
     a CSV file that `--format=csv` wrote. `recorded`: a folder's args start from those of its
     `sweep_run.json` (`record_args`), its folder's args winning."""
-    out, folders = [], []
+    out, folders, args_of = [], [], []  # args_of: each row's arg names
     for root in roots:
         if os.path.isfile(root) and root.endswith(".csv"):
             table = read_csv(root)
             out += table
             folders += [None] * len(table)
+            args_of += [set(run_args(r["run"])) for r in table]
             continue
         for folder in find_runs(root):
             run = os.path.relpath(folder, root)
@@ -128,6 +129,7 @@ def rows(roots: Sequence[str], metrics: Sequence[str] | None = None, recorded: b
                 final = {"status": claims_lib.FAILED}
             args = {**record_args(folder), **run_args(run)} if recorded else run_args(run)
             out.append({"run": run, **args, **final})
+            args_of.append(set(args))
             folders.append(folder)
     if metrics is not None:
         have = columns(out)
@@ -137,8 +139,8 @@ def rows(roots: Sequence[str], metrics: Sequence[str] | None = None, recorded: b
             known = ", ".join(sorted(c for c in have if c not in ("run", "status") and c not in arg_names))
             raise ValueError(f"--metrics: {', '.join(map(repr, unknown))} is in no run's {FINAL_METRICS}; "
                              f"the runs have: {known}")
-        out = [{**{k: v for k, v in r.items() if k in ("run", "status") or k in run_args(r["run"])},
-                **{m: r[m] for m in metrics if m in r}} for r in out]  # the metrics in --metrics' order
+        out = [{**{k: v for k, v in r.items() if k in ("run", "status") or k in names},
+                **{m: r[m] for m in metrics if m in r}} for r, names in zip(out, args_of)]  # --metrics' order
     return out, folders
 
 

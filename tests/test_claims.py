@@ -311,6 +311,8 @@ def test_report_claims_judges_a_users_sweep_by_its_recorded_args_and_the_config_
         ("soap_beats_adamw_init", "depth=8", "3", "3"), ("init_trains_more_often", "depth=8", "3", "0")]
     judged = out[2]
     assert judged["verdict"] == "holds" and float(judged["p_holm"]) == pytest.approx(0.05)  # 1 of 20 splits
+    assert report.main([str(root), f"--claims={QUICKSTART}", "--format=csv", "--metrics=test_accuracy,train_loss"]) == 0
+    assert capsys.readouterr().out == captured.out  # --metrics keeps the recorded args
     err = captured.err
     assert "report: `init_beats_default_adamw`: cell B matches no run: init=default matches none of the 6 runs." in err
     assert "`soap_beats_adamw_default`: cell A matches no run: init=default matches none" in err
