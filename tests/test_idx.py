@@ -91,6 +91,19 @@ def test_a_malformed_or_missing_file_is_one_line_naming_it_and_the_install(tmp_p
     sources.get_source("fashion_mnist", "test", str(tmp_path))  # the other split's files are intact
 
 
+def test_a_tfds_data_dir_without_the_idx_files_is_read_through_tfds(tmp_path, monkeypatch):
+    """The other route: a data_dir with tfds's `fashion_mnist` folder and none of the IDX files."""
+    from skipless_jax.data import record_sources
+
+    calls = []
+    monkeypatch.setattr(record_sources, "tfds_source", lambda *args: calls.append(args) or "tfds")
+    (tmp_path / "fashion_mnist").mkdir()
+    assert sources.get_source("fashion_mnist", "train[:55000]", str(tmp_path)) == "tfds"
+    assert calls == [("fashion_mnist", "train[:55000]", str(tmp_path))]
+    write_folder(str(tmp_path))  # the IDX files win where both are there
+    assert len(sources.get_source("fashion_mnist", "train", str(tmp_path))) == 12 and len(calls) == 1
+
+
 def test_missing_data_fails_in_check_config_before_anything_compiles(tmp_path):
     config = load_config("fashion_vit", "val=True")
     config.dataset.data_dir = str(tmp_path / "absent")
@@ -119,6 +132,7 @@ def _numpy_read(path: str, offset: int) -> np.ndarray:
         return np.frombuffer(f.read(), np.uint8, offset=offset)
 
 
+@pytest.mark.slow  # 1.5-3.3 s: two reads of 70,000 images
 @pytest.mark.skipif(not HAS_REAL, reason=f"the Debian files are not in {REAL} ({INSTALL}; .ci/run installs them)")
 def test_the_real_files_counts_classes_and_pixel_sums():
     for split, count in (("train", 60_000), ("test", 10_000)):
