@@ -22,6 +22,7 @@ import functools
 import gzip
 import os
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -128,18 +129,24 @@ def read_split(folder: str, split: str, spec: IdxDataset = FASHION_MNIST) -> tup
 
 
 class IdxSource:
-    """Random access to one split of an MNIST-format folder; pickles as (folder, split), so a
-    worker process reads the files itself instead of receiving the arrays."""
+    """Random access to one split of an MNIST-format folder; pickles without its arrays, so a
+    worker process reads the files itself instead of receiving them."""
 
     def __init__(self, folder: str, split: str, spec: IdxDataset = FASHION_MNIST):
         self.folder, self.split, self.spec = folder, split, spec
-        self.length = len(read_split(folder, split, spec)[1])  # reads and checks the files now
+        self._arrays = read_split(folder, split, spec)  # reads and checks the files now
+        self.length = len(self._arrays[1])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_arrays": None}
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        images, labels = read_split(self.folder, self.split, self.spec)
+        if self._arrays is None:  # unpickled in a worker process
+            self._arrays = read_split(self.folder, self.split, self.spec)
+        images, labels = self._arrays
         return {"image": images[index], "label": int(labels[index])}
 
     def __repr__(self) -> str:
@@ -152,11 +159,11 @@ def has_files(folder: str) -> bool:
     return any(os.path.exists(os.path.join(os.path.expanduser(folder), f)) for pair in FILES.values() for f in pair)
 
 
-def reader(spec: IdxDataset):
+def reader(spec: IdxDataset) -> Callable[[str, str | None], record_sources.Source]:
     """The catalog's reader(split, data_dir) of `spec`: the IDX folder `data_dir` (default
-    `spec.default_dir`); where it holds none of the files and `spec.tfds_name` is prepared in
-    the tfds data dir `data_dir`, that copy instead (tfds' own record order); else the one-line
-    error naming the missing file and how to install it."""
+    `spec.default_dir`); where it holds none of the four files and the tfds data dir `data_dir`
+    has a `spec.tfds_name` folder, tfds's copy instead (in tfds's own record order); else the
+    one-line error naming the missing file and how to install it."""
 
     def read(split: str, data_dir: str | None) -> record_sources.Source:
         folder = data_dir or spec.default_dir
