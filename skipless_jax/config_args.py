@@ -11,7 +11,7 @@ from typing import Any
 # Values an argument may take in every config that has it: the configs document these, with
 # their own settings (config_blocks.optimizer gives SOAP's and AdamW's b1/b2; others would run
 # with AdamW's learning rate and settings that do not apply).
-CHOICES = {"opt": ("adamw", "soap")}
+CHOICES = {"opt": ("adamw", "soap", "shampoo_ec")}
 
 
 def _convert(key: str, text: str, default: Any) -> Any:

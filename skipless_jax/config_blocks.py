@@ -70,11 +70,16 @@ def vit_model(a: dict[str, Any], init_constants: dict[str, float], **fields: Any
 
 
 def optimizer(name: str, **fields: Any) -> ml_collections.ConfigDict:
-    """`config.optimizer`: AdamW with b2 0.999, or SOAP with Cutting the Skip's b1 0.9, b2 0.95
-    and preconditioner refresh every 10 steps; `fields` (lr, weight decay, ...) are added."""
+    """`config.optimizer`: AdamW with b2 0.999, SOAP with Cutting the Skip's b1 0.9, b2 0.95
+    and preconditioner refresh every 10 steps, or eigenvalue-corrected Shampoo with the authors'
+    MAE fork's call (b1 0.9, b2 0.95, eps 1e-8, eigh every 100 steps, blocks of at most 8192;
+    docs/method/shampoo_ec.md); `fields` (lr, weight decay, ...) are added."""
     opt = dict(name=name, **fields)
     if name == "soap":
         opt.update(b1=0.9, b2=0.95, precondition_frequency=10)
+    elif name == "shampoo_ec":
+        opt.update(b1=0.9, b2=0.95, eps=1e-8, precondition_frequency=100, max_preconditioner_dim=8192,
+                   start_preconditioning_step=-1)
     else:
         opt.update(b1=0.9, b2=0.999)
     return ml_collections.ConfigDict(opt)

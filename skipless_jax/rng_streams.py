@@ -19,5 +19,6 @@ DIGIT_SCENE_ORDER = 0x5CE  # the order of the first digits of digit scenes (data
 SEGMENTATION_PROBE = 0x5E6  # the linear-segmentation probe's crops and epoch order
 HOST_BATCH = 0xBA7  # the rng a host batch transform gets: [seed, step, process, HOST_BATCH]
 TEXT_ORDER = 0x7E7  # the window order of an epoch of packed text: [seed, epoch, TEXT_ORDER] (data/text.py)
+TEXT_OFFSET = 0x7E0  # the window offset of an epoch (config.dataset.random_offsets): [seed, epoch, TEXT_OFFSET]
 
 TAGS = {name: value for name, value in dict(globals()).items() if name.isupper()}

@@ -250,6 +250,17 @@ def validate_training(config: Any) -> None:
             )
         except ValueError as err:
             raise ValueError(f"config.optimizer: {err}") from None
+    if opt.name == "shampoo_ec":
+        from skipless_jax.optim.shampoo_ec import validate_shampoo_ec_hparams
+
+        try:
+            validate_shampoo_ec_hparams(
+                opt.get("b1", 0.9), opt.get("b2", 0.95), opt.get("eps", 1e-8), opt.get("weight_decay", 0.0),
+                opt.get("precondition_frequency", 100), opt.get("max_preconditioner_dim", 8192),
+                opt.get("start_preconditioning_step", -1),
+            )
+        except ValueError as err:
+            raise ValueError(f"config.optimizer: {err}") from None
     require(
         config.get("total_steps") is not None or config.get("total_epochs") is not None,
         "config.total_steps or config.total_epochs must be set",

@@ -271,3 +271,76 @@ def test_the_gpt2s_recipes_hardware_time_is_its_flop_count_at_40_percent_mfu():
     tokens = c.total_steps * c.input.batch_size * c.model.seq_len
     assert f"{tokens / 1e9:.2f}B tokens" in doc and c.dataset.name.startswith("c4/en")
     assert 0.9 < c.dataset.max_documents * 2270 / tokens < 1.1  # about one pass (bytes are tokens)
+
+
+# ------------------------------------------------------------------------------------------
+# Packing (docs/method/lm.md §5).
+
+EOD = text.END_OF_DOCUMENT
+
+
+def test_segments_start_at_each_end_of_document_and_positions_restart():
+    inputs = np.array([[5, 6, EOD, 7, 8, 9, EOD, EOD, 4], [EOD, 1, 2, 3, 4, 5, 6, 7, 8]])
+    segments, positions = text.segments_and_positions(inputs, EOD)
+    np.testing.assert_array_equal(segments, [[0, 0, 1, 1, 1, 1, 2, 3, 3], [1, 1, 1, 1, 1, 1, 1, 1, 1]])
+    np.testing.assert_array_equal(positions, [[0, 1, 0, 1, 2, 3, 0, 0, 1], np.arange(9)])
+
+
+@pytest.mark.slow
+def test_segment_masking_equals_running_each_document_alone():
+    c = tiny_config(init="default")
+    model = models.build(c.model, text.VOCAB_SIZE)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 256, (2, 16))
+    tokens[0, [4, 11]] = EOD  # three documents: [0, 4), [4, 11), [11, 16)
+    tokens[1, 0] = EOD  # one document
+    params = init_params(model, jax.random.PRNGKey(1), jnp.zeros((1, 16), jnp.int32))
+    segments, positions = text.segments_and_positions(tokens, EOD)
+    packed = np.asarray(model.apply({"params": params}, jnp.asarray(tokens), segments=jnp.asarray(segments),
+                                    positions=jnp.asarray(positions))[0])
+    for row, bounds in ((0, (0, 4, 11, 16)), (1, (0, 16))):
+        for start, stop in zip(bounds, bounds[1:]):
+            alone = np.asarray(model.apply({"params": params}, jnp.asarray(tokens[row:row + 1, start:stop]))[0])
+            np.testing.assert_allclose(packed[row, start:stop], alone[0], rtol=1e-5, atol=1e-5)
+    across = np.asarray(model.apply({"params": params}, jnp.asarray(tokens))[0])  # 'windows': across documents
+    assert np.abs(across[0, 4:] - packed[0, 4:]).max() > 1e-3
+
+
+def test_random_offsets_depend_on_seed_and_epoch_and_resume_exactly():
+    tokens = np.arange(1000, dtype=np.uint16) % 251  # no END_OF_DOCUMENT: a token's value gives its position mod 251
+    seq, batch, windows = 10, 8, (1000 - 10) // 10  # 99 windows of every epoch, at the epoch's offset
+    whole = text.train_batches(tokens, seq, batch, seed=3, random_offsets=True)
+    first = [next(whole)["tokens"] for _ in range(40)]  # 320 positions: more than 3 epochs
+    offsets = [text.epoch_offset(3, e, seq) for e in range(4)]
+    assert len(set(offsets)) > 1 and offsets == [text.epoch_offset(3, e, seq) for e in range(4)]
+    assert [text.epoch_offset(4, e, seq) for e in range(4)] != offsets
+    for step, b in enumerate(first):
+        for k, row in enumerate(b):
+            epoch, i = divmod(step * batch + k, windows)
+            w = int(text.epoch_order(3, epoch, windows)[i])
+            np.testing.assert_array_equal(row, tokens[offsets[epoch] + w * seq: offsets[epoch] + w * seq + seq + 1])
+    resumed = text.train_batches(tokens, seq, batch, seed=3, start_step=17, random_offsets=True)
+    for step in range(17, 40):
+        np.testing.assert_array_equal(next(resumed)["tokens"], first[step])
+
+
+@pytest.mark.slow
+def test_a_documents_packed_run_with_random_offsets_trains_and_is_checked(tmp_path):
+    c = tiny_config()
+    c.dataset.update(dict(packing="documents", random_offsets=True, eval_windows=4))
+    c.total_steps, c.log_every_steps, c.checkpoint_every_steps, c.profile_steps = 2, 1, 0, 0
+    spec = text.train_batch_spec(c)
+    assert spec["segments"] == ((8, 16), np.dtype(np.int32)) == spec["positions"]
+    batch = next(text.train_iterator(c, 0, 0, 1))
+    np.testing.assert_array_equal(batch["segments"], text.segments_and_positions(batch["tokens"][:, :-1], EOD)[0])
+    metrics = lm.train_and_evaluate(c, str(tmp_path / "workdir"), devices=one_device())
+    assert metrics["step"] == 2 and np.isfinite(metrics["val_loss"])
+    for field, value, message in [
+        ("dataset.packing", "sequences", r"config.dataset.packing='sequences' is unknown; allowed: \['windows'"),
+        ("model.scan", True, r"config.dataset.packing='documents' needs config.model.scan=False"),
+    ]:
+        bad = c.copy_and_resolve_references()
+        section, leaf = field.split(".")
+        bad[section][leaf] = value
+        with pytest.raises(ValueError, match=message):
+            lm.check_config(bad)

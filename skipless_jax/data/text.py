@@ -17,10 +17,10 @@ Tokens: the 256 byte values and END_OF_DOCUMENT (256), VOCAB_SIZE = 257; or, wit
 `config.dataset.tokenizer=PATH.model`, the ids of that SentencePiece model (the `sentencepiece`
 package) and END_OF_DOCUMENT = its piece count. A split's stream is END_OF_DOCUMENT, then its
 documents in order, each followed by END_OF_DOCUMENT: every document follows an END_OF_DOCUMENT
-(as `generate`'s prompt does), so each of its tokens is a target. Each token of a stream carries a byte weight (`token_bytes`): a
-document's UTF-8 bytes, as read, shared among its tokens in proportion to their pieces' byte
-lengths, END_OF_DOCUMENT 0; validation's bits per byte divides by the weights of the targets it
-counts (docs/method/lm.md §1). Packing: window w of a stream is its
+(as `generate`'s prompt does), so each of its tokens is a target. Each token of a stream carries
+a byte weight (`token_bytes`): a document's UTF-8 bytes, as read, shared among its tokens in
+proportion to their pieces' byte lengths, END_OF_DOCUMENT 0; validation's bits per byte divides
+by the weights of the targets it counts (docs/method/lm.md §1). Packing: window w of a stream is its
 tokens [w·T, w·T + T + 1) (T = config.model.seq_len: T inputs and their T next-token targets),
 so consecutive windows share one token and every token but the first is a target of exactly
 one window.
@@ -29,7 +29,11 @@ Train: global position i of the example stream reads window order_e[i mod W] of 
 e = i // W, order_e a permutation drawn from (seed, e); step s holds positions [s·B, (s+1)·B)
 and process p of P reads its contiguous slice of each global batch, as the image pipelines
 (data/pipeline.py): the window at a position depends only on (seed, position), so a resumed run
-reads what the uninterrupted one would have. Validation: `config.dataset.eval_windows` windows
+reads what the uninterrupted one would have. `config.dataset.random_offsets=True`: epoch e's
+windows start at an offset o_e ∈ [0, T) drawn from (seed, e), ⌊(n − T)/T⌋ windows an epoch
+(docs/method/lm.md §5). `config.dataset.packing='documents'`: each batch also holds `segments`
+and `positions` (B, T) of its inputs (`segments_and_positions`), so that attention stays within a
+document and positions restart at each (models/gpt.py). Validation: `config.dataset.eval_windows` windows
 spread evenly over the split (None: all), in order, the last batch padded; `mask` (B, T) is 1 on real targets, so
 every token of those windows counts exactly once.
 """
@@ -50,7 +54,11 @@ from skipless_jax import rng_streams
 from skipless_jax.checks import is_positive_int, require
 
 CORPORA = ("stdlib",)
-SPLITS = ("train", "validation")
+PACKINGS = ("windows", "documents")
+# 'tune' (one train file in 20, held out of 'train_less_tune'): where a study chooses its
+# learning rates, so that its claims are judged on 'validation' (configs/lm_skipless_study.py).
+SPLITS = ("train", "validation", "tune", "train_less_tune")
+TUNE_AT = 9  # file i is in 'tune' when i % VALIDATION_EVERY == TUNE_AT
 END_OF_DOCUMENT = 256
 VOCAB_SIZE = 257
 VALIDATION_EVERY = 20  # one file in 20 is validation
@@ -75,10 +83,13 @@ def stdlib_files(root: str | None = None) -> tuple[str, ...]:
 
 
 def split_files(files: tuple[str, ...], split: str) -> list[str]:
-    """The files of `split`: every VALIDATION_EVERY-th of the sorted list is validation, the rest train."""
+    """The files of `split`: every VALIDATION_EVERY-th of the sorted list is validation, the rest
+    train; of the train files, those at TUNE_AT in each VALIDATION_EVERY are 'tune' and the others
+    'train_less_tune'."""
     require(split in SPLITS, f"config.dataset split {split!r} is unknown; allowed: {list(SPLITS)}")
-    held_out = [i % VALIDATION_EVERY == VALIDATION_EVERY - 1 for i in range(len(files))]
-    return [f for f, h in zip(files, held_out) if h == (split == "validation")]
+    member = {"train": lambda r: r != VALIDATION_EVERY - 1, "validation": lambda r: r == VALIDATION_EVERY - 1,
+              "tune": lambda r: r == TUNE_AT, "train_less_tune": lambda r: r not in (VALIDATION_EVERY - 1, TUNE_AT)}
+    return [f for i, f in enumerate(files) if member[split](i % VALIDATION_EVERY)]
 
 
 def encode(text: str | bytes) -> np.ndarray:
@@ -266,13 +277,40 @@ def num_windows(length: int, seq_len: int) -> int:
     return max((length - 1) // seq_len, 0)
 
 
-def window(tokens: np.ndarray, w: int, seq_len: int) -> np.ndarray:
-    return np.asarray(tokens[w * seq_len: w * seq_len + seq_len + 1], np.int32)
+def window(tokens: np.ndarray, w: int, seq_len: int, offset: int = 0) -> np.ndarray:
+    """Window w of a stream: its tokens [offset + w·T, offset + w·T + T + 1)."""
+    start = offset + w * seq_len
+    return np.asarray(tokens[start: start + seq_len + 1], np.int32)
 
 
 def epoch_order(seed: int, epoch: int, windows: int) -> np.ndarray:
     """The window order of `epoch`: a permutation drawn from (seed, epoch)."""
     return np.random.default_rng([seed, epoch, rng_streams.TEXT_ORDER]).permutation(windows)
+
+
+def epoch_offset(seed: int, epoch: int, seq_len: int) -> int:
+    """The window offset of `epoch` under random offsets: an integer in [0, T) drawn from (seed, epoch)."""
+    return int(np.random.default_rng([seed, epoch, rng_streams.TEXT_OFFSET]).integers(seq_len))
+
+
+def segments_and_positions(inputs: np.ndarray, end_of_document: int) -> tuple[np.ndarray, np.ndarray]:
+    """(segments, positions), int32 like `inputs` (…, T) (docs/method/lm.md §5): an
+    END_OF_DOCUMENT starts a segment, the segment of t is the count of END_OF_DOCUMENT at
+    positions ≤ t; the position of t is t less the position where its segment starts (0 for the
+    window's first segment)."""
+    inputs = np.asarray(inputs)
+    starts = inputs == end_of_document
+    t = np.broadcast_to(np.arange(inputs.shape[-1]), inputs.shape)
+    first = np.maximum.accumulate(np.where(starts, t, 0), axis=-1)
+    return np.cumsum(starts, axis=-1).astype(np.int32), (t - first).astype(np.int32)
+
+
+def _with_segments(batch: dict[str, np.ndarray], end_of_document: int | None) -> dict[str, np.ndarray]:
+    """`batch` with the `segments` and `positions` of its inputs when `end_of_document` is given."""
+    if end_of_document is None:
+        return batch
+    segments, positions = segments_and_positions(batch["tokens"][:, :-1], end_of_document)
+    return {**batch, "segments": segments, "positions": positions}
 
 
 def _local_slice(global_batch_size: int, process_index: int, process_count: int) -> tuple[int, int]:
@@ -283,32 +321,38 @@ def _local_slice(global_batch_size: int, process_index: int, process_count: int)
 
 
 def train_batches(tokens: np.ndarray, seq_len: int, global_batch_size: int, seed: int, start_step: int = 0,
-                  process_index: int = 0, process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
-    """Process-local train batches {'tokens': (b, T + 1) int32} from step `start_step` on."""
-    windows = num_windows(len(tokens), seq_len)
+                  process_index: int = 0, process_count: int = 1, random_offsets: bool = False,
+                  end_of_document: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """Process-local train batches {'tokens': (b, T + 1) int32} from step `start_step` on;
+    `random_offsets`: each epoch's windows from its own offset (`epoch_offset`); with
+    `end_of_document`, also the inputs' {'segments', 'positions': (b, T) int32}."""
+    windows = num_windows(len(tokens) - (seq_len - 1 if random_offsets else 0), seq_len)
     require(windows > 0, f"the train split holds {len(tokens)} tokens: no window of {seq_len + 1}")
     offset, local = _local_slice(global_batch_size, process_index, process_count)
-    orders: dict[int, np.ndarray] = {}
+    orders: dict[int, tuple[np.ndarray, int]] = {}
     step = start_step
     while True:
         rows = []
         for k in range(local):
             epoch, i = divmod(step * global_batch_size + offset + k, windows)
-            if epoch not in orders:
-                orders = {epoch: epoch_order(seed, epoch, windows)}  # one epoch's order kept at a time
-            rows.append(window(tokens, int(orders[epoch][i]), seq_len))
-        yield {"tokens": np.stack(rows)}
+            if epoch not in orders:  # one epoch's order and offset kept at a time
+                orders = {epoch: (epoch_order(seed, epoch, windows),
+                                  epoch_offset(seed, epoch, seq_len) if random_offsets else 0)}
+            order, start = orders[epoch]
+            rows.append(window(tokens, int(order[i]), seq_len, start))
+        yield _with_segments({"tokens": np.stack(rows)}, end_of_document)
         step += 1
 
 
 def eval_batches(tokens: np.ndarray, seq_len: int, global_batch_size: int, max_windows: int | None = None,
-                 process_index: int = 0, process_count: int = 1,
-                 weights: np.ndarray | None = None) -> tuple[list[dict[str, np.ndarray]], int]:
+                 process_index: int = 0, process_count: int = 1, weights: np.ndarray | None = None,
+                 end_of_document: int | None = None) -> tuple[list[dict[str, np.ndarray]], int]:
     """(process-local validation batches {'tokens': (b, T + 1), 'mask': (b, T), 'bytes': (b, T)},
     targets counted): `max_windows` windows spread evenly over the split, window ⌊j·W/max_windows⌋
     for j = 0 … max_windows − 1 (None: all W windows, the last one short), in order; padding
     (rows past the end, the short window's tail) has mask 0; `bytes` is each counted target's
-    byte weight (`weights`: one per token of `tokens`, `token_bytes`; default 1 each)."""
+    byte weight (`weights`: one per token of `tokens`, `token_bytes`; default 1 each); with
+    `end_of_document`, also the inputs' `segments` and `positions` (b, T)."""
     total = -(-(len(tokens) - 1) // seq_len)  # the last window may be short
     count = total if max_windows is None else min(total, max_windows)
     chosen = np.arange(count) * total // count  # spread evenly over the split (all of them: 0 … total-1)
@@ -326,7 +370,8 @@ def eval_batches(tokens: np.ndarray, seq_len: int, global_batch_size: int, max_w
             lengths.append(np.pad(np.ones(real) if weights is None else weights[first:first + real],
                                   (0, seq_len - real)))
         rows_, mask = np.stack(rows), np.stack(masks).astype(np.float32)
-        batches.append({"tokens": rows_, "mask": mask, "bytes": (mask * np.stack(lengths)).astype(np.float32)})
+        batches.append(_with_segments({"tokens": rows_, "mask": mask, "bytes": (mask * np.stack(lengths)).astype(
+            np.float32)}, end_of_document))
     for w in chosen:
         targets += len(window(tokens, int(w), seq_len)) - 1
     return batches, targets
@@ -347,6 +392,10 @@ def check_config(config: Any) -> None:
         cap = config.dataset.get(field)
         require(cap is None or is_positive_int(cap), f"config.dataset.{field}={cap!r} must be a positive integer "
                                                      "(None: the whole split)")
+    packing = config.dataset.get("packing", "windows")
+    require(packing in PACKINGS, f"config.dataset.packing={packing!r} is unknown; allowed: {list(PACKINGS)}")
+    offsets = config.dataset.get("random_offsets", False)
+    require(isinstance(offsets, bool), f"config.dataset.random_offsets={offsets!r} must be True or False")
     data_dir = config.dataset.get("data_dir")
     require(data_dir is None or name not in CORPORA or os.path.isdir(data_dir),
             f"config.dataset.data_dir={data_dir!r} is not a folder (None: the standard library's)")
@@ -363,12 +412,22 @@ def train_iterator(config: Any, start_step: int, process_index: int, process_cou
     `shards` places repeated-augmentation copies, which text has none of)."""
     del on_device, shards  # tokens are tokens
     return train_batches(stream(config, config.dataset.train_split), config.model.seq_len, config.input.batch_size,
-                         config.seed, start_step, process_index, process_count)
+                         config.seed, start_step, process_index, process_count,
+                         bool(config.dataset.get("random_offsets", False)), segment_end(config))
+
+
+def segment_end(config: Any) -> int | None:
+    """The END_OF_DOCUMENT that starts a segment under `config.dataset.packing='documents'`, else None."""
+    return tokenizer(config).end_of_document if config.dataset.get("packing", "windows") == "documents" else None
 
 
 def train_batch_spec(config: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
     """The global train batch as {name: (shape, dtype)}, from the config alone."""
-    return {"tokens": ((config.input.batch_size, config.model.seq_len + 1), np.dtype(np.int32))}
+    b, t = config.input.batch_size, config.model.seq_len
+    spec = {"tokens": ((b, t + 1), np.dtype(np.int32))}
+    if config.dataset.get("packing", "windows") == "documents":
+        spec.update(segments=((b, t), np.dtype(np.int32)), positions=((b, t), np.dtype(np.int32)))
+    return spec
 
 
 def unigram_entropy_bits(tokens: np.ndarray) -> float:

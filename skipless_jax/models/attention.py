@@ -97,7 +97,8 @@ class MultiHeadAttention(InitFields):
     probs_h·proj_w[h, g] + b_w[g] after it; under the skipless/mimetic init the mixings start as
     the identity with zero biases, so the layer starts as plain attention. `key_mask` (B, n) bool,
     optional: keys where it is False take no part in any query's softmax (TokenCut's padded token
-    grids, docs/method.md §7). `causal`: query t attends to keys 0 … t only (models/gpt.py).
+    grids, docs/method.md §7), or (B, 1, n, n) on plain self-attention: the keys of each query
+    (packed documents, docs/method/lm.md §5). `causal`: query t attends to keys 0 … t only (models/gpt.py).
     `decode`: causal with a KV cache (collection `cache`: the keys and values so far and their
     count); the call with the full (B, max_len) shape creates the cache, each later call writes its
     n new keys and values at the cache's index and attends over the cache (skipless_jax/generate.py).
@@ -177,7 +178,9 @@ class MultiHeadAttention(InitFields):
         b, n, d = q.shape
         h = self.num_heads
         q, k, v = (t.reshape(b, t.shape[1], h, d // h) for t in (q, k, v))
-        mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, n): every head and query
+        if key_mask is not None and key_mask.ndim == 2:
+            key_mask = key_mask[:, None, None, :]  # (B, 1, 1, n): every head and query
+        mask = key_mask  # or (B, 1, n, n): each query's own keys (packed documents, models/gpt.py)
         causal = self.causal or self.decode
         if self.attention_shape in SHAPED and not causal:
             raise ValueError(f"attention_shape={self.attention_shape!r} centres by the causal mask; the attention is not causal")

@@ -64,8 +64,10 @@ class EncoderBlock(SwitchFields):
     mlp_branch_gain: float = 0.1  # SAS / SAS-P: the MLP branch's initial gain g_M
 
     @nn.compact
-    def __call__(self, x: jax.Array, train: bool, layer: Any = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """`layer`: this block's index (an int, traced under scan), read by shaped attention."""
+    def __call__(self, x: jax.Array, train: bool, layer: Any = None,
+                 key_mask: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """`layer`: this block's index (an int, traced under scan), read by shaped attention;
+        `key_mask`: the attention's (B, 1, n, n) keys of each query (packed documents)."""
         out: dict[str, Any] = {}
         y = nn.LayerNorm(dtype=self.dtype)(x)
         attention = MultiHeadAttention(
@@ -74,7 +76,7 @@ class EncoderBlock(SwitchFields):
         )
         if self.attention_shape in SHAPED:
             return self._shaped(x, y, attention, train, layer, out)
-        y, details = attention(y)
+        y, details = attention(y, key_mask=key_mask)
         out.update(details)
         y = nn.Dropout(self.dropout)(y, deterministic=not train)
         x = residual(x, y, self.skip_sab, self.drop_path, train, out, "sab")  # ② the attention skip

@@ -60,7 +60,10 @@ class GPT(SwitchFields):
     causal: bool = True  # read by the blocks (vit.encoder_blocks): the decoder is causal, always
 
     @nn.compact
-    def __call__(self, tokens: jax.Array, train: bool = False) -> tuple[jax.Array, dict[str, Any]]:
+    def __call__(self, tokens: jax.Array, train: bool = False, segments: jax.Array | None = None,
+                 positions: jax.Array | None = None) -> tuple[jax.Array, dict[str, Any]]:
+        """`segments`, `positions` (B, T) int (packed documents, docs/method/lm.md §5): query t
+        attends to the keys of its own segment only; its position embedding is P[positions_t]."""
         out: dict[str, Any] = {}
         embed = nn.Embed(self.vocab_size, self.width, embedding_init=nn.initializers.normal(EMBEDDING_STD),
                          dtype=self.dtype, name="token_embedding")
@@ -73,13 +76,14 @@ class GPT(SwitchFields):
             start = jnp.zeros((), jnp.int32) if created else position.value
             if not created:
                 position.value = start + n
-            positions = jax.lax.dynamic_slice_in_dim(table, start, n)
+            position_rows = jax.lax.dynamic_slice_in_dim(table, start, n)[None]
         else:
-            positions = table[:n]
-        x = embed(tokens) + positions.astype(self.dtype)[None]
+            position_rows = table[:n][None] if positions is None else table[positions]
+        x = embed(tokens) + position_rows.astype(self.dtype)
         out["embedding"] = x
         x = nn.Dropout(self.dropout)(x, deterministic=not train)
-        x, out["blocks"] = encoder_blocks(self, x, train)  # + `encoder_norm`, the final norm
+        same = None if segments is None else (segments[:, :, None] == segments[:, None, :])[:, None]  # (B, 1, T, T)
+        x, out["blocks"] = encoder_blocks(self, x, train, key_mask=same)  # + `encoder_norm`, the final norm
         out["encoded"] = x
         if self.tied_head:
             logits = embed.attend(x)

@@ -185,7 +185,7 @@ class _ScannedBlock(nn.Module):
 
 
 def encoder_blocks(
-    module: nn.Module, x: jax.Array, train: bool, final_norm: bool = True
+    module: nn.Module, x: jax.Array, train: bool, final_norm: bool = True, key_mask: jax.Array | None = None
 ) -> tuple[jax.Array, list[dict[str, Any]]]:
     """The encoder stack `block_0 … block_{depth-1}` + `encoder_norm` (if `final_norm`) of a module
     with the ViT's fields (called inside its compact method, so the parameter names are the ViT's;
@@ -196,7 +196,8 @@ def encoder_blocks(
     `module.remat` wraps each block in jax.checkpoint (REMAT_POLICIES); `module.scan` runs one
     scanned block whose parameters carry a leading layer axis under SCANNED_BLOCKS (the same
     function: `stack_blocks` / `unstack_blocks` convert the parameters; each layer draws its own
-    init key, its drop-path rate and dropout key).
+    init key, its drop-path rate and dropout key). `key_mask` (B, 1, n, n) bool, unrolled blocks
+    only: the keys each query attends to (the gpt family's packed documents, docs/method/lm.md §5).
     """
     depth = module.depth
     rates = [module.drop_path * layer / max(depth - 1, 1) for layer in range(depth)]
@@ -206,6 +207,8 @@ def encoder_blocks(
     policy = getattr(module, "remat", None)
     kwargs = _block_kwargs(module)
     if getattr(module, "scan", False):
+        if key_mask is not None:
+            raise ValueError("a scanned encoder takes no key mask (packed documents need config.model.scan=False)")
         body = _ScannedBlock
         if policy:
             body = nn.remat(body, policy=REMAT_POLICIES[policy], prevent_cse=False)
@@ -221,7 +224,7 @@ def encoder_blocks(
             block_cls = nn.remat(EncoderBlock, policy=REMAT_POLICIES[policy], static_argnums=(2,))
         blocks = []
         for layer in range(depth):
-            x, block_out = block_cls(**kwargs, drop_path=rates[layer], name=f"block_{layer}")(x, train, layer)
+            x, block_out = block_cls(**kwargs, drop_path=rates[layer], name=f"block_{layer}")(x, train, layer, key_mask)
             x = sharding.constrain_batch(x)
             blocks.append(block_out)
     if final_norm:

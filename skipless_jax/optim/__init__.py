@@ -16,11 +16,12 @@ import jax.numpy as jnp
 import optax
 
 from skipless_jax.models import roles
+from skipless_jax.optim.shampoo_ec import scale_by_shampoo_ec, shampoo_ec
 from skipless_jax.optim.soap import scale_by_soap, soap
 
 __all__ = [
-    "OPTIMIZERS", "SCHEDULES", "build_optimizer", "build_schedule", "decay_mask", "scale_by_soap", "soap", "triangular",
-    "warmup_cosine",
+    "OPTIMIZERS", "SCHEDULES", "build_optimizer", "build_schedule", "decay_mask", "scale_by_shampoo_ec",
+    "scale_by_soap", "shampoo_ec", "soap", "triangular", "warmup_cosine",
 ]
 
 
@@ -156,10 +157,27 @@ def _soap(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:
     )
 
 
+def _shampoo_ec(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:
+    """Eigenvalue-corrected Shampoo (docs/method/shampoo_ec.md); defaults: the authors' MAE fork's call."""
+    return shampoo_ec(
+        lr,
+        b1=opt.get("b1", 0.9),
+        b2=opt.get("b2", 0.95),
+        eps=opt.get("eps", 1e-8),
+        weight_decay=opt.get("weight_decay", 0.0),
+        precondition_frequency=opt.get("precondition_frequency", 100),
+        max_preconditioner_dim=opt.get("max_preconditioner_dim", 8192),
+        start_preconditioning_step=opt.get("start_preconditioning_step", -1),
+        weight_decay_mask=_decay_mask(opt),
+        stacked=stacked_mask,  # a scanned encoder: each layer its own factors
+    )
+
+
 OPTIMIZERS: dict[str, Callable[[Any, optax.Schedule], optax.GradientTransformation]] = {
     "adamw": _adamw,
     "sgd": _sgd,
     "soap": _soap,
+    "shampoo_ec": _shampoo_ec,
 }
 
 

@@ -305,14 +305,14 @@ def tensor_rotate(
 # Validation.
 
 
-def _check_unit_interval(name: str, value: float) -> None:
+def _check_unit_interval(name: str, value: float, who: str = "SOAP") -> None:
     if not is_number(value) or not 0.0 <= float(value) < 1.0:
-        raise ValueError(f"SOAP {name} must be a float in [0, 1), got {value!r}")
+        raise ValueError(f"{who} {name} must be a float in [0, 1), got {value!r}")
 
 
-def _check_positive_int(name: str, value: int) -> None:
+def _check_positive_int(name: str, value: int, who: str = "SOAP") -> None:
     if not is_positive_int(value):
-        raise ValueError(f"SOAP {name} must be an integer >= 1, got {value!r}")
+        raise ValueError(f"{who} {name} must be an integer >= 1, got {value!r}")
 
 
 def validate_soap_hparams(
@@ -337,24 +337,24 @@ def validate_soap_hparams(
     _check_positive_int("max_precond_dim", max_precond_dim)
 
 
-def _check_mask_type(mask: Any, name: str = "weight_decay_mask") -> None:
+def _check_mask_type(mask: Any, name: str = "weight_decay_mask", who: str = "SOAP") -> None:
     if mask is None or callable(mask):
         return
     leaves = jax.tree.leaves(mask)
     if not leaves or not all(isinstance(x, (bool, np.bool_)) for x in leaves):
         raise ValueError(
-            f"SOAP {name} must be None, a callable params -> bool pytree, or a pytree of "
+            f"{who} {name} must be None, a callable params -> bool pytree, or a pytree of "
             f"Python bools; got leaves {[type(x).__name__ for x in leaves[:3]]}"
         )
 
 
-def _resolve_mask(mask: Any, params: optax.Params, name: str = "weight_decay_mask") -> Any:
+def _resolve_mask(mask: Any, params: optax.Params, name: str = "weight_decay_mask", who: str = "SOAP") -> Any:
     """Mask pytree of bools for `params`; one-line ValueError when its structure differs."""
     resolved = mask(params) if callable(mask) else mask
     want, got = jax.tree.structure(params), jax.tree.structure(resolved)
     if want != got:
         raise ValueError(
-            f"SOAP {name} does not match the parameters: {got.num_leaves} mask leaves "
+            f"{who} {name} does not match the parameters: {got.num_leaves} mask leaves "
             f"vs {want.num_leaves} parameter leaves with a different tree structure"
         )
     return resolved

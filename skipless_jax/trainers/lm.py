@@ -49,6 +49,13 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
     name = config.model.get("name")
     require(name == "gpt", f"config.model.name={name!r}: the lm trainer trains a causal decoder; allowed: 'gpt'")
     models.check_config(config.model, 0)
+    if config.dataset.get("packing", "windows") == "documents":  # the segment mask runs through unrolled blocks
+        require(not config.model.get("scan", False), "config.dataset.packing='documents' needs config.model.scan="
+                "False (a scanned encoder takes no segment mask)")
+        shape = config.model.get("attention_shape", "softmax")
+        require(shape not in ("sas", "sas_p"), f"config.dataset.packing='documents' is not defined for "
+                f"config.model.attention_shape={shape!r} (its centring runs over every earlier token); allowed: "
+                "'softmax', 'value_skip'")
     for field in ("total_steps", "schedule.warmup_steps"):
         holder, leaf = (config.schedule, "warmup_steps") if "." in field else (config, field)
         value = holder.get(leaf)
@@ -116,24 +123,26 @@ def make_init_state(model_config: ml_collections.ConfigDict, model: Any, tx: opt
 
 def make_train_step(model: Any, tx: optax.GradientTransformation, schedule: optax.Schedule,
                     config: ml_collections.ConfigDict):
-    """(state, {'tokens': (B, T + 1)}) -> (state, metrics): the mean next-token loss, gradient
-    accumulation over `config.grad_accum_steps` strided micro-batches (`common.microbatches`),
-    the non-finite guard."""
+    """(state, {'tokens': (B, T + 1)[, 'segments', 'positions': (B, T)]}) -> (state, metrics): the
+    mean next-token loss (packed documents: each within its segment, docs/method/lm.md §5),
+    gradient accumulation over `config.grad_accum_steps` strided micro-batches
+    (`common.microbatches`), the non-finite guard."""
     k = config.get("grad_accum_steps") or 1
     byte_tokens = not config.dataset.get("tokenizer")  # train bits per byte: the loss / ln 2, bytes only
 
-    def loss_fn(params, tokens, rng):
-        logits, _ = model.apply({"params": params}, tokens[:, :-1], train=True, rngs={"dropout": rng})
-        total, count = losses.next_token_loss(logits, tokens)
+    def loss_fn(params, batch, rng):
+        logits, _ = model.apply({"params": params}, batch["tokens"][:, :-1], train=True, rngs={"dropout": rng},
+                                **segment_inputs(batch))
+        total, count = losses.next_token_loss(logits, batch["tokens"])
         return total / count
 
     grad_fn = jax.value_and_grad(loss_fn)
 
     def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
         rng = jax.random.fold_in(state["rng"], state["step"])
-        tokens = sharding.constrain_batch(batch["tokens"])
+        batch = {name: sharding.constrain_batch(value) for name, value in batch.items()}
         if k == 1:
-            loss, grads = grad_fn(state["params"], tokens, rng)
+            loss, grads = grad_fn(state["params"], batch, rng)
         else:  # equal micro-batches: the mean of their means is the batch's mean
             def accumulate(sums, micro):
                 index, part = micro
@@ -141,12 +150,18 @@ def make_train_step(model: Any, tx: optax.GradientTransformation, schedule: opta
                 return jax.tree.map(jnp.add, sums, (value, g)), None
 
             zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, state["params"]))
-            sums, _ = jax.lax.scan(accumulate, zeros, (jnp.arange(k), common.microbatches(tokens, k)))
+            micro = {name: common.microbatches(value, k) for name, value in batch.items()}
+            sums, _ = jax.lax.scan(accumulate, zeros, (jnp.arange(k), micro))
             loss, grads = jax.tree.map(lambda x: x / k, sums)
         extra = {"bits_per_byte": loss / LN2} if byte_tokens else {}
         return nonfinite.guarded_update(state, loss, grads, tx, schedule, **extra)
 
     return train_step
+
+
+def segment_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """The model's `segments` and `positions` keywords from a packed-documents batch (none otherwise)."""
+    return {name: batch[name] for name in ("segments", "positions") if name in batch}
 
 
 def make_evaluate(model: Any, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
@@ -155,12 +170,13 @@ def make_evaluate(model: Any, config: ml_collections.ConfigDict, mesh: jax.shard
     batch_size = config.input.get("eval_batch_size") or config.input.batch_size
     local, targets = text.eval_batches(text.stream(config, config.dataset.eval_split), config.model.seq_len,
                                        batch_size, config.dataset.get("eval_windows"), jax.process_index(),
-                                       jax.process_count(), text.token_bytes(config, config.dataset.eval_split))
+                                       jax.process_count(), text.token_bytes(config, config.dataset.eval_split),
+                                       text.segment_end(config))
     batch_sharding = sharding.batch_sharding(mesh)
 
     @jax.jit
     def sums(params, batch):
-        logits, _ = model.apply({"params": params}, batch["tokens"][:, :-1], train=False)
+        logits, _ = model.apply({"params": params}, batch["tokens"][:, :-1], train=False, **segment_inputs(batch))
         total, count = losses.next_token_loss(logits, batch["tokens"], batch["mask"])
         return total, count, batch["bytes"].sum()
 
