@@ -267,6 +267,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         patch_size=2,  # 16 tokens of 2×2 pixels (64 on the upsampled digits)
         pool="gap",
         drop_path=0.0,
+        gelu=placeholder(str),  # None: tanh; `--config.model.gelu=exact --config.model.pool=tok`: timm's ViT
     )
     share = config_args.optional_number(a, "self_share")
     if share is not None:

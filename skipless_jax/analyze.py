@@ -377,24 +377,27 @@ def main(argv: Sequence[str]) -> None:
     from absl import flags
     from ml_collections import config_flags
 
-    from skipless_jax.cli import quiet_console
+    from skipless_jax import cli
 
     cfg_flag = flags.FLAGS["config"]
     name = config_flags.get_config_filename(cfg_flag) if cfg_flag.value is not None else "saved config"
     try:
         if cfg_flag.value is None and not flags.FLAGS.workdir:
             raise ValueError("pass --config, or --workdir of a run (its saved config is used)")
-        quiet_console(tensorflow=False)
+        cli.quiet_console(tensorflow=False)
+        output_dir = flags.FLAGS.output_dir or os.path.join(flags.FLAGS.workdir or ".", "analysis")
+        cli.check_writable("--output_dir", output_dir)  # before the analysis: one line, exit status 2
         compilation_cache.setup(cfg_flag.value)  # before anything compiles (--config's field, else the default)
-        analyze(
-            cfg_flag.value,
-            workdir=flags.FLAGS.workdir,
-            output_dir=flags.FLAGS.output_dir,
-            num_images=flags.FLAGS.num_images,
-            jacobian=flags.FLAGS.jacobian,
-            config_name=os.path.basename(name),
-            params=flags.FLAGS.params,
-        )
+        with cli.writing("--output_dir", output_dir):
+            analyze(
+                cfg_flag.value,
+                workdir=flags.FLAGS.workdir,
+                output_dir=output_dir,
+                num_images=flags.FLAGS.num_images,
+                jacobian=flags.FLAGS.jacobian,
+                config_name=os.path.basename(name),
+                params=flags.FLAGS.params,
+            )
     except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
         raise SystemExit(f"error: {err}") from None
 

@@ -1,8 +1,11 @@
 """What the command lines share: absl's flag parsing with every error one line and exit status 2
-(`--help` exits 0), and the quiet console log.
+(`--help` exits 0), the folders they write (one line for one that cannot be written), and the
+quiet console log (and its copy in a run's workdir).
 
     app.run(main, flags_parser=cli.parse_flags)      # in `if __name__ == "__main__":`
     cli.quiet_console()                              # first thing in main(argv)
+    cli.check_writable("--output", out)              # before the work: exit 2 if it cannot be written
+    with cli.writing("--output", out): ...           # the writes: an OSError is one line, exit 2 (full: 1)
 
 The console at the default verbosity keeps this project's own lines (settings, progress with
 ETA, evaluations, checkpoint saves) and the warnings and errors of other libraries, except
@@ -17,6 +20,7 @@ answers before JAX or TensorFlow load.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -25,11 +29,13 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from absl import flags, logging
 
-EXIT_USAGE = 2  # a bad command line, as argparse and the launchers exit
+EXIT_USAGE = 2  # a bad command line, as argparse and the launchers exit; a folder that cannot be written
+EXIT_DISK_FULL = 1  # a write that found the disk full (main: a save that failed for lack of space)
 _HELP_FLAGS = ("--help", "-help", "--helpshort", "-helpshort", "--helpfull", "-helpfull", "--helpxml", "-helpxml", "-?")
 
 
@@ -144,6 +150,66 @@ def parse_flags(argv: list[str]) -> list[str]:
         usage_error(flag_error_line(err, argv))
 
 
+def unwritable(path: str) -> str | None:
+    """Why the local folder `path` (made if missing) cannot be written, naming the nearest path
+    that exists: '<p> is a file, not a directory' or '<p> is not writable (a read-only file
+    system | permission denied)'; None where it can be (or for a bucket URL: not checked)."""
+    if "://" in path:
+        return None
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):  # the folder that will hold it
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing} is a file, not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        why = "a read-only file system" if os.statvfs(existing).f_flag & os.ST_RDONLY else "permission denied"
+        return f"{existing} is not writable ({why})"
+    return None
+
+
+def check_writable(flag: str, path: str, file: bool = False) -> None:
+    """`--flag=path`, a folder a command will write into (`file`: a file, whose folder is
+    checked), that cannot be written: one `error:` line, exit status 2 (as main's unwritable
+    --workdir). Nothing is created."""
+    why = unwritable(os.path.dirname(os.path.abspath(path)) if file else path)
+    if why:
+        usage_error(f"{flag}={path}: {why}")
+
+
+def write_error(err: OSError, flag: str, path: str) -> tuple[str, int]:
+    """(the one line, the exit status) of a write under `--flag=path` that raised `err`: a full
+    disk (ENOSPC, or a save's DiskFullError) exits 1 as main's failed save; a read-only folder, a
+    file where a folder goes or a refused permission exit 2 as main's unwritable --workdir."""
+    text = one_line(str(err))
+    if "disk is full" in text:  # a save's DiskFullError says it all
+        return f"{flag}={path}: {text}", EXIT_DISK_FULL
+    if err.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in text:
+        return (f"{flag}={path}: the disk is full: writing {err.filename or f'a file in {path}'} failed "
+                "(No space left on device)"), EXIT_DISK_FULL
+    target = err.filename or path
+    why = unwritable(target if err.errno in (errno.ENOTDIR, errno.EEXIST) else os.path.dirname(target) or path)
+    return f"{flag}={path}: {why or f'writing {target} failed ({err.strerror or text})'}", EXIT_USAGE
+
+
+@contextlib.contextmanager
+def writing(flag: str, path: str) -> Iterator[None]:
+    """The block's writes under `--flag=path`: an OSError there (but FileNotFoundError, a missing
+    input) is `write_error`'s one `error:` line on stderr and its exit status, not a traceback."""
+    try:
+        yield
+    except FileNotFoundError:  # a missing input: the command's own one line
+        raise
+    except OSError as err:
+        sys.exit(say_write_error(err, flag, path))
+
+
+def say_write_error(err: OSError, flag: str, path: str) -> int:
+    """Prints `write_error`'s line on stderr as `error: ...`; returns its exit status."""
+    line, status = write_error(err, flag, path)
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    return status
+
+
 # Library records kept on the console at the default verbosity: this Python level or above.
 _LIBRARY_MIN_LEVEL = {"orbax": std_logging.ERROR}  # other libraries: WARNING
 # The logging writer's '[step] name=value, ...' lines: every scalar again (TensorBoard and
@@ -231,6 +297,56 @@ class _LateLoopCallbacks:
         if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
             return
         self.previous(unraisable)
+
+
+CONSOLE_LOG = "console.log"  # main's copy of its console in the workdir
+
+
+class _ConsoleCopy(std_logging.FileHandler):
+    """The log records the console shows (its handler's filters: quiet_console's at the default
+    verbosity), in absl's format, appended to a file; a write that fails (a full disk) ends the
+    copy, not the command."""
+
+    def __init__(self, path: str):
+        super().__init__(path, mode="a", encoding="utf-8")
+        self.setFormatter(logging.PythonFormatter())
+        for f in logging.get_absl_handler().filters:
+            self.addFilter(f)
+        self.failed = False
+
+    def emit(self, record: std_logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: std_logging.LogRecord | None) -> None:
+        self.failed = True
+
+    def line(self, text: str) -> None:
+        with contextlib.suppress(Exception):
+            if not self.failed and self.stream is not None:
+                self.stream.write(text.rstrip("\n") + "\n")
+                self.stream.flush()
+
+
+_copies: list[_ConsoleCopy] = []
+
+
+def copy_console(path: str) -> None:
+    """From now on, the console's log records and `echo`'s lines also go to the file `path`
+    (appended: a resumed run adds to it). Call after `quiet_console`, once the folder exists."""
+    try:
+        copy = _ConsoleCopy(path)
+    except OSError:  # a folder that cannot take it: the command says so where it writes its own files
+        return
+    std_logging.getLogger().addHandler(copy)
+    _copies.append(copy)
+
+
+def echo(text: str, file: Any = None) -> None:
+    """`print(text)` (to stdout, or `file`), and the same line in the console's copy, if any."""
+    print(text, file=file or sys.stdout, flush=True)
+    for copy in _copies:
+        copy.line(text)
 
 
 def quiet_console(tensorflow: bool = True) -> None:

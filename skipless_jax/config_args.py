@@ -11,7 +11,10 @@ from typing import Any
 # Values an argument may take in every config that has it: the configs document these, with
 # their own settings (config_blocks.optimizer gives SOAP's and AdamW's b1/b2; others would run
 # with AdamW's learning rate and settings that do not apply).
-CHOICES = {"opt": ("adamw", "soap", "shampoo_ec")}
+# `init`: models/init.py's INIT_METHODS (this module imports no model code; tests/test_first_use.py
+# checks that the two agree).
+CHOICES = {"opt": ("adamw", "soap", "shampoo_ec"),
+           "init": ("default", "skipless", "mimetic", "timm", "mae", "orthogonal")}
 
 
 def _convert(key: str, text: str, default: Any) -> Any:

@@ -115,7 +115,7 @@ class _Recorded:
 def evaluate(
     workdir: str, config: ml_collections.ConfigDict | None = None, step: int | None = None,
     devices: Sequence[jax.Device] | None = None, only: Sequence[str] | None = None, params: str = "model",
-    quantize: str | None = None,
+    quantize: str | None = None, announce: bool = False,
 ) -> dict[str, Any]:
     """Runs every evaluator of the (saved) config on the checkpoint's trained weights (`params`
     'model') or their EMA ('ema'), or those named in `only`; returns {prefix_metric: value,
@@ -151,6 +151,8 @@ def evaluate(
         for prefix, metric, value in evaluators.run_all(built, ctx, tree, int(found_step), int(found_step)):
             results[f"{ema}{prefix}_{metric}"] = value
     suffix = ("_ema" if ema else "") + ("" if step is None else f"_step{found_step}")
+    if jax.process_index() == 0 and announce:  # `announce`: printed before the files, which may fail
+        print(summary_line(results), flush=True)
     if jax.process_index() == 0:
         os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
         for name, metrics in per_evaluator.items():
@@ -174,12 +176,17 @@ def main(argv: Sequence[str]) -> None:
     cli.quiet_console()
     try:
         compilation_cache.setup(flags.FLAGS.config or checkpoint.saved_config(flags.FLAGS.workdir))
-        results = evaluate(flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.step, only=flags.FLAGS.only,
-                           params=flags.FLAGS.params, quantize=flags.FLAGS.quantize)
+        with cli.writing("--workdir", flags.FLAGS.workdir):  # a folder that cannot take the files: one line
+            evaluate(flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.step, only=flags.FLAGS.only,
+                     params=flags.FLAGS.params, quantize=flags.FLAGS.quantize, announce=True)
     except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
         raise SystemExit(f"error: {err}") from None
-    print(f"Evaluated step {results['step']}: " + ", ".join(
-        f"{k}={v:.4f}" for k, v in sorted(results.items()) if k != "step"), flush=True)
+
+
+def summary_line(results: dict[str, Any]) -> str:
+    """'Evaluated step N: name=value, ...', what the command prints."""
+    return f"Evaluated step {results['step']}: " + ", ".join(
+        f"{k}={v:.4f}" for k, v in sorted(results.items()) if k != "step")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 r"""A workdir's evaluation forward as a `jax.export` artifact that runs with jax alone.
 
     python -m skipless_jax.export --workdir=DIR [--examples=N|all] [--platforms=cpu,cuda,tpu] \
-        [--params=model|ema] [--weights_dtype=float32|bfloat16]
+        [--params=model|ema] [--weights_dtype=float32|bfloat16] [--output=DIR/export]
 
-writes
+writes (into `--output` where given: a read-only workdir's artifact goes elsewhere; a folder that
+cannot be written is one `error:` line before anything is lowered, exit status 2, a full disk 1)
 
     DIR/export/model.jax       serialized jax.export.Exported: uint8 images (B, H, W, C), as the
                                eval pipeline delivers them (after resize and crop), → float32
@@ -139,8 +140,9 @@ def forward(workdir: str, params: str = "model", weights_dtype: str = "float32")
 
 
 def export(workdir: str, examples: str | None = None, platforms: Sequence[str] = DEFAULT_PLATFORMS,
-           params: str = "model", weights_dtype: str = "float32") -> dict[str, Any]:
-    """Writes DIR/export/{model.jax, model.json[, examples.npz]}; returns model.json's content.
+           params: str = "model", weights_dtype: str = "float32", output: str | None = None) -> dict[str, Any]:
+    """Writes DIR/export/{model.jax, model.json[, examples.npz]} (or into `output`); returns
+    model.json's content.
     `params`: 'model' (as trained) or 'ema' (the run's model EMA); `weights_dtype`: the stored
     weights' dtype. Any failure to lower or serialize the forward is a one-line ValueError
     naming its cause, and nothing is written."""
@@ -154,7 +156,7 @@ def export(workdir: str, examples: str | None = None, platforms: Sequence[str] =
     _check_size(len(exported.mlir_module_serialized), "lowered program", weights_dtype)
     artifact = _one_line(f"serializing {where}", exported.serialize)
     meta.update(platforms=list(exported.platforms), output_shape=[None, *map(int, exported.out_avals[0].shape[1:])])
-    out = os.path.join(workdir, "export")
+    out = output or os.path.join(workdir, "export")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "model.jax"), "wb") as f:
         f.write(artifact)
@@ -225,13 +227,16 @@ def main(argv: Sequence[str]) -> None:
 
     cli.quiet_console(tensorflow=False)  # main's console: orbax's bookkeeping at --verbosity=1 only
     f = flags.FLAGS
+    out = f.output or os.path.join(f.workdir, "export")
+    cli.check_writable("--output", out)  # before the lowering: a folder that cannot be written is one line
     try:
-        meta = export(f.workdir, f.examples, parse_platforms(f.platforms), f.params, f.weights_dtype)
+        with cli.writing("--output", out):
+            meta = export(f.workdir, f.examples, parse_platforms(f.platforms), f.params, f.weights_dtype, out)
     except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
         raise SystemExit(f"error: {err}") from None
     extra = f", {meta['examples']} examples" if "examples" in meta else ""
     shape = ", ".join(["B", *map(str, meta["input"]["shape"][1:])])
-    print(f"wrote {os.path.join(f.workdir, 'export')}: step {meta['step']}, {meta['output']} "
+    print(f"wrote {out}: step {meta['step']}, {meta['output']} "
           f"{meta['output_shape']} for {meta['input']['dtype']} ({shape}) "
           f"on {','.join(meta['platforms'])}{extra}", flush=True)
 
@@ -245,6 +250,8 @@ if __name__ == "__main__":
                         f"Platforms the artifact is lowered for ({', '.join(PLATFORMS)}).")
     flags.DEFINE_string("params", "model", "The weights exported: model (as trained) or ema (the run's model EMA).")
     flags.DEFINE_string("weights_dtype", "float32", f"dtype of the stored weights ({', '.join(WEIGHTS_DTYPES)}).")
+    flags.DEFINE_string("output", None, "The folder the files go to (default DIR/export): a read-only workdir's "
+                        "export goes elsewhere.")
     flags.mark_flags_as_required(["workdir"])
     from skipless_jax.cli import parse_flags  # --help exits 0, flag errors are one line (status 2)
 

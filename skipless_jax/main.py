@@ -17,7 +17,10 @@ second exits at once. A --workdir that is a file or not writable, a missing `con
 and a full disk during a save are one line each (the last keeps the last good checkpoint, status 1).
 
 The console shows the settings once, progress with ETA, evaluations, checkpoint saves and the
-warnings that matter; `--verbosity=1` adds the libraries' own lines (skipless_jax/cli.py).
+warnings that matter; `--verbosity=1` adds the libraries' own lines (skipless_jax/cli.py). Process
+0 appends the same lines (and the final or error line) to `DIR/console.log`. A workdir whose lock
+names a live holder is refused before JAX loads (a single-process run; a multi-process one asks
+in process 0 after it starts).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from skipless_jax import workdir_lock
+from skipless_jax import cli, workdir_lock
 from skipless_jax.cli import cause_chain, config_file_error, one_line, parse_flags, quiet_console, usage_error
 
 config_flags.DEFINE_config_file("config", None, "Config file, optionally with ':args'.", lock_config=False)
@@ -60,21 +63,30 @@ def check_flags(argv: list[str]) -> None:
     if not workdir.strip():
         usage_error(f"--workdir={workdir!r} is empty; it must name a directory for checkpoints, metrics and logs")
     check_workdir(workdir)
+    if one_process():  # a busy workdir: refused now, not after JAX and the trainer load (~10 s)
+        try:
+            workdir_lock.check_free(workdir)
+        except workdir_lock.WorkdirBusy as err:
+            sys.exit(f"error: {err}")
+
+
+# What makes a run span processes (distributed.py; each of its processes shares the workdir, whose
+# lock process 0 holds): any of these, and the flags, leave the lock to lock_workdir.
+_MULTI_PROCESS_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_JOB_ID",
+                      "TPU_WORKER_HOSTNAMES")
+
+
+def one_process() -> bool:
+    """Whether nothing on the command line or in the environment starts a multi-process run."""
+    f = flags.FLAGS
+    return (f.coordinator_address is None and f.num_processes in (None, 1) and not f.process_id
+            and not any(k in os.environ for k in _MULTI_PROCESS_ENV))
 
 
 def check_workdir(workdir: str) -> None:
     """A local --workdir that cannot hold a run: one line naming the path and why (a bucket URL
     is not checked here). Nothing is created."""
-    if "://" in workdir:
-        return
-    existing = os.path.abspath(workdir)
-    while not os.path.exists(existing):  # the folder that will hold it
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        usage_error(f"--workdir={workdir}: {existing} is a file, not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        why = "a read-only file system" if os.statvfs(existing).f_flag & os.ST_RDONLY else "permission denied"
-        usage_error(f"--workdir={workdir}: {existing} is not writable ({why})")
+    cli.check_writable("--workdir", workdir)
 
 
 def check_sources(config: ml_collections.ConfigDict) -> None:
@@ -119,15 +131,27 @@ def main(argv: list[str]) -> None:
         lock_workdir(flags.FLAGS.workdir)
     except (ValueError, FileNotFoundError, workdir_lock.WorkdirBusy) as err:
         sys.exit(f"error: {err}")
+    if jax.process_index() == 0:  # the console from here on, also in the workdir
+        cli.copy_console(os.path.join(flags.FLAGS.workdir, cli.CONSOLE_LOG))
     try:
         metrics = train(module, config)
+    except SystemExit as stop:  # its one line, in the copy too
+        if isinstance(stop.code, str):
+            cli.echo(stop.code, file=sys.stderr)
+            sys.exit(1)
+        raise
     finally:
         workdir_lock.release(flags.FLAGS.workdir)
     if jax.process_index() == 0:
-        summary = ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())
-                            if not k.startswith("train_") and k != "step" and isinstance(v, (int, float)))
-        print(f"Final ({trainer}, step {metrics.get('step')}): {summary}", flush=True)
+        cli.echo(f"Final ({trainer}, step {metrics.get('step')}): {final_summary(metrics)}")
     logging.info("Done.")
+
+
+def final_summary(metrics: dict) -> str:
+    """'name=value, ...' of the final metrics but the train ones: floats to 4 decimals, integers
+    (an LM's corpus statistics) as they are."""
+    return ", ".join(f"{k}={v}" if isinstance(v, int) else f"{k}={v:.4f}" for k, v in sorted(metrics.items())
+                     if not k.startswith("train_") and k != "step" and isinstance(v, (int, float)))
 
 
 def lock_workdir(workdir: str) -> None:
@@ -172,14 +196,14 @@ def train(module, config: ml_collections.ConfigDict) -> dict:
         sys.exit(f"error: {err}")
     except Preempted as err:  # saved and stopped: not finished, so no final metrics
         status = EXIT_INTERRUPTED if err.interrupted else EXIT_PREEMPTED
-        print(
+        cli.echo(
             f"{'Interrupted' if err.interrupted else 'Preempted'} at step {err.step}: checkpoint saved in "
             f"{flags.FLAGS.workdir}; rerun the same command to resume (exit status {status}).",
-            file=sys.stderr, flush=True,
+            file=sys.stderr,
         )
         sys.exit(status)
     except KeyboardInterrupt:  # Ctrl-C before the loop watches for it (or in a multi-process run)
-        print("Interrupted before anything was saved (exit status 130).", file=sys.stderr, flush=True)
+        cli.echo("Interrupted before anything was saved (exit status 130).", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     except Exception as err:  # a full disk under another write: the trace, history, event files, final metrics
         full = checkpoint.disk_full_write(err, flags.FLAGS.workdir)

@@ -310,7 +310,10 @@ def main(argv: list[str]) -> None:
     del argv
     from absl import flags
 
+    from skipless_jax import cli
+
     f = flags.FLAGS
+    cli.check_writable("--workdir", f.workdir)  # a read-only folder, or a file in its place: one line
     try:
         if f.source not in SOURCES:
             raise ValueError(f"--source={f.source!r} is unknown; allowed: {list(SOURCES)}")
@@ -328,7 +331,8 @@ def main(argv: list[str]) -> None:
                   "docs/method.md §20)")
         else:
             state, config = convert_mae(checkpoint, f.config, f.num_heads)
-        write_workdir(f.workdir, state, config, os.path.basename(f.input))
+        with cli.writing("--workdir", f.workdir):
+            write_workdir(f.workdir, state, config, os.path.basename(f.input))
     except (ValueError, FileNotFoundError, KeyError) as err:
         raise SystemExit(f"error: {err}") from None
     m = config.model

@@ -33,7 +33,8 @@ Launchers:
 Exit status: 0 every run finished; 130 interrupted by Ctrl-C; 1 a run failed (a summary names each with its exit status
 and the last line of its log), or another sweep holds --root (local: one sweep per root, and
 each run's main holds its workdir; skipless_jax/workdir_lock.py); 75 a run was preempted (rerun
-the same command); 2 bad usage.
+the same command); 2 bad usage, or a --root that cannot be written (read-only, a file in its place;
+one line; a full disk: 1).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from skipless_jax import workdir_lock
+from skipless_jax import cli, workdir_lock
 from skipless_jax.trainers.outcome import EXIT_INTERRUPTED, EXIT_PREEMPTED, FINAL_METRICS, RUN_RECORD
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -517,6 +518,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
     root = os.path.abspath(args.root) if "://" not in args.root else args.root.rstrip("/")
+    cli.check_writable("--root", root)  # a read-only root or a file in its place: one line, exit status 2
+    with cli.writing("--root", root):
+        return launch(args, runs, root, overrides)
+
+
+def launch(args: argparse.Namespace, runs: Sequence[SweepRun], root: str, overrides: Sequence[str]) -> int:
+    """The runs by `args.launcher`: trained here, or written as a script (and submitted)."""
     if args.launcher == "local":
         return train(runs, root, overrides, args.workers)
     todo = [r for r in runs if not is_finished(os.path.join(root, r.name), r, overrides)]

@@ -555,7 +555,11 @@ def read_checkpoint(
 
 
 def write_safetensors(state_dict: Mapping[str, np.ndarray], output: str, metadata: Mapping[str, str]) -> None:
-    from safetensors.numpy import save_file
+    try:
+        from safetensors.numpy import save_file
+    except ImportError:
+        raise ValueError(f"--output={output!r}: writing a .safetensors file needs the safetensors package "
+                         "(pip install safetensors, or 'skipless_jax[timm]')") from None
 
     save_file({k: np.ascontiguousarray(v) for k, v in state_dict.items()}, output, metadata=dict(metadata))
 
@@ -734,8 +738,10 @@ def main(argv: list[str]) -> None:
 
     cli.quiet_console(tensorflow=False)  # main's console: orbax's bookkeeping at --verbosity=1 only
     f = flags.FLAGS
+    cli.check_writable("--output", f.output, file=f.reverse)  # a read-only folder, a file in its place: one line
     if f.reverse:
-        return reverse_main(f.input, f.output, f.params)
+        with cli.writing("--output", f.output):
+            return reverse_main(f.input, f.output, f.params)
     try:
         if f.family is None or f.variant is None:
             raise ValueError("--family and --variant are required (unless --reverse)")
@@ -744,7 +750,8 @@ def main(argv: list[str]) -> None:
         result = convert(f.family, sd, cfg, f.num_classes, f.image_size)
         if os.path.exists(os.path.join(f.output, "checkpoints")):
             raise ValueError(f"--output={f.output!r} already holds checkpoints; choose a new folder")
-        write_checkpoint(result["params"], f.output, cfg, os.path.basename(f.input), result.get("batch_stats"))
+        with cli.writing("--output", f.output):
+            write_checkpoint(result["params"], f.output, cfg, os.path.basename(f.input), result.get("batch_stats"))
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     count = sum(int(np.prod(v.shape)) for v in flatten(result["params"]).values())

@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 import jax
+from absl import logging
 
 from skipless_jax import sharding
 from skipless_jax.checks import is_finite, is_int, is_number, require
@@ -115,6 +116,11 @@ def _check_warmup(config: Any) -> None:
         + ("" if config.schedule.get("warmup_steps") is not None else
            f", e.g. add --config.schedule.warmup_epochs={_shorter_warmup(config, total / spe)}"),
     )
+    if warmup == total > 0:  # allowed, but the learning rate never reaches its peak nor decays
+        logging.warning("%s is a warm-up of %d steps, the whole run (%s): the learning rate never reaches its peak%s.",
+                        _steps_field(config, "warmup"), warmup, _steps_field(config, "total"),
+                        "" if config.schedule.get("warmup_steps") is not None else
+                        f"; e.g. add --config.schedule.warmup_epochs={_shorter_warmup(config, total / spe)}")
 
 
 def _shorter_warmup(config: Any, run_epochs: float) -> str:

@@ -149,13 +149,29 @@ def acquire(folder: str, what: str = "--workdir") -> None:
             logging.warning("%s=%s: taking over the lock of a run that is gone (%s).", what, folder,
                             describe(holder) if holder else "its record was never written")
             continue
-        raise WorkdirBusy(
-            f"{what}={folder} is in use by another run ({describe(holder)}; lock {path}): "
-            "wait for it to end, or use another folder")
+        raise _busy(what, folder, holder, path)
     else:
         raise WorkdirBusy(f"{what}={folder}: could not take the lock {path} (other processes keep taking it)")
     _held[path] = record["token"]
     _start_heartbeat(path, record["token"])
+
+
+def _busy(what: str, folder: str, holder: dict[str, Any], path: str) -> WorkdirBusy:
+    return WorkdirBusy(f"{what}={folder} is in use by another run ({describe(holder)}; lock {path}): "
+                       "wait for it to end, or use another folder")
+
+
+def check_free(folder: str, what: str = "--workdir") -> None:
+    """`acquire`'s WorkdirBusy when `<folder>/.lock` names a live holder, without taking the lock:
+    a command can refuse a busy folder before it loads anything (`acquire` still decides, and
+    judges a lock that is stale or cut short)."""
+    path = os.path.join(folder, LOCK)
+    try:
+        found = _read(path)
+    except OSError:
+        return
+    if found is not None and found[0] and not is_stale(*found):
+        raise _busy(what, folder, found[0], path)
 
 
 def _start_heartbeat(path: str, token: str) -> None:

@@ -110,6 +110,13 @@ def command(workdir: str, overrides: Sequence[str] = (), process: tuple[str, int
     return cmd
 
 
+def run_cli(module: str, *args: str, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess:
+    """`python -m module args` from the checkout on one fake device (`env(1, **extra)`), its
+    stdout and stderr captured as text."""
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env=env(1, **extra))
+
+
 def start(cmd: list[str], environ: dict[str, str], log: str) -> subprocess.Popen:
     """Starts `cmd` with stdout and stderr going to the file `log` (read it with `tail`)."""
     with open(log, "wb") as f:

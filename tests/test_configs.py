@@ -433,6 +433,8 @@ QUICKSTART_BEFORE_KNOBS = os.path.join(ROOT, "tests", "configs", "quickstart_con
 
 # Runtime fields added or changed after the snapshot: the trace's HLO switch, its default length.
 ADDED_RUNTIME_FIELDS = {"profile_hlo": False, "profile_steps": 3}
+# Model fields added after it as None, the family's default (what the snapshot's runs trained with).
+ADDED_MODEL_FIELDS = {"gelu": None}
 
 
 def test_quickstart_without_its_knobs_trains_as_before():
@@ -448,7 +450,8 @@ def test_quickstart_without_its_knobs_trains_as_before():
         config = module.get_config(arg or None)
         assert pretrained.config_differences(saved, config.to_dict()) == [], arg
         # the runtime fields too, with those added since, which change nothing trained
-        assert json.loads(config.to_json()) == {**saved, **ADDED_RUNTIME_FIELDS}, arg
+        model = {**saved["model"], **ADDED_MODEL_FIELDS}
+        assert json.loads(config.to_json()) == {**saved, **ADDED_RUNTIME_FIELDS, "model": model}, arg
     c = module.get_config()
     assert (c.optimizer.lr, module.get_config("opt=adamw").optimizer.lr) == (3e-3, 1e-3)
     assert (c.model.patch_size, c.input.image_size, c.label_smoothing) == (2, None, 0.0)

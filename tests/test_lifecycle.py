@@ -110,7 +110,8 @@ def test_evaluate_help_answers_before_jax_and_tensorflow_load():
 
 
 @pytest.mark.parametrize("arg, words", [("depth=x", ["depth='x'", "int"]), ("foo=1", ["'foo=1' is unknown"]),
-                                        ("opt=sgd", ["opt='sgd' is not allowed", "adamw | soap"])])
+                                        ("opt=sgd", ["opt='sgd' is not allowed", "adamw | soap"]),
+                                        ("init=skiples", ["config arg init='skiples' is not allowed", "skipless"])])
 @pytest.mark.slow
 def test_bad_config_arg_is_status_2_in_analyze_and_main(tmp_path, arg, words):
     _one_error_line(_cli(f"--config=configs/quickstart.py:{arg}", module="skipless_jax.analyze"), 2, *words)
@@ -213,6 +214,11 @@ def test_the_console_of_a_run_is_its_own_lines(reference):
     for line in ("[Hyperparameters]", "Progress: ", f"({STEPS}/{STEPS}), ETA", f"Step {STEPS}: test_accuracy=",
                  f"Saving the checkpoint of step {EVERY} in", f"Final (supervised, step {STEPS}): "):
         assert line in log, line
+    with open(os.path.join(reference[0], cli.CONSOLE_LOG)) as f:  # the workdir's copy: the same lines
+        copy = f.read().splitlines()
+    assert copy[-2].startswith(f"Final (supervised, step {STEPS}): test_accuracy=") and copy[-1].endswith("] Done.")
+    assert [line for line in copy if line not in log] == []
+    assert sum("[Hyperparameters]" in line for line in copy) == 1 and any("Progress: " in line for line in copy)
 
 
 @pytest.mark.slow

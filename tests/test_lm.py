@@ -394,8 +394,7 @@ def test_lm_config_trains_one_step(name, tmp_path):
 @pytest.fixture(scope="module")
 def sentencepiece_model(tmp_path_factory):
     """A 600-piece SentencePiece model (byte fallback) trained on a few standard-library files."""
-    import sentencepiece
-
+    sentencepiece = pytest.importorskip("sentencepiece", reason="needs sentencepiece (requirements-test.txt)")
     folder = tmp_path_factory.mktemp("sp")
     with open(folder / "corpus.txt", "wb") as f:
         for name in text.stdlib_files()[:40]:

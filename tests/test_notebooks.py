@@ -17,9 +17,10 @@ NOTEBOOKS = ("signal_propagation", "dino_features", "mae_reconstructions")
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs(name, tmp_path, monkeypatch):
-    nbclient = pytest.importorskip("nbclient")
-    nbformat = pytest.importorskip("nbformat")
-    pytest.importorskip("ipykernel")
+    why = "needs the notebook packages of requirements-test.txt"
+    nbclient = pytest.importorskip("nbclient", reason=why)
+    nbformat = pytest.importorskip("nbformat", reason=why)
+    pytest.importorskip("ipykernel", reason=why)
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # the kernel inherits this environment
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     # One device (not the pytest process's 8 fake ones), with the tests' compile-time flags.

@@ -5,6 +5,7 @@ model; the written checkpoint loads through `config.init_from`. With timm instal
 equal timm's for the same weights.
 """
 
+import importlib.util
 import math
 import os
 
@@ -409,8 +410,6 @@ for mode in ("make", "load"):  # one torch process: "load" once the test says it
 
 
 def _timm_available() -> bool:
-    import importlib.util
-
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "timm"))
 
 
@@ -449,6 +448,8 @@ def timm_runs(tmp_path_factory):
 
 
 timm_only = pytest.mark.skipif(not _timm_available(), reason="needs the optional timm extra (requirements-timm.txt)")
+safetensors_only = pytest.mark.skipif(importlib.util.find_spec("safetensors") is None,
+                                      reason="needs safetensors, of the optional timm extra (requirements-timm.txt)")
 
 
 @pytest.mark.slow
@@ -536,6 +537,7 @@ def test_to_timm_errors_and_init_fields():
 
 
 @pytest.mark.slow
+@safetensors_only
 def test_reverse_cli_writes_safetensors(tmp_path):
     import subprocess
     import sys
@@ -573,3 +575,77 @@ def test_converted_convmixer_checkpoint_holds_its_running_statistics(tmp_path):
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     loaded = pretrained.init_from(out, fresh, jax.tree.map(lambda _: device, fresh), "batch_stats")
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), loaded, result["batch_stats"])
+
+
+# ---- The quickstart's standard ViT, out to timm from the command line (README's round trip).
+
+_QUICKSTART_VIT = ["--config=configs/quickstart.py:skip_sab=True,skip_ffn=True,init=default,opt=adamw,depth=1,epochs=1",
+                   "--config.schedule.warmup_epochs=0", "--config.model.gelu=exact", "--config.model.pool=tok"]
+# timm's ViT with the quickstart's sizes (width 64, 4 heads, MLP 128, 2×2 patches of the 8×8 digits).
+_TIMM_QUICKSTART = """
+import json, sys
+import numpy as np, torch
+from safetensors.torch import load_file
+from timm.models.vision_transformer import VisionTransformer
+net = VisionTransformer(img_size=8, patch_size=2, in_chans=1, embed_dim=64, depth=1, num_heads=4, mlp_ratio=2.0,
+                        num_classes=10).eval()
+net.load_state_dict(load_file(sys.argv[1]), strict=True)
+images = np.load(sys.argv[2])
+with torch.no_grad():
+    print(json.dumps(net(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy().tolist()))
+"""
+
+
+@pytest.fixture(scope="module")
+def quickstart_vit(tmp_path_factory):
+    """(the workdir, the CLI's result) of the quickstart's standard ViT trained one epoch with
+    the fields timm's ViT needs, given on the command line."""
+    import subprocess_runs as sr
+
+    workdir = str(tmp_path_factory.mktemp("quickstart_vit") / "run")
+    done = sr.run_cli("skipless_jax.main", *_QUICKSTART_VIT, f"--workdir={workdir}")
+    return workdir, done
+
+
+@pytest.mark.slow
+def test_quickstart_takes_the_fields_timms_vit_needs_on_the_command_line(quickstart_vit):
+    from skipless_jax import checkpoint
+
+    workdir, done = quickstart_vit
+    assert done.returncode == 0, done.stderr[-3000:]
+    model = checkpoint.saved_config(workdir)["model"]
+    assert (model["gelu"], model["pool"], model["skip_sab"], model["skip_ffn"]) == ("exact", "tok", True, True)
+    f = timm_convert.check_timm_expressible("vit", model)  # what --reverse checks first
+    assert (f["width"], f["depth"], f["num_heads"], f["patch_size"]) == (64, 1, 4, 2)
+
+
+@pytest.mark.slow
+@safetensors_only
+def test_quickstart_vit_goes_back_to_timm_from_the_command_line(quickstart_vit, tmp_path):
+    """`timm_convert --reverse` of the run: a .safetensors that timm's ViT of the same sizes loads
+    with strict=True and that gives the run's logits (with timm installed)."""
+    import json
+    import subprocess
+    import sys
+
+    from safetensors.numpy import load_file
+
+    import subprocess_runs as sr
+
+    workdir, done = quickstart_vit
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = str(tmp_path / "vit.safetensors")
+    back = sr.run_cli("skipless_jax.timm_convert", "--reverse", f"--input={workdir}", f"--output={out}")
+    assert back.returncode == 0 and back.stdout.startswith("wrote 20 tensors"), back.stderr[-3000:]
+    sd = load_file(out)
+    assert sd["patch_embed.proj.weight"].shape == (64, 1, 2, 2) and sd["pos_embed"].shape == (1, 17, 64)
+    if not _timm_available():
+        return
+    family, cfg, weights, _ = timm_convert.read_checkpoint(workdir)
+    images = np.random.default_rng(0).normal(size=(2, 8, 8, 1)).astype(np.float32)
+    want = np.asarray(models.build(cfg, 10).apply({"params": weights}, jnp.asarray(images), train=False)[0])
+    np.save(tmp_path / "images.npy", images)
+    timm = subprocess.run([sys.executable, "-c", _TIMM_QUICKSTART, out, str(tmp_path / "images.npy")],
+                          capture_output=True, text=True, timeout=300)
+    assert timm.returncode == 0, timm.stderr[-3000:]
+    np.testing.assert_allclose(np.array(json.loads(timm.stdout)), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

@@ -16,7 +16,7 @@ import pytest
 from skipless_jax.trainers import wandb_writer
 from skipless_jax.trainers.run import Run
 
-wandb = pytest.importorskip("wandb")
+wandb = pytest.importorskip("wandb", reason="needs the optional wandb package (pip install wandb)")
 
 
 class _Manager:  # what Run asks of an orbax CheckpointManager before it saves
