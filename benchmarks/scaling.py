@@ -7,8 +7,9 @@ own state (built as the trainer builds it, shardings from `common.state_sharding
 with the trainer's donation and output shardings, lowered for abstract inputs and compiled;
 nothing runs. XLA's per-device figures: `cost_analysis()["flops"]` and `memory_analysis()`
 (argument and temporary bytes), and the per-device bytes of parameters + optimizer state
-from the shardings. Steps: supervised AdamW, supervised SOAP, supervised AdamW with
-`grad_accum_steps=4`, DINO (AdamW), and the Fashion-MNIST study's step (configs/fashion_vit.py
+from the shardings. Steps: supervised AdamW, supervised SOAP, supervised eigenvalue-corrected
+Shampoo (`shampoo_ec`), supervised AdamW with `grad_accum_steps=4`, DINO (AdamW), and the
+Fashion-MNIST study's step (configs/fashion_vit.py
 at its own sizes: ViT width 64, depth 8, 49 tokens, batch 128, AdamW; --width/--depth/--batch
 do not apply to it); meshes: data-parallel (`{data: N}`) and FSDP (`{fsdp: N}`). The ideal
 per-device FLOPs ratio against one device is 1/N; the Fashion-MNIST step's on 8 devices should
@@ -299,6 +300,7 @@ def figures(program: Program) -> dict[str, float]:
 STEPS: dict[str, Callable[..., Program]] = {
     "supervised adamw": lambda axes, **kw: supervised_program(supervised_config("adamw", **kw), axes),
     "supervised soap": lambda axes, **kw: supervised_program(supervised_config("soap", **kw), axes),
+    "supervised shampoo_ec": lambda axes, **kw: supervised_program(supervised_config("shampoo_ec", **kw), axes),
     "supervised adamw accum 4": lambda axes, **kw: supervised_program(supervised_config("adamw", accum=4, **kw), axes),
     "dino adamw": lambda axes, **kw: dino_program(dino_config("adamw", **kw), axes),
     "fashion_mnist vit": lambda axes, **kw: supervised_program(fashion_config(), axes),
