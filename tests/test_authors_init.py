@@ -116,3 +116,21 @@ def test_bad_values_are_one_line(field, value):
         init_lib.validate_init_config(vit_config(**{field: value}))
     message = str(err.value)
     assert "\n" not in message and f"config.model.{field}={value!r}" in message and "allowed" in message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["pvt_v2", "convmixer"])  # their own MLPs; CaiT's and Swin's are MlpBlock's
+def test_the_families_with_their_own_mlp_take_the_forks_fields(family):
+    """The same tree under the fork's fields; its MLP kernels (ConvMixer: pointwise) drawn otherwise."""
+    from util import tiny_model
+
+    def params(**fields):
+        config = ml_collections.ConfigDict(dict(tiny_model(dict(name=family), 8), init="skipless", **fields))
+        models.check_config(config, 8)
+        variables = jax.jit(models.build(config, 3).init)(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))
+        return jax.tree_util.tree_leaves_with_path(variables["params"])
+
+    text, fork = params(), params(init_qk_dist="uniform", init_vo="fork", init_mlp="default")
+    assert [p for p, _ in text] == [p for p, _ in fork]
+    changed = {jax.tree_util.keystr(p) for (p, a), (_, b) in zip(text, fork) if not np.array_equal(a, b)}
+    assert any(("mlp" in p.lower() or "pointwise" in p) and "kernel" in p for p in changed), sorted(changed)
