@@ -345,6 +345,11 @@ def copy_console(path: str) -> None:
 def echo(text: str, file: Any = None) -> None:
     """`print(text)` (to stdout, or `file`), and the same line in the console's copy, if any."""
     print(text, file=file or sys.stdout, flush=True)
+    copy_line(text)
+
+
+def copy_line(text: str) -> None:
+    """`text` as a line of the console's copy, if any (a line printed elsewhere, e.g. by sys.exit)."""
     for copy in _copies:
         copy.line(text)
 

@@ -135,10 +135,9 @@ def main(argv: list[str]) -> None:
         cli.copy_console(os.path.join(flags.FLAGS.workdir, cli.CONSOLE_LOG))
     try:
         metrics = train(module, config)
-    except SystemExit as stop:  # its one line, in the copy too
+    except SystemExit as stop:  # its one line (printed as the interpreter exits), in the copy too
         if isinstance(stop.code, str):
-            cli.echo(stop.code, file=sys.stderr)
-            sys.exit(1)
+            cli.copy_line(stop.code)
         raise
     finally:
         workdir_lock.release(flags.FLAGS.workdir)
