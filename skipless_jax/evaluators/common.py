@@ -88,18 +88,18 @@ class FeatureFitEvaluator(FitEvaluator):
         return entry.get("train_split") or ctx.config.dataset.train_split
 
     @staticmethod
-    def layers_of(name: str, entry: Any, ctx: Any) -> tuple[int, ...] | None:
-        """The entry's `layers` as block indices (None: 'last'), checked against the run's model."""
-        from skipless_jax import models
+    def check_run(name: str, entry: Any, config: Any) -> None:
+        """The entry's `layers` against the run's model (docs/method/per_layer_eval.md §1)."""
         from skipless_jax.evaluators import per_layer
 
-        layers = entry.get("layers")
-        per_layer.check(f"config.evals.{name}", layers)
-        if layers is None or layers == per_layer.LAST:
-            return None
-        model = models.describe(ctx.config.model)
-        per_layer.check_model(f"config.evals.{name}", layers, model)
-        return per_layer.resolve(layers, model.depth)
+        per_layer.blocks(f"config.evals.{name}", entry.get("layers"), config.model)
+
+    @staticmethod
+    def layers_of(name: str, entry: Any, ctx: Any) -> tuple[int, ...] | None:
+        """The entry's `layers` as block indices (None: 'last'), checked against the run's model."""
+        from skipless_jax.evaluators import per_layer
+
+        return per_layer.blocks(f"config.evals.{name}", entry.get("layers"), ctx.config.model)
 
 
 @dataclasses.dataclass

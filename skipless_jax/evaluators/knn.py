@@ -163,10 +163,6 @@ class KNN(FeatureFitEvaluator):
         validate_knn(entry.get("k", 20), entry.get("temperature", 0.07), where=f"config.evals.{name}")
         per_layer.check(f"config.evals.{name}", entry.get("layers"))
 
-    @staticmethod
-    def check_model(name: str, entry: Any, model: Any) -> None:
-        per_layer.check_model(f"config.evals.{name}", entry.get("layers"), model)
-
     @classmethod
     def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> KNN:
         cls.check(name, entry)

@@ -160,10 +160,6 @@ class LinearProbe(FeatureFitEvaluator):
         validate_linear_probe(entry.get("l2", 1e-4), entry.get("steps", 500), where=f"config.evals.{name}")
         per_layer.check(f"config.evals.{name}", entry.get("layers"))
 
-    @staticmethod
-    def check_model(name: str, entry: Any, model: Any) -> None:
-        per_layer.check_model(f"config.evals.{name}", entry.get("layers"), model)
-
     @classmethod
     def from_config(cls, name: str, entry: Any, ctx: Any, **common: Any) -> LinearProbe:
         cls.check(name, entry)

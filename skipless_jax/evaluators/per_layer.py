@@ -44,11 +44,17 @@ def check_model(where: str, layers: Any, model: Any) -> None:
                          f"0 … {model.depth - 1} ({model.depth} blocks)")
 
 
-def resolve(layers: Any, depth: int) -> tuple[int, ...] | None:
-    """The block indices of a checked `layers` (None for 'last': the evaluator as before)."""
+def blocks(where: str, layers: Any, model_config: Any) -> tuple[int, ...] | None:
+    """The block indices `layers` names for the model of `config.model` (None for 'last': the
+    evaluator as before, the model not described), after `check` and `check_model`."""
+    check(where, layers)
     if layers is None or layers == LAST:
         return None
-    return tuple(range(depth)) if layers == ALL else tuple(int(i) for i in layers)
+    from skipless_jax import models
+
+    model = models.describe(model_config)
+    check_model(where, layers, model)
+    return tuple(range(model.depth)) if layers == ALL else tuple(int(i) for i in layers)
 
 
 def curves(metrics: dict[str, float]) -> dict[str, list[tuple[int, float]]]:
