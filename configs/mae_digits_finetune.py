@@ -15,12 +15,8 @@ with DCT Token Graying in pre-training.
 Args: init_from (an MAE workdir; none: from scratch), tg / eps (Token Graying in fine-tuning),
 skip_sab, skip_ffn, init, seed, epochs, layer_decay.
 
-Init settings under init='skipless' (docs/method/authors_init.md §3):
-- Q/K random part uniform (`init_qk_dist='uniform'`): the authors' fork (yipingji/mae models_mae.py).
-- V/O W^V W^O = c² U V (`init_vo='fork'`): the authors' fork.
-- c = 1 (`init_c`, the fork's W_v = W_p = 1.0): the authors' fork (main_pretrain.py defaults).
-- MLP Xavier uniform (`init_mlp='default'`): the authors' fork (its SUO call is commented out).
-- α = 2, β = 0.6: the paper's text (ViT-B/16 supervised constants; the fork does not record its own).
+Init under init='skipless' (config_blocks.MAE_FORK_INIT; docs/method/authors_init.md §3): the authors'
+fork's uniform Q/K, V/O c² U V, c = 1 and Xavier MLP; the paper's text's α = 2, β = 0.6.
 """
 
 import ml_collections

@@ -18,7 +18,9 @@ from ml_collections.config_dict import placeholder
 # Skipless-init constants (docs/method.md §3).
 VITB_SUPERVISED_INIT = dict(init_alpha=2.0, init_beta=0.6, init_c=3.0)  # ViT-B/16 supervised
 DINO_VITS_INIT = dict(init_alpha=1.8, init_beta=1.0, init_c=3.0)  # DINO ViT-S/16
-# The MAE recipes' init: the authors' fork's draws and c (docs/method/authors_init.md §3), the text's α, β.
+# The MAE recipes' init (docs/method/authors_init.md §3), each setting's source: Q/K uniform, V/O U V,
+# c = 1 (W_v = W_p = 1.0) and Xavier-uniform MLP from the authors' fork (yipingji/mae models_mae.py,
+# main_pretrain.py); α = 2, β = 0.6 from the paper's text (the fork does not record its own).
 MAE_FORK_INIT = dict(VITB_SUPERVISED_INIT, init_c=1.0, init_qk_dist="uniform", init_vo="fork", init_mlp="default")
 
 
