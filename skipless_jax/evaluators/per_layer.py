@@ -74,12 +74,14 @@ def draw(path: str, metrics: dict[str, float], title: str) -> bool:
     if not lines:
         return False
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(5, 3.2))
     ax = fig.subplots()
     for metric, points in lines.items():
-        blocks, values = zip(*points)
-        ax.plot(blocks, values, marker="o", label=metric)
+        indices, values = zip(*points)
+        ax.plot(indices, values, marker="o", label=metric)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("block")
     ax.set_ylabel("value")
     ax.set_title(title, fontsize=9)
