@@ -12,15 +12,16 @@ pilot=True (with val=True: train on train[:10000] only, the study's pilot), e.g.
     --config=configs/fashion_vit.py:skip_sab=False,skip_ffn=False,init=skipless,opt=soap,val=True
 
 Hardware: any CPU; the default run is 4,688 steps (469 per epoch; 430 with val=True). Measured
-on this project's 2-core CPU machine while other jobs shared it (load average about 9):
+on this project's 2-core CPU machine while other jobs shared it (load average 9-14):
     python -m skipless_jax.main --config=configs/fashion_vit.py --workdir=/tmp/fv \
-        --config.total_steps=40 --config.schedule.warmup_steps=3 --config.log_every_steps=10
-printed progress lines with an ETA, trained to 39.7 % test accuracy in those 40 steps, and ran
-steps 10-40 at 0.68 steps/s, about 1.5 s per step: about 11.5 minutes per epoch, 2 hours for the
-10 epochs, under that load (an upper bound; issue #53 quotes 0.9 CPU-seconds per step on this
-machine, about 7 minutes per epoch, not re-measured here). The process used 69 CPU-seconds in
-all (compilation, 40 steps, the final evaluation of 10,000 test images). Each run is one
-process on both cores; SOAP adds its preconditioner's work, ConvMixer-64/8 is smaller.
+        --config.total_steps=80 --config.schedule.warmup_steps=3 --config.log_every_steps=20
+prints progress lines with an ETA and trains (test accuracy 33.4 % after 20 steps, 47.7 % after
+80, each a whole cosine schedule). One step
+takes 0.75 CPU-seconds (the process CPU time of an 80-step run minus a 20-step run's, both with
+compilation and the final evaluation of 10,000 test images): 5.9 CPU-minutes per epoch, 59 for
+the default 10 epochs (54 with val=True). Under that load the steps ran at 0.4-0.7 steps/s, i.e.
+12-20 minutes of wall-clock per epoch; each run is one process on both cores. SOAP adds its
+preconditioner's work, ConvMixer-64/8 is smaller (neither measured).
 Data: the four IDX files of the Debian package dataset-fashion-mnist in
 /usr/share/datasets/fashion-mnist (`apt-get install -y dataset-fashion-mnist`), or tfds's
 `fashion_mnist` prepared in the tfds data dir set as config.dataset.data_dir (docs/data.md); the
@@ -50,10 +51,11 @@ value at an edge of its grid (`not interior` in the report) has the grid extende
 value on that side, 5 seeds, before the claims are judged. `GRIDS['pilot']` (one seed,
 train[:10000], epochs=3, every depth-8 grid widened by one value on each side) may be run first
 to check that the grids' ranges hold their best values; it chooses nothing else.
-Cost: a run with val=True is 4,297 steps; at issue #53's 0.9 CPU-seconds per step (ViT, AdamW)
-that is about 64 CPU-minutes, so table1 + cutting (165 runs) need about 175 CPU-hours and
-cutting_depth12 (105 runs) about 110 more, beyond a 40 CPU-hour budget: the grids are for an
-accelerator or a longer CPU budget (docs/results.md says which hardware ran which runs).
+Cost: a run with val=True is 4,297 steps, about 54 CPU-minutes at the 0.75 CPU-seconds per
+step measured above (ViT, AdamW, depth 8), so table1 + cutting (165 runs) need about 150
+CPU-hours and cutting_depth12 (105 runs, 1.5× deeper) about 140 more, the pilot about 3: beyond
+a 40 CPU-hour budget, so the grids are for an accelerator or a longer CPU budget (docs/results.md
+says which hardware ran which runs).
 
     python -m skipless_jax.sweep --config=configs/fashion_vit.py --grid=table1 --root=/tmp/fashion
     python -m skipless_jax.report /tmp/fashion --config=configs/fashion_vit.py --grid=table1 \
