@@ -16,7 +16,8 @@ accuracy and the fine-tuned accuracies of docs/results.md (section "MAE on digit
 
 Args: tg / eps (Token Graying in pre-training), target ('raw' | 'grayed'), skip_sab, skip_ffn,
 init, seed, epochs, norm_pix (norm_pix_loss), evals ('default', or 'fewshot_linear': the few-shot
-and DINO linear-evaluation protocols added at the last step, config_blocks.eval_set).
+and DINO linear-evaluation protocols added at the last step, config_blocks.eval_set), opt ('adamw':
+MAE's recipe and the fork's default | 'shampoo_ec': the fork's `--opt soap` call, eigh every 100 steps).
 
 Init under init='skipless' (config_blocks.MAE_FORK_INIT; docs/method/authors_init.md §3): the authors'
 fork's uniform Q/K, V/O c² U V, c = 1 and Xavier MLP; the paper's text's α = 2, β = 0.6.
@@ -31,7 +32,7 @@ from skipless_jax import config_args, config_blocks
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(
         arg, skip_sab=True, skip_ffn=True, init="default", seed=0, tg="none", eps=0.95, target="raw", epochs=100,
-        norm_pix=False, evals="default",
+        norm_pix=False, evals="default", opt="adamw",
     )
     c = ml_collections.ConfigDict()
     c.trainer = "mae"
@@ -48,7 +49,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     )
     c.mae = config_blocks.mae(norm_pix_loss=a["norm_pix"], target=a["target"], decoder_width=32, decoder_depth=2,
                               decoder_num_heads=2, picture_images=10)
-    c.optimizer = config_blocks.mae_optimizer(1.5e-4 * 10, c.input.batch_size, weight_decay_rule="mae_pretrain")
+    c.optimizer = config_blocks.mae_optimizer(1.5e-4 * 10, c.input.batch_size, a["opt"],
+                                              weight_decay_rule="mae_pretrain")
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=a["epochs"] / 10, end_lr=0.0))
     c.total_epochs = a["epochs"]
     c.grad_clip_norm = placeholder(float)

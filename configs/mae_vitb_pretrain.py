@@ -24,7 +24,8 @@ slice or 8 × 8-GPU nodes (bfloat16 compute); wall-clock not measured.
 
 Args: tg ('none' | 'dct' | 'svd') and eps for Token Graying in pre-training; target ('raw': the
 input image is reconstructed, 'grayed': the image TG produces); skip_sab / skip_ffn / init for the
-encoder (the decoder keeps its skips); seed; epochs.
+encoder (the decoder keeps its skips); seed; epochs; opt ('adamw': MAE's recipe and the fork's
+default | 'shampoo_ec': the fork's `--opt soap` call, eigh every 100 steps).
 
 Init under init='skipless' (config_blocks.MAE_FORK_INIT; docs/method/authors_init.md §3): the authors'
 fork's uniform Q/K, V/O c² U V, c = 1 and Xavier MLP; the paper's text's α = 2, β = 0.6.
@@ -38,7 +39,8 @@ from skipless_jax import config_args, config_blocks
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(
-        arg, skip_sab=True, skip_ffn=True, init="mae", seed=0, tg="none", eps=0.95, target="raw", epochs=800
+        arg, skip_sab=True, skip_ffn=True, init="mae", seed=0, tg="none", eps=0.95, target="raw", epochs=800,
+        opt="adamw",
     )
     c = ml_collections.ConfigDict()
     c.trainer = "mae"
@@ -55,7 +57,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         posemb="sincos2d", drop_path=0.0, dtype="bfloat16", gelu="exact",
     )
     c.mae = config_blocks.mae(target=a["target"])
-    c.optimizer = config_blocks.mae_optimizer(1.5e-4, c.input.batch_size, weight_decay_rule="mae_pretrain")
+    c.optimizer = config_blocks.mae_optimizer(1.5e-4, c.input.batch_size, a["opt"], weight_decay_rule="mae_pretrain")
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=40, end_lr=0.0))
     c.total_epochs = a["epochs"]
     c.grad_clip_norm = placeholder(float)

@@ -251,9 +251,13 @@ def mae(**overrides: Any) -> ml_collections.ConfigDict:
 MAE_AUG = dict(randaug=None, scale=(0.2, 1.0), flip=True, reprob=0.0, mixup=0.0, cutmix=0.0, mixup_switch_prob=0.5)
 
 
-def mae_optimizer(base_lr: float, batch_size: int, **fields: Any) -> ml_collections.ConfigDict:
-    """AdamW (0.9, 0.95), weight decay 0.05, lr = base_lr × batch / 256 (MAE's scaling rule)."""
-    opt = dict(name="adamw", lr=base_lr * batch_size / 256, b1=0.9, b2=0.95, weight_decay=0.05)
+def mae_optimizer(base_lr: float, batch_size: int, name: str = "adamw", **fields: Any) -> ml_collections.ConfigDict:
+    """AdamW (0.9, 0.95), weight decay 0.05, lr = base_lr × batch / 256 (MAE's scaling rule); another
+    `name` (e.g. 'shampoo_ec', the authors' fork's `--opt soap` call) takes `optimizer`'s settings of
+    it with the same lr and weight decay."""
+    lr = base_lr * batch_size / 256
+    opt = dict(name="adamw", lr=lr, b1=0.9, b2=0.95, weight_decay=0.05) if name == "adamw" else \
+        optimizer(name, lr=lr, weight_decay=0.05).to_dict()
     opt.update(fields)
     return ml_collections.ConfigDict(opt)
 
