@@ -1,7 +1,8 @@
 """Every command meets a folder it cannot write with one line (issue 57): a file where its folder
 goes, a read-only workdir and a full disk, through the command lines. Exit status 2 for a folder
 that cannot be written (as main's --workdir), 1 for a full disk (as main's failed save);
-`evaluate` prints its metrics before it writes them; `export --output=DIR` writes elsewhere."""
+`evaluate` prints its metrics before it writes them; `export --output=DIR` writes elsewhere;
+`generate`, which writes nothing, reads a read-only workdir."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 
 import pytest
 from test_lifecycle import _namespace_tmpfs
+from test_lm import environ, reference  # noqa: F401 (the LM run of tests/test_lm.py, trained once a session)
 
 from skipless_jax import cli
 from skipless_jax.trainers import supervised
@@ -94,6 +96,17 @@ def test_export_of_a_read_only_workdir_goes_elsewhere_and_a_full_disk_is_one_lin
     assert lines[4:] == [f"error: --output={mnt}/full: the disk is full: writing a file in {mnt}/full failed "
                          "(No space left on device)", "rc=1"], lines
     assert sorted(os.listdir(out)) == ["model.jax", "model.json"]
+
+
+@pytest.mark.slow
+def test_generate_reads_a_read_only_lm_workdir(reference, tmp_path):  # noqa: F811
+    """generate writes nothing: a read-only workdir gives its text as a writable one does."""
+    command = f'{sys.executable} -m skipless_jax.generate --workdir="$MNT/ro" --prompt="def " --max_new_tokens=5'
+    script = (f'mkdir "$MNT/ro" && mount --bind {reference} "$MNT/ro" && mount -o remount,bind,ro "$MNT/ro" || '
+              f'exit 98\n{command} --temperature=0 2>&1; echo "rc=$?"')
+    result = _namespace_tmpfs("size=64k", script, tmp_path)
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "rc=0" and lines[0].startswith("def "), result.stdout + result.stderr
 
 
 def test_write_errors_name_the_flag_and_why(tmp_path):
