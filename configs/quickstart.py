@@ -17,11 +17,12 @@ Table 1 and skip-ablation sections of docs/results.md (the per-run CSV docs/figu
     :skip_sab=True,skip_ffn=True,init=default            standard ViT, SOAP            n/m          98.2 ± 0.3
 Depth 4 is the default; add `depth=8` to the args for the other column. The default gave 93.6,
 95.8 and 94.7 for seeds 0-2 on this project's 2-core CPU machine with one BLAS thread (what every
-command sets unless the user does, skipless_jax/__init__.py); one seed differs between CPUs and BLAS thread counts (seed 0: 93.1 with one thread, 95.3 with
-OpenBLAS's default on another 2-core CPU; each deterministic), so a run is checked against the
-spread, not against one seed's number. In bf16 (`--config.model.dtype=bfloat16`)
-the default gave 95.6 ± 0.7 against 95.0 ± 0.7 in float32 in the same 3-seed run (sample std)
-(docs/results.md). The papers' claims (`CLAIMS` below), judged over 5 seeds by `python -m
+command sets unless the user does, skipless_jax/__init__.py); one seed differs between CPUs and
+BLAS thread counts (seed 0: 93.1 with one thread, 95.3 with OpenBLAS's default on another 2-core
+CPU; each deterministic), so a run is checked against the spread, not against one seed's number.
+In bf16 (`--config.model.dtype=bfloat16`) the default gave 95.6 ± 0.7 against 95.0 ± 0.7 in
+float32 in the same 3-seed run (sample std) (docs/results.md). The papers' claims (`CLAIMS`
+below), judged over 5 seeds by `python -m
 skipless_jax.report docs/figures/quickstart_runs.csv docs/figures/claims_runs.csv
 --claims=configs/quickstart.py` (docs/method.md §19: Welch and permutation tests, the larger p
 deciding; Holm within each claim's family over both CSVs, whatever is printed,
