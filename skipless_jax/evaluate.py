@@ -10,8 +10,10 @@ timm (timm_convert.py) saved its model only: `--config` gives the rest (dataset,
 evaluators), the model is the checkpoint's. The trainer's evaluators run
 on the state entry the trainer evaluates (a classifier's parameters, DINO's EMA teacher); the
 metrics are printed and written to `DIR/evaluation[_step<N>].json`, and each evaluator's to
-`DIR/eval/<name>[_step<N>].json`; `--only=voc_lin,voc07_tokencut` runs the named entries of
-`config.evals` only (and leaves `evaluation.json` as it was). `--params=ema` evaluates the
+`DIR/eval/<name>[_step<N>].json` (printed first: a workdir that cannot take the files, e.g.
+read-only, is then one `error:` line, exit status 2; a full disk 1);
+`--only=voc_lin,voc07_tokencut` runs the named entries of `config.evals` only (and leaves
+`evaluation.json` as it was). `--params=ema` evaluates the
 run's model EMA instead (trainers/model_ema.py): its metrics are named `ema_<prefix>_<metric>`
 as the run logged them, in `DIR/evaluation_ema[_step<N>].json` and `DIR/eval/<name>_ema*.json`. Evaluators that draw
 (`feature_pca`, `tokencut`) write `DIR/pictures/<prefix>_step<N>.png`. Compiled programs are
