@@ -83,7 +83,7 @@ def test_export_of_a_read_only_workdir_goes_elsewhere_and_a_full_disk_is_one_lin
     small for the artifact): its default export folder cannot be made (status 2, nothing is
     lowered), `--output` elsewhere writes it, `--output` on the full tmpfs is one line (status 1)."""
     out = tmp_path / "elsewhere"
-    export = f"{sys.executable} -m skipless_jax.export --workdir=$MNT/ro"
+    export = f"{sys.executable} -m skipless_jax.export --workdir=$MNT/ro --platforms=cpu"
     script = (f'mkdir "$MNT/ro" && mount --bind {trained} "$MNT/ro" && mount -o remount,bind,ro "$MNT/ro" || exit 98\n'
               f'{export} 2>&1; echo "rc=$?"\n{export} --output={out} 2>&1; echo "rc=$?"\n'
               f'{export} --output="$MNT/full" 2>&1; echo "rc=$?"')
