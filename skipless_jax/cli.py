@@ -328,16 +328,48 @@ class _ConsoleCopy(std_logging.FileHandler):
                 self.stream.flush()
 
 
+class _Held(std_logging.Handler):
+    """The console's records before the file of its copy can exist (a run's checks come before
+    its workdir is made), at most MAX_HELD."""
+
+    MAX_HELD = 1000
+
+    def __init__(self):
+        super().__init__()
+        for f in logging.get_absl_handler().filters:
+            self.addFilter(f)
+        self.records: list[std_logging.LogRecord] = []
+
+    def emit(self, record: std_logging.LogRecord) -> None:
+        if len(self.records) < self.MAX_HELD:
+            self.records.append(record)
+
+
 _copies: list[_ConsoleCopy] = []
+_held: list[_Held] = []
+
+
+def hold_console() -> None:
+    """Keeps the console's log records from now on, for `copy_console` to write first."""
+    held = _Held()
+    std_logging.getLogger().addHandler(held)
+    _held.append(held)
 
 
 def copy_console(path: str) -> None:
     """From now on, the console's log records and `echo`'s lines also go to the file `path`
-    (appended: a resumed run adds to it). Call after `quiet_console`, once the folder exists."""
+    (appended: a resumed run adds to it), after those held since `hold_console`. Call after
+    `quiet_console`, once the folder exists."""
+    for held in _held:
+        std_logging.getLogger().removeHandler(held)
+    records = [r for held in _held for r in held.records]
+    _held.clear()
     try:
         copy = _ConsoleCopy(path)
     except OSError:  # a folder that cannot take it: the command says so where it writes its own files
         return
+    for record in records:
+        copy.emit(record)
     std_logging.getLogger().addHandler(copy)
     _copies.append(copy)
 

@@ -110,6 +110,7 @@ def check_sources(config: ml_collections.ConfigDict) -> None:
 def main(argv: list[str]) -> None:
     check_flags(argv)
     quiet_console()
+    cli.hold_console()  # for DIR/console.log, which process 0 opens once the workdir is locked
     from skipless_jax import distributed
 
     try:

@@ -117,10 +117,20 @@ def _check_warmup(config: Any) -> None:
            f", e.g. add --config.schedule.warmup_epochs={_shorter_warmup(config, total / spe)}"),
     )
     if warmup == total > 0:  # allowed, but the learning rate never reaches its peak nor decays
-        logging.warning("%s is a warm-up of %d steps, the whole run (%s): the learning rate never reaches its peak%s.",
-                        _steps_field(config, "warmup"), warmup, _steps_field(config, "total"),
-                        "" if config.schedule.get("warmup_steps") is not None else
-                        f"; e.g. add --config.schedule.warmup_epochs={_shorter_warmup(config, total / spe)}")
+        _warn_once(f"{_steps_field(config, 'warmup')} is a warm-up of {warmup} steps, the whole run "
+                   f"({_steps_field(config, 'total')}): the learning rate never reaches its peak"
+                   + ("" if config.schedule.get("warmup_steps") is not None else
+                      f"; e.g. add --config.schedule.warmup_epochs={_shorter_warmup(config, total / spe)}") + ".")
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """A warning logged once per process: a run checks its config twice (main, then the trainer)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logging.warning(message)
 
 
 def _shorter_warmup(config: Any, run_epochs: float) -> str:

@@ -31,11 +31,13 @@ def test_the_init_arg_takes_the_models_init_methods_only():
             raise AssertionError(f"{arg}=skiples was accepted")
 
 
-def test_a_warm_up_that_covers_the_whole_run_is_a_warning(caplog):
+def test_a_warm_up_that_covers_the_whole_run_is_a_warning(caplog, monkeypatch):
+    monkeypatch.setattr(validate, "_WARNED", set())  # once per process: not yet in this one
     with caplog.at_level(logging.WARNING, logger="absl"):
         validate.validate_config(load_config("quickstart", "epochs=6"))  # 135 steps, 113 of warm-up
         assert not caplog.records
         validate.validate_config(load_config("quickstart", "epochs=5"))  # 113 of 113
+        validate.validate_config(load_config("quickstart", "epochs=5"))  # checked again: said once
     assert [r.getMessage() for r in caplog.records] == [
         "config.schedule.warmup_epochs=5 is a warm-up of 113 steps, the whole run (config.total_epochs=5): the "
         "learning rate never reaches its peak; e.g. add --config.schedule.warmup_epochs=1 (whole epochs; about an "
