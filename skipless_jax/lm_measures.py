@@ -115,12 +115,14 @@ def make_measures(model: Any, batches: Sequence[dict[str, jax.Array]], table: ro
                   activations: bool = False) -> Callable[[Any], dict[str, float]]:
     """params -> {'loss': the model's mean next-token loss (nats), 'kurtosis_layer_<l>': §1,
     'logit_lens_loss_layer_<l>': §3's mean loss, '<format>_loss': §2's mean loss (activations int8
-    too where `activations`)} over the global `batches` {'tokens': (B, T + 1), 'mask': (B, T)}."""
+    too where `activations`)} over the global `batches` {'tokens': (B, T + 1), 'mask': (B, T)[,
+    'segments', 'positions': (B, T), packed documents]}."""
 
     @jax.jit
     def sums(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
         tokens, mask = batch["tokens"], batch["mask"]
-        logits, out = model.apply({"params": params}, tokens[:, :-1], train=False)
+        packed = {k: batch[k] for k in ("segments", "positions") if k in batch}  # documents packing
+        logits, out = model.apply({"params": params}, tokens[:, :-1], train=False, **packed)
         total, count = losses.next_token_loss(logits, tokens, mask)
         s = {"loss": total, "count": count}
         if kurtosis:
@@ -131,7 +133,7 @@ def make_measures(model: Any, batches: Sequence[dict[str, jax.Array]], table: ro
         for name in quantize:
             quantized = quantize_params(params, FORMATS[name], table, tied)
             with int8_activations() if activations else contextlib.nullcontext():
-                q_logits, _ = model.apply({"params": quantized}, tokens[:, :-1], train=False)
+                q_logits, _ = model.apply({"params": quantized}, tokens[:, :-1], train=False, **packed)
             s[f"{name}_loss"] = losses.next_token_loss(q_logits, tokens, mask)[0]
         return s
 

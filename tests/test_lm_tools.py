@@ -118,8 +118,10 @@ def test_lm_evals_config_errors_are_one_line():
 
 
 @pytest.mark.slow
-def test_validation_adds_the_measures_config_lm_evals_turns_on():
+@pytest.mark.parametrize("packing", ["windows", "documents"])
+def test_validation_adds_the_measures_config_lm_evals_turns_on(packing):
     c = tiny_config(depth=2, seq_len=8)
+    c.dataset.packing = packing
     c.lm_evals.update(dict(kurtosis=True, logit_lens=True, quantize="int4"))
     model = _model(c)
     mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:1])
@@ -128,7 +130,15 @@ def test_validation_adds_the_measures_config_lm_evals_turns_on():
         results = {metric: value for prefix, metric, value in lm.make_validation(model, c, mesh)(params)}
     assert {"loss", "bits_per_byte", "kurtosis_layer_0", "kurtosis_layer_1", "logit_lens_bits_per_byte_layer_0",
             "int4_bits_per_byte"} <= set(results)
+    # the measures' pass reads the windows as make_evaluate does (packed documents: their segments)
     assert results["logit_lens_bits_per_byte_layer_1"] == pytest.approx(results["bits_per_byte"], rel=1e-5)
+
+
+def test_segments_and_positions_inside_the_export_equal_the_pipelines():
+    tokens = np.random.default_rng(4).integers(0, 4, (3, 12)).astype(np.int32)  # END_OF_DOCUMENT = 3 here
+    got = lm.segments_and_positions(jnp.asarray(tokens), 3)
+    for a, b in zip(got, text.segments_and_positions(tokens, 3)):
+        np.testing.assert_array_equal(np.asarray(a), b)
 
 
 # ------------------------------------------------------------------------------------------

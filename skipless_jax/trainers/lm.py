@@ -321,13 +321,16 @@ def check_evaluators(config: ml_collections.ConfigDict) -> None:
 
 
 def validation_windows(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> list[dict[str, jax.Array]]:
-    """The validation windows `make_evaluate` reads ({'tokens': (B, T + 1), 'mask': (B, T)}, global
-    batches on the mesh): every target of `config.dataset.eval_windows` windows once."""
+    """The validation windows `make_evaluate` reads ({'tokens': (B, T + 1), 'mask': (B, T)} and, packed
+    as documents, the inputs' 'segments' and 'positions'; global batches on the mesh): every target
+    of `config.dataset.eval_windows` windows once."""
     batch_size = config.input.get("eval_batch_size") or config.input.batch_size
     local, _ = text.eval_batches(text.stream(config, config.dataset.eval_split), config.model.seq_len, batch_size,
-                                 config.dataset.get("eval_windows"), jax.process_index(), jax.process_count())
+                                 config.dataset.get("eval_windows"), jax.process_index(), jax.process_count(),
+                                 end_of_document=text.segment_end(config))
     batch_sharding = sharding.batch_sharding(mesh)
-    return [device_input.global_batch({k: b[k] for k in ("tokens", "mask")}, batch_sharding) for b in local]
+    return [device_input.global_batch({k: b[k] for k in ("tokens", "mask", "segments", "positions") if k in b},
+                                      batch_sharding) for b in local]
 
 
 def make_validation(model: Any, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
@@ -400,17 +403,29 @@ def build_evaluators(config: ml_collections.ConfigDict, ctx: Evaluation) -> list
 
 def export_forward(config: ml_collections.ConfigDict, ctx: Evaluation, params: Any) -> tuple[Any, dict[str, Any]]:
     """(int32 tokens (B, T) -> float32 logits (B, T, vocab), the model.json fields of the input
-    and output) with `params` as constants; T = `config.model.seq_len`."""
-    seq_len = config.model.seq_len
+    and output) with `params` as constants; T = `config.model.seq_len`. Packed as documents, the
+    segments and positions are computed inside from the tokens (`segments_and_positions`)."""
+    seq_len, end = config.model.seq_len, text.segment_end(config)
 
     def fn(tokens: jax.Array) -> jax.Array:
-        return ctx.model.apply({"params": params}, tokens, train=False)[0].astype(jnp.float32)
+        kwargs = {} if end is None else dict(zip(("segments", "positions"), segments_and_positions(tokens, end)))
+        return ctx.model.apply({"params": params}, tokens, train=False, **kwargs)[0].astype(jnp.float32)
 
     meta = {"input": {"shape": [None, seq_len], "dtype": "int32", "what": "token windows"},
             "output": "logits", "vocab_size": vocab_size(config), "seq_len": seq_len,
             "tokenizer": config.dataset.get("tokenizer"), "dataset": config.dataset.name,
-            "eval_split": config.dataset.eval_split}
+            "eval_split": config.dataset.eval_split, "packing": config.dataset.get("packing", "windows")}
     return fn, meta
+
+
+def segments_and_positions(tokens: jax.Array, end_of_document: int) -> tuple[jax.Array, jax.Array]:
+    """data/text.py's `segments_and_positions` of int tokens (B, T) in jax (inside an exported
+    forward): the segment of t counts END_OF_DOCUMENT at positions ≤ t; its position is t less
+    the position where its segment starts (docs/method/lm.md §5)."""
+    starts = tokens == end_of_document
+    t = jnp.broadcast_to(jnp.arange(tokens.shape[-1], dtype=jnp.int32), tokens.shape)
+    first = jax.lax.cummax(jnp.where(starts, t, 0), axis=tokens.ndim - 1)
+    return jnp.cumsum(starts, axis=-1, dtype=jnp.int32), t - first
 
 
 def export_examples(config: ml_collections.ConfigDict, count: int) -> dict[str, np.ndarray]:
