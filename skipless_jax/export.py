@@ -31,7 +31,9 @@ A language model's workdir (`config.trainer='lm'`) exports int32 token windows (
 logits (B, T, vocab), T = `config.model.seq_len` (model.json: `input`, `vocab_size`, `seq_len`,
 `tokenizer`); its examples.npz holds the validation windows `tokens` (N, T + 1) int32 and `mask`
 (N, T) float32 (all of them with `--examples=all`), so that the mean next-token cross-entropy of
-`exported.call(tokens[:, :-1])` under `mask` is the run's `val_loss`.
+`exported.call(tokens[:, :-1])` under `mask` is the run's `val_loss`. A run packed as documents
+(`config.dataset.packing='documents'`) computes its segments and positions inside the artifact,
+from the END_OF_DOCUMENT tokens.
 """
 
 from __future__ import annotations
