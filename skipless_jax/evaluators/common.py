@@ -241,12 +241,12 @@ class Context:
         """(features (n, d) float32, int labels (n,)) of every example of `split`, cached for
         one evaluation round (kNN and the linear probe share them); with `layers` the features
         are (n, len(layers), d) (`features_at`)."""
-        key = (id(params), split) if layers is None else (id(params), split, layers)
+        key = (id(params), split, layers)
         rows_cache, programs = self.cache.rows, self.cache.programs
         if key in rows_cache:
             return rows_cache[key]
         features = self.features_at(layers)
-        program = "features" if layers is None else ("features", layers)
+        program = ("features", layers)
         if program not in programs:
             fn = lambda p, b: {
                 "features": features(p, b["image"]).astype(jnp.float32),
