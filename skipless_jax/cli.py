@@ -350,7 +350,14 @@ _held: list[_Held] = []
 
 
 def hold_console() -> None:
-    """Keeps the console's log records from now on, for `copy_console` to write first."""
+    """Keeps the console's log records from now on, for `copy_console` to write first; ends the
+    copy and the holding of an earlier command in this process (main called again in-process)."""
+    root = std_logging.getLogger()
+    for handler in [*_held, *_copies]:
+        root.removeHandler(handler)
+        handler.close()
+    _held.clear()
+    _copies.clear()
     held = _Held()
     std_logging.getLogger().addHandler(held)
     _held.append(held)
