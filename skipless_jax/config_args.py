@@ -13,7 +13,7 @@ from typing import Any
 # with AdamW's learning rate and settings that do not apply).
 # `init`: models/init.py's INIT_METHODS (this module imports no model code; tests/test_first_use.py
 # checks that the two agree).
-CHOICES = {"opt": ("adamw", "soap", "shampoo_ec"),
+CHOICES = {"opt": ("adamw", "soap", "muon", "shampoo_ec"),
            "init": ("default", "skipless", "mimetic", "timm", "mae", "orthogonal")}
 
 

@@ -212,7 +212,7 @@ def test_attention_kernels(method):
     (dict(method="skipless", c=-3.0), "init_c"),
     (dict(method="skipless", beta=-0.1), "init_beta"),
     (dict(method="skipless", num_heads=5), "num_heads=5 must be a positive int dividing width d=64"),
-    (dict(method="orthogonal"), "'orthogonal' is unknown; allowed: "),
+    (dict(method="glorot"), "'glorot' is unknown; allowed: "),
 ])
 def test_bad_input_errors(kwargs, match):
     args = dict(method="skipless", d=64, num_heads=4, alpha=2.0, beta=0.6, c=3.0) | kwargs

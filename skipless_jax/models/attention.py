@@ -77,11 +77,17 @@ def kernel_params(module: InitFields, d: int, names: tuple[str, ...] = ATTENTION
 # αI + βA, shaped attention βA + αI − γC (SAS, and SAS-P's parallel block).
 ATTENTION_SHAPES = ("softmax", "value_skip", "sas", "sas_p")
 SHAPED = ("sas", "sas_p")  # centred, zero queries, identity value (block 0: r·W + s·I) and output
+SHAPED_KEY_STD = 0.02  # MyConv1D's normal init of the keys (the queries start at zero)
 
 
-def running_mean_rows(v: jax.Array, start: Any, n: int) -> jax.Array:
+def running_mean_rows(v: jax.Array, start: Any, n: int, mask: jax.Array | None = None) -> jax.Array:
     """(C V) of docs/method/skipless_lm.md §2 at rows start … start + n − 1: (B, L, h, d_h) values
-    -> (B, n, h, d_h) float32, row i the mean of v_0 … v_i (C_ij = 1/(i + 1) for j ≤ i)."""
+    -> (B, n, h, d_h) float32, row i the mean of v_0 … v_i (C_ij = 1/(i + 1) for j ≤ i). With a
+    (B, 1, n, n) or (B, 1, 1, n) key `mask` (start 0; packed documents), row i averages the keys
+    j ≤ i that the mask allows (the uniform attention under the same mask)."""
+    if mask is not None:
+        allowed = jnp.logical_and(mask[:, 0], jnp.tril(jnp.ones((n, n), bool))).astype(jnp.float32)  # (B, n, n)
+        return jnp.einsum("bqk,bkhd->bqhd", allowed / allowed.sum(-1, keepdims=True), v.astype(jnp.float32))
     total = jax.lax.dynamic_slice_in_dim(jnp.cumsum(v.astype(jnp.float32), axis=1), start, n, axis=1)
     return total / (start + jnp.arange(n) + 1).astype(jnp.float32)[None, :, None, None]
 
@@ -123,9 +129,11 @@ class MultiHeadAttention(InitFields):
         """`layer`: the block's index (an int, traced under scan); shaped attention's block 0 has its own value."""
         d = x.shape[-1]
         shaped = self.attention_shape in SHAPED
-        kernels = kernel_params(self, d, ("key",) if shaped else ATTENTION_KERNELS)
-        if shaped:  # queries start at zero; no value or output kernel (docs/method/skipless_lm.md §2)
-            kernels["query"] = self.param("query", nn.initializers.zeros, (d, d), jnp.float32)
+        if shaped:  # the source's Q/K draws; no value or output kernel (docs/method/skipless_lm.md §2)
+            kernels = {"query": self.param("query", nn.initializers.zeros, (d, d), jnp.float32),
+                       "key": self.param("key", nn.initializers.normal(SHAPED_KEY_STD), (d, d), jnp.float32)}
+        else:
+            kernels = kernel_params(self, d)
         biases = {
             name: self.param(f"{name}_bias", nn.initializers.zeros, (d,), jnp.float32)
             for name in kernels
@@ -160,16 +168,18 @@ class MultiHeadAttention(InitFields):
         eye = jnp.eye(d, dtype=jnp.float32)
         return tokens.astype(self.dtype) @ jnp.where(layer == 0, r * w + s * eye, eye).astype(self.dtype)
 
-    def _shape(self, heads: jax.Array, v_self: jax.Array, v_keys: jax.Array, start: Any) -> jax.Array:
-        """(B, n, h, d_h) softmax heads A V -> β_h A V + α_h V_self [− γ_h (C V) rows start …] for
-        Value-SkipInit [SAS, SAS-P] (docs/method/skipless_lm.md §1-§2); float32 gains per head."""
+    def _shape(self, heads: jax.Array, v_self: jax.Array, v_keys: jax.Array, start: Any,
+               mask: jax.Array | None = None) -> jax.Array:
+        """(B, n, h, d_h) softmax heads A V -> β_h A V + α_h V_self [− γ_h (C V) rows start …, C
+        under the key `mask`] for Value-SkipInit [SAS, SAS-P] (docs/method/skipless_lm.md §1-§2);
+        float32 gains per head."""
         h = self.num_heads
         alpha = self.param("attn_skip_gain", nn.initializers.ones, (h,), jnp.float32)[:, None]
         beta = self.param("attn_resid_gain", nn.initializers.ones, (h,), jnp.float32)[:, None]
         out = beta * heads + alpha * v_self
         if self.attention_shape in SHAPED:
             gamma = self.param("centre_gain", nn.initializers.ones, (h,), jnp.float32)[:, None]
-            out = out - gamma * running_mean_rows(v_keys, start, heads.shape[1])
+            out = out - gamma * running_mean_rows(v_keys, start, heads.shape[1], mask)
         return out.astype(self.dtype)
 
     def _fused(self, q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None,
@@ -183,7 +193,7 @@ class MultiHeadAttention(InitFields):
         mask = key_mask  # or (B, 1, n, n): each query's own keys (packed documents, models/gpt.py)
         causal = self.causal or self.decode
         if self.attention_shape in SHAPED and not causal:
-            raise ValueError(f"attention_shape={self.attention_shape!r} centres by the causal mask; the attention is not causal")
+            raise ValueError(f"attention_shape={self.attention_shape!r} is causal only")
         v_self, start = v, 0
         if self.decode:
             q, k, v, cache_mask, start = self._cached(q, k, v)
@@ -191,8 +201,8 @@ class MultiHeadAttention(InitFields):
                 mask, causal = cache_mask, False
         heads = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal,
                                              implementation=self.implementation)  # scale 1/√d_h
-        if self.attention_shape != "softmax":
-            heads = self._shape(heads, v_self, v, start)
+        if self.attention_shape != "softmax":  # the cache's mask is the causal one over its rows
+            heads = self._shape(heads, v_self, v, start, None if self.decode else mask)
         if self.capture_attention:
             logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(d // h, q.dtype))
             if mask is not None:

@@ -5,7 +5,9 @@
 
 `residual` is the one line a family writes for each of its skips; it also records the branch
 output and the sum in the block's `out` dict (①/①+②, ③/③+④), which the κ analysis reads
-(`conditioning.embedding_log_kappa` over `out['blocks']`), whatever the family.
+(`conditioning.embedding_log_kappa` over `out['blocks']`), whatever the family. Shaped attention's
+blocks (SAS, SAS-P: docs/method/skipless_lm.md §2-§3) replace both lines by their trainable gains
+(`EncoderBlock._shaped`).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class EncoderBlock(SwitchFields):
             attention_shape=self.attention_shape, **self.init_fields,
         )
         if self.attention_shape in SHAPED:
-            return self._shaped(x, y, attention, train, layer, out)
+            return self._shaped(x, y, attention, train, layer, key_mask, out)
         y, details = attention(y, key_mask=key_mask)
         out.update(details)
         y = nn.Dropout(self.dropout)(y, deterministic=not train)
@@ -90,7 +92,7 @@ class EncoderBlock(SwitchFields):
         return x, out
 
     def _shaped(self, x: jax.Array, y: jax.Array, attention: nn.Module, train: bool, layer: Any,
-                out: dict[str, Any]) -> tuple[jax.Array, dict[str, Any]]:
+                key_mask: jax.Array | None, out: dict[str, Any]) -> tuple[jax.Array, dict[str, Any]]:
         """SAS (sequential) or SAS-P (parallel) block of docs/method/skipless_lm.md §2-§3 on x and
         y = N₁(x): no attention skip; SAS keeps the MLP skip with a trainable gain s_M."""
         def gain(name: str, value: float) -> jax.Array:
@@ -101,7 +103,7 @@ class EncoderBlock(SwitchFields):
                          init_mlp=self.init_mlp)(inputs, train)
             return nn.Dropout(self.dropout)(z, deterministic=not train)
 
-        a, details = attention(y, layer=layer)
+        a, details = attention(y, key_mask=key_mask, layer=layer)
         out.update(details)
         a = gain("attn_branch_gain", 1.0) * nn.Dropout(self.dropout)(a, deterministic=not train)
         out["sab"], out["sab_skip"] = a, x + a

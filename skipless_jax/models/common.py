@@ -122,7 +122,7 @@ class MlpBlock(nn.Module):
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
         if self.init_scheme == "skipless" and self.init_mlp == "default":
             kernel_init, bias_init = nn.initializers.xavier_uniform(), nn.initializers.zeros
-        elif self.init_scheme in ("skipless", "orthogonal"):  # scaled uniform orthogonal, zero biases (docs/method.md §3)
+        elif self.init_scheme in ("skipless", "orthogonal"):  # scaled uniform orthogonal, zero biases (method.md §3)
             kernel_init, bias_init = init_lib.scaled_uniform_orthogonal, nn.initializers.zeros
         else:
             kernel_init = nn.initializers.xavier_uniform()

@@ -21,6 +21,7 @@ returns `(logits (B, T, vocab) float32, out)`, `out['blocks']` the per-layer dic
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 from skipless_jax.checks import DTYPES, GELUS, is_positive_int, require
 from skipless_jax.models import ModelDescription, roles
 from skipless_jax.models import init as init_lib
+from skipless_jax.models.attention import ATTENTION_SHAPES
 from skipless_jax.models.blocks import SwitchFields
 from skipless_jax.models.vit import ATTENTION_IMPLS, REMAT_POLICIES, encoder_blocks
 from skipless_jax.models.vit import layer_id as vit_layer_id
@@ -58,6 +60,8 @@ class GPT(SwitchFields):
     scan: bool = False
     decode: bool = False  # with the attention's KV cache (generation); scan and remat off
     causal: bool = True  # read by the blocks (vit.encoder_blocks): the decoder is causal, always
+    attention_shape: str = "softmax"  # attention.ATTENTION_SHAPES (docs/method/skipless_lm.md §1-§3)
+    mlp_branch_gain: float = 0.1  # SAS / SAS-P: the MLP branch's initial gain (skipless.yaml)
 
     @nn.compact
     def __call__(self, tokens: jax.Array, train: bool = False, segments: jax.Array | None = None,
@@ -158,7 +162,28 @@ def check_config(model: Any, image_size: int | None = None) -> None:
              f"config.model.token_graying={model.get('token_graying')!r}: Token Graying pre-conditions image "
              "patches and does not apply to the gpt family; allowed: None")
     init = model.get("init", "default")
-    require(init in ("default", "skipless", "mimetic"),
+    require(init in ("default", "skipless", "mimetic", "orthogonal"),
              f"config.model.init={init!r} is not defined for the 'gpt' family; allowed: 'default', 'skipless', "
-             "'mimetic'")
+             "'mimetic', 'orthogonal'")
     init_lib.validate_init_config(model)
+    check_attention_shape(model)
+
+
+# The skips each shaped block has (docs/method/skipless_lm.md §2-§3): (skip_sab, skip_ffn).
+SHAPED_SKIPS = {"sas": (False, True), "sas_p": (False, False)}
+
+
+def check_attention_shape(model: Any) -> None:
+    """`attention_shape` one of ATTENTION_SHAPES; SAS and SAS-P with the skips they have and a finite
+    `mlp_branch_gain` > 0."""
+    shape = model.get("attention_shape", "softmax")
+    require(shape in ATTENTION_SHAPES,
+             f"config.model.attention_shape={shape!r} is unknown; allowed: {', '.join(map(repr, ATTENTION_SHAPES))}")
+    if shape in SHAPED_SKIPS:
+        skips = (model.get("skip_sab", True), model.get("skip_ffn", True))
+        require(skips == SHAPED_SKIPS[shape],
+                 f"config.model.attention_shape={shape!r} has skip_sab={SHAPED_SKIPS[shape][0]}, "
+                 f"skip_ffn={SHAPED_SKIPS[shape][1]}; got skip_sab={skips[0]!r}, skip_ffn={skips[1]!r}")
+    gain = model.get("mlp_branch_gain", 0.1)
+    require(isinstance(gain, (int, float)) and not isinstance(gain, bool) and math.isfinite(gain) and gain > 0,
+             f"config.model.mlp_branch_gain={gain!r} must be a finite number > 0")

@@ -114,20 +114,23 @@ RULES: dict[tuple[str, str], dict[str, Rule]] = {
 }
 
 
-def gpt2(depth: int) -> dict[str, Rule]:
+def gpt2(depth: int, shaped: bool = False) -> dict[str, Rule]:
     """GPT-2's init of a decoder of `depth` blocks (nanoGPT `GPT._init_weights` and its residual
     rescale; docs/method/lm.md §4): N(0, 0.02²) tables and kernels, the residual output
     projections (attention `out`, the MLP's second kernel) N(0, (0.02/√(2·depth))²), zero
-    biases, unit norms."""
+    biases, unit norms. The gains of Value-SkipInit and shaped attention keep their initial
+    values, and `shaped` attention (SAS, SAS-P) its own query, key and value draws
+    (docs/method/skipless_lm.md §2)."""
     residual = normal(0.02 / math.sqrt(2 * depth))
     return {**NORMS, roles.TOKEN_TABLE: normal(0.02), roles.POSITION_TABLE: normal(0.02),
-            roles.ATTENTION_QKV: normal(0.02), roles.KERNEL: normal(0.02), roles.HEAD_KERNEL: normal(0.02),
-            roles.ATTENTION_OUT: residual, roles.MLP_OUT: residual,
-            roles.ATTENTION_BIAS: zeros, roles.BIAS: zeros, roles.HEAD_BIAS: zeros}
+            roles.ATTENTION_QKV: keep if shaped else normal(0.02), roles.KERNEL: normal(0.02),
+            roles.HEAD_KERNEL: normal(0.02), roles.ATTENTION_OUT: residual, roles.MLP_OUT: residual,
+            roles.ATTENTION_BIAS: zeros, roles.BIAS: zeros, roles.HEAD_BIAS: zeros, roles.GAIN: keep}
 
 
 # family -> (model -> {role: rule}): the families whose init='default' is a reference's, redrawn by it.
-DEFAULTS: dict[str, Callable[[Any], dict[str, Rule]]] = {"gpt": lambda model: gpt2(model.depth)}
+DEFAULTS: dict[str, Callable[[Any], dict[str, Rule]]] = {
+    "gpt": lambda model: gpt2(model.depth, model.attention_shape in ("sas", "sas_p"))}
 
 
 def redraws(model_config: Any) -> bool:

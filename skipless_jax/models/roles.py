@@ -46,14 +46,15 @@ DEPTHWISE_BIAS = "depthwise_bias"
 HEAD_KERNEL = "head_kernel"  # the classifier
 HEAD_BIAS = "head_bias"
 WEIGHT_NORM_SCALE = "weight_norm_scale"  # g of a weight-normalized layer (DINO's head)
+GAIN = "gain"  # a trainable scalar or per-head gain (Value-SkipInit, SAS: docs/method/skipless_lm.md)
 MLP_OUT = "mlp_out"  # the second kernel of a block's MLP, its branch's output (GPT-2 scales it)
 KERNEL = "kernel"  # any other Dense layer (MLPs, patch merging, MAE's decoder projections)
 BIAS = "bias"
 
 ROLES = (CLASS_TOKEN, MASK_TOKEN, POSITION_TABLE, TOKEN_TABLE, RELATIVE_POSITION_TABLE, LAYER_SCALE, PATCH_KERNEL,
          PATCH_BIAS, NORM_SCALE, NORM_BIAS, ATTENTION_QKV, ATTENTION_OUT, ATTENTION_BIAS, TALKING_HEADS, CONV_KERNEL,
-         CONV_BIAS, DEPTHWISE_KERNEL, DEPTHWISE_BIAS, HEAD_KERNEL, HEAD_BIAS, WEIGHT_NORM_SCALE, MLP_OUT, KERNEL,
-         BIAS)
+         CONV_BIAS, DEPTHWISE_KERNEL, DEPTHWISE_BIAS, HEAD_KERNEL, HEAD_BIAS, WEIGHT_NORM_SCALE, GAIN, MLP_OUT,
+         KERNEL, BIAS)
 # Layer 0 of layer-wise lr decay (docs/method.md §9): the tokens' embedding before the first block.
 EMBEDDING_ROLES = frozenset({CLASS_TOKEN, POSITION_TABLE, TOKEN_TABLE, PATCH_KERNEL, PATCH_BIAS})
 
@@ -63,6 +64,7 @@ _NORM = r"(^|/)(LayerNorm_\d+|norm\d?|\w*_norm)"
 # The shared parts' names: attention.py's kernels and mixings, the norms (flax's LayerNorm_i,
 # the families' norm1/norm2/*_norm), the classifier `head`, any other Dense layer.
 SHARED: Table = (
+    (r"(^|/)\w+_gain$", GAIN),
     (_NORM + "/scale$", NORM_SCALE),
     (_NORM + "/bias$", NORM_BIAS),
     (r"/(query|key|value)$", ATTENTION_QKV),

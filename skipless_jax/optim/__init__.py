@@ -70,7 +70,7 @@ def build_schedule(config: Any, total_steps: int, warmup_steps: int | None = Non
 # No weight decay on the roles (models/roles.py): the position table and class token (DeiT / timm
 # `no_weight_decay`), Swin's relative-position bias tables (Swin `no_weight_decay_keywords`:
 # relative_position_bias_table).
-NO_DECAY = (roles.POSITION_TABLE, roles.CLASS_TOKEN, roles.RELATIVE_POSITION_TABLE)
+NO_DECAY = (roles.POSITION_TABLE, roles.CLASS_TOKEN, roles.RELATIVE_POSITION_TABLE, roles.GAIN)
 # MAE's pre-training decays its (1, 1, d) class and mask tokens (stored (1, 1, d) and (d,) here).
 MAE_DECAYED_TOKENS = (roles.CLASS_TOKEN, roles.MASK_TOKEN)
 DECAY_RULES = ("deit", "mae_pretrain", "all", "ndim")
@@ -173,8 +173,42 @@ def _shampoo_ec(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:
     )
 
 
+# Muon's hidden matrices (docs/method/skipless_lm.md §6); every other role takes AdamW (the token
+# and position tables, the head, norms, biases, gains, the patch embedding).
+MUON_ROLES = frozenset({roles.ATTENTION_QKV, roles.ATTENTION_OUT, roles.MLP_OUT, roles.KERNEL})
+
+
+def muon_labels(params: Any) -> Any:
+    """'muon' for a leaf whose role is in MUON_ROLES and that is a matrix per layer, else 'adam'."""
+    from skipless_jax import models, sharding
+    from skipless_jax.models.common import layer_ndim
+
+    def leaf(path: tuple[Any, ...], p: Any) -> str:
+        name = sharding.path_str(path)
+        return "muon" if models.find_role(name) in MUON_ROLES and layer_ndim(name, p) == 2 else "adam"
+
+    return jax.tree_util.tree_map_with_path(leaf, params)
+
+
+def _muon_dimensions(params: Any) -> Any:
+    """Each Muon leaf's (in, out) axes: the last two (a scanned encoder's layer axis is a batch axis)."""
+    return jax.tree.map(lambda p: optax.contrib.MuonDimensionNumbers(p.ndim - 2, p.ndim - 1), params)
+
+
+def _muon(opt: Any, lr: optax.Schedule) -> optax.GradientTransformation:
+    """optax.contrib.muon on the hidden matrices, AdamW (`_adamw`, lr × adam_lr_ratio) on the rest;
+    weight decay on the leaves `decay_mask` decays (docs/method/skipless_lm.md §6)."""
+    ratio = opt.get("adam_lr_ratio", 1.0)
+    hidden = optax.contrib.muon(
+        lr, ns_steps=opt.get("ns_steps", 5), beta=opt.get("momentum", 0.95), weight_decay=opt.get("weight_decay", 0.0),
+        weight_decay_mask=_decay_mask(opt), nesterov=opt.get("nesterov", True),
+        muon_weight_dimension_numbers=_muon_dimensions)
+    return optax.partition({"muon": hidden, "adam": _adamw(opt, lambda count: ratio * lr(count))}, muon_labels)
+
+
 OPTIMIZERS: dict[str, Callable[[Any, optax.Schedule], optax.GradientTransformation]] = {
     "adamw": _adamw,
+    "muon": _muon,
     "sgd": _sgd,
     "soap": _soap,
     "shampoo_ec": _shampoo_ec,
