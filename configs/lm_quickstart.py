@@ -11,7 +11,7 @@ the parameters of ≥ 2 dims (GPT-2's, docs/method/lm.md §4), warm-up 20 steps,
 gradient clipping 1.0 (`init=default` is GPT-2's init); validation on 256 windows (32,768
 bytes) spread over the validation split, at the end.
 Hardware: any CPU; on this project's 2-core CPU, shared with other jobs, a run took 8 to 14
-minutes of wall-clock and 180-194 s of CPU (user + system, measured for seeds 0-2).
+minutes of wall-clock and 179-194 s of CPU (user + system, measured for seeds 0-2).
 Expected validation bits per byte: 3.78 ± 0.06 (mean ± std of seeds 0-2; docs/method/lm.md §1),
 against 4.68 bits per byte for the unigram entropy of the evaluated targets (README).
 The metric is `val_bits_per_byte` (lower is better); the corpus's unigram entropy (bits per byte
