@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -181,6 +182,22 @@ def steps_on_disk(workdir: str) -> list[int]:
     if not os.path.isdir(directory):
         return []
     return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+def killed_then_rerun(workdir: str, cmd: list[str], environ: dict[str, str], folder: str, every: int, total: int,
+                      timeout: float) -> tuple[int, str]:
+    """Runs `cmd` (a run into `workdir` that saves every `every` of its `total` steps) slowed down,
+    SIGKILLs it once the step-`every` checkpoint is on disk and two more steps ran, checks that
+    it stopped short of the end, and reruns it to the end: (the last saved step, the rerun's log).
+    Logs and the progress file go to `folder`."""
+    progress, log = os.path.join(folder, "progress"), os.path.join(folder, "run.log")
+    proc = start(cmd, dict(environ, SKIPLESS_STEP_DELAY="0.3", SKIPLESS_PROGRESS=progress), log)
+    wait_until(lambda: every in steps_on_disk(workdir) and read_progress(progress) >= every + 2, [proc], log, timeout)
+    proc.send_signal(signal.SIGKILL)
+    assert finish(proc, log, timeout) == -signal.SIGKILL
+    saved = steps_on_disk(workdir)
+    assert saved and max(saved) < total, saved
+    return max(saved), run(cmd, environ, os.path.join(folder, "restart.log"), timeout)
 
 
 def _install_hooks() -> None:

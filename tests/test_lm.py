@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import subprocess
 import sys
 
@@ -324,17 +323,10 @@ def test_a_run_records_validation_metrics_and_the_corpus(reference):
 def test_sigkill_then_restart_equals_uninterrupted(tmp_path, environ, reference):
     from skipless_jax import checkpoint
 
-    workdir, progress, log = str(tmp_path / "run"), str(tmp_path / "progress"), str(tmp_path / "run.log")
-    slowed = dict(environ, SKIPLESS_STEP_DELAY="0.3", SKIPLESS_PROGRESS=progress)
-    proc = sr.start(sr.command(workdir, RUN, config=CONFIG), slowed, log)
-    sr.wait_until(lambda: EVERY in sr.steps_on_disk(workdir) and sr.read_progress(progress) >= EVERY + 2, [proc],
-                  log, TIMEOUT)
-    proc.send_signal(signal.SIGKILL)
-    assert sr.finish(proc, log, TIMEOUT) == -signal.SIGKILL
-    saved = sr.steps_on_disk(workdir)
-    assert saved and max(saved) < STEPS, saved
-    out = sr.run(sr.command(workdir, RUN, config=CONFIG), environ, str(tmp_path / "restart.log"), TIMEOUT)
-    assert f"at step {max(saved)}." in out
+    workdir = str(tmp_path / "run")
+    saved, out = sr.killed_then_rerun(workdir, sr.command(workdir, RUN, config=CONFIG), environ, str(tmp_path), EVERY,
+                                      STEPS, TIMEOUT)
+    assert f"at step {saved}." in out
     _, state = checkpoint.load_raw(workdir, STEPS)
     _, expected = checkpoint.load_raw(reference, STEPS)
     for part in ("params", "opt_state", "rng", "nonfinite"):

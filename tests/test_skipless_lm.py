@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 
 import jax
 import jax.numpy as jnp
@@ -342,16 +341,9 @@ def test_a_killed_sas_muon_run_resumes_to_the_uninterrupted_state(tmp_path):
     environ = sr.env(1, cache_dir=str(tmp_path / "jax_cache"))
     reference = str(tmp_path / "reference")
     sr.run(sr.command(reference, RUN, config=CONFIG), environ, str(tmp_path / "reference.log"), TIMEOUT)
-    workdir, progress, log = str(tmp_path / "run"), str(tmp_path / "progress"), str(tmp_path / "run.log")
-    slowed = dict(environ, SKIPLESS_STEP_DELAY="0.3", SKIPLESS_PROGRESS=progress)
-    proc = sr.start(sr.command(workdir, RUN, config=CONFIG), slowed, log)
-    sr.wait_until(lambda: EVERY in sr.steps_on_disk(workdir) and sr.read_progress(progress) >= EVERY + 2, [proc],
-                  log, TIMEOUT)
-    proc.send_signal(signal.SIGKILL)
-    assert sr.finish(proc, log, TIMEOUT) == -signal.SIGKILL
-    saved = sr.steps_on_disk(workdir)
-    assert saved and max(saved) < STEPS, saved
-    sr.run(sr.command(workdir, RUN, config=CONFIG), environ, str(tmp_path / "restart.log"), TIMEOUT)
+    workdir = str(tmp_path / "run")
+    sr.killed_then_rerun(workdir, sr.command(workdir, RUN, config=CONFIG), environ, str(tmp_path), EVERY, STEPS,
+                         TIMEOUT)
     _, state = checkpoint.load_raw(workdir, STEPS)
     _, expected = checkpoint.load_raw(reference, STEPS)
     for part in ("params", "opt_state", "rng", "nonfinite"):
