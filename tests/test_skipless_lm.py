@@ -291,6 +291,7 @@ def test_bad_arm_fields_are_one_line_errors(fields, match):
 
 
 def test_the_vit_family_has_value_skipinit_and_refuses_sas():
+    """Value-SkipInit in the ViT: with α = 0, β = 1 it is the softmax model on the same parameters."""
     from util import tiny_config
 
     c = tiny_config()
@@ -299,6 +300,19 @@ def test_the_vit_family_has_value_skipinit_and_refuses_sas():
         models.check_config(c.model, 32)
     c.model.attention_shape = "value_skip"
     models.check_config(c.model, 32)
+    from flax.traverse_util import flatten_dict, unflatten_dict
+
+    shaped, plain = models.build(c.model, 10), models.build({**c.model.to_dict(), "attention_shape": "softmax"}, 10)
+    images = jnp.asarray(np.random.default_rng(0).normal(size=(2, 32, 32, 3)), jnp.float32)
+    flat = flatten_dict(init_params(shaped, jax.random.PRNGKey(0), images), sep="/")
+    softmax = {k: jnp.zeros_like(v) if k.endswith("attn_skip_gain") else v for k, v in flat.items()}  # α = 0, β = 1
+
+    def features(model, params):
+        return np.asarray(model.apply({"params": unflatten_dict(params, sep="/")}, images)[1]["pre_logits"])
+
+    expected = features(plain, {k: v for k, v in flat.items() if not k.endswith("_gain")})
+    np.testing.assert_allclose(features(shaped, softmax), expected, atol=1e-5)
+    assert np.abs(features(shaped, flat) - expected).max() > 1e-3  # α = 1: the identity added
 
 
 # ------------------------------------------------------------------------------------------
