@@ -27,7 +27,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "slow: over ~3 s in a measured run; the edit loop's fast subset is -m 'not slow' (README, Tests)"
+        "markers", "slow: over ~3 s in a measured run; the edit loop's fast subset is -m 'not slow' (docs/testing.md)"
     )
     config.addinivalue_line(
         "markers", "multiprocess: starts several trainer processes on 127.0.0.1 (deselect: -m 'not multiprocess')"
