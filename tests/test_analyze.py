@@ -119,8 +119,8 @@ def test_jacobian_columns(tmp_path, capsys):
 
 def test_bad_inputs_are_one_line_errors(tmp_path):
     config = tiny_config()
-    config.model.init = "orthogonal"
-    with pytest.raises(ValueError, match="model.init='orthogonal' is unknown; allowed: default, skipless, mimetic"):
+    config.model.init = "glorot"
+    with pytest.raises(ValueError, match="model.init='glorot' is unknown; allowed: default, skipless, mimetic"):
         analyze.analyze(config, output_dir=str(tmp_path))
     with pytest.raises(ValueError, match=r"--num_images=100000 must be in \[1, 360\]"):
         analyze.probe_images(tiny_config(), 100000)
@@ -136,9 +136,10 @@ def test_cli_error_is_one_line(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        "error: model.init='bogus' is unknown; allowed: default, skipless, mimetic, timm, mae")
+        "error: --config=configs/quickstart.py:init=bogus: config arg init='bogus' is not allowed; "
+        "allowed: default | skipless | mimetic | timm | mae | orthogonal")
 
 
 @pytest.mark.slow
