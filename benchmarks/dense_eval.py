@@ -1,4 +1,4 @@
-r"""Cost of the dense evaluators (docs/method.md §7, §8) on this machine, and an estimate of a
+r"""Cost of the dense evaluators (docs/method/dense.md §7, §8) on this machine, and an estimate of a
 full PASCAL VOC12 run on one accelerator.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/dense_eval.py [--size 224] [--variant S/16] [--reps 3]
@@ -15,7 +15,7 @@ are ESTIMATES: those FLOPs at VOC resolutions (compiled, not run) × the protoco
 an assumed sustained accelerator throughput, plus the host `ncut` measured here at VOC's token
 count. Writes benchmarks/results/dense_eval.json (git-ignored) and prints a table.
 
-The whole segmentation test pass (`--test-pass`, docs/method.md §8), per image, on a random-init
+The whole segmentation test pass (`--test-pass`, docs/method/dense.md §8), per image, on a random-init
 backbone with ViT-S/16's width and heads (the DINO configs') at depth 4, the blocks `ms` reads
 (`--test-width` 384, `--test-depth` 4, `--test-heads` 6; the full depth-12 forward costs ~3x
 more, so its ratio is lower still; `--test-width 64 --test-heads 2` shows the per-pixel floor
@@ -47,7 +47,7 @@ from skipless_jax.evaluators import segmentation as seg
 from skipless_jax.evaluators import tokencut as tc
 
 BATCH = 16
-# VOC12 (docs/method.md §7, §8): TokenCut on trainval (11,540 images, ~500×375 → padded to
+# VOC12 (docs/method/dense.md §7, §8): TokenCut on trainval (11,540 images, ~500×375 → padded to
 # 512×384 for p = 16); the `lin` probe: 40k steps of 16 crops 512², test on val (1,449 images,
 # short side 512 → ~512×683: 2 sliding 512 windows at stride 341 each).
 VOC12_TRAINVAL, VOC12_VAL = 11_540, 1_449
@@ -199,7 +199,7 @@ def test_pass(width: int, depth: int, heads: int, reps: int) -> dict[str, dict[s
     return out
 
 
-# Val sets of the dense evaluations (docs/method.md §8) with a typical stored size (H, W).
+# Val sets of the dense evaluations (docs/method/dense.md §8) with a typical stored size (H, W).
 DENSE_VAL = {"VOC12": (1_449, (375, 500), ("lin", "ms")), "ADE20K": (2_000, (512, 683), ("lin", "ms")),
              "COCO-Stuff": (5_000, (480, 640), ("lin",))}
 VIT_S16 = dict(width=384, depth=12, patch=16)  # the DINO configs' backbone

@@ -5,7 +5,7 @@ and SOAP: the supervised trainer's own step (`supervised.make_train_step`), dona
         [--out=benchmarks/results/gpu_vitb.json]
 
 MFU = model FLOPs per step / step time / peak, the trainer's definition (`perf/mfu`,
-docs/method.md §25): model FLOPs are `models.flops.train_flops_per_example` (3 × the forward
+docs/method/runs.md §25): model FLOPs are `models.flops.train_flops_per_example` (3 × the forward
 matmuls), so rematerialisation or an attention kernel's extra work does not count as useful;
 XLA's own `cost_analysis()` FLOPs are reported next to it. `--peak_tflops`: the chip's dense
 bf16 peak; default: `trainers/perf.py`'s table entry for the device's kind.

@@ -12,7 +12,7 @@ A variant is a ViT's ('B/16') or 'family:variant[@image size]' ('swin:T', 'convm
 The supervised trainer's own jitted step (`trainers/supervised.make_train_step`, AdamW or
 `--optimizer=soap`, built by benchmarks/scaling.py as the trainer builds it, data-parallel over
 all devices) on random data, timed after compilation, median of `--repeats`. Throughput is
-counted as the trainer counts it (docs/method.md §25): model FLOPs per step = batch ×
+counted as the trainer counts it (docs/method/runs.md §25): model FLOPs per step = batch ×
 `models.flops.train_flops_per_example` (3 × the forward matmuls and convolutions), and
 MFU = model FLOPs per step / step time / (peak × devices), with the peak the dense bf16 peak of
 the device's exact kind (`trainers.perf.PEAK_TFLOPS`) or `--peak_tflops`; XLA's count of the
@@ -40,7 +40,7 @@ NUM_CLASSES, CHANNELS = 1000, 3  # the random ImageNet-shaped batches every vari
 def timed_program(variant: str, batch: int, image_size: int, dtype: str, skips: bool, init: str,
                   opt: str = "adamw") -> tuple[ml_collections.ConfigDict, scaling.Program, float]:
     """The config, the supervised trainer's program on random 1000-class RGB data (data-parallel
-    over all devices), and its model FLOPs per step counted for that data (method.md §25), not for
+    over all devices), and its model FLOPs per step counted for that data (docs/method/runs.md §25), not for
     the config's own dataset."""
     config = scaling.family_config(variant, image_size, batch, opt=opt, dtype=dtype, skips=skips, init=init)
     program = scaling.supervised_program(config, {"data": jax.device_count()}, num_classes=NUM_CLASSES,

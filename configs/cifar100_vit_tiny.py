@@ -19,7 +19,7 @@ is the ordering of the CIFAR-10 cells (both skips > no FFN skip >> no SAB skip):
 Model: ViT-Ti (width 192, depth 12, 3 heads, MLP 768) on 32×32 images with patch 4, i.e. 64
 tokens plus the class token. Schedule (as configs/cifar10_vit_tiny.py): 200 epochs, batch 128,
 lr 1e-3, weight decay 0.05 (not on biases, norms, position embedding or class token;
-docs/method.md §14), 10 warm-up epochs, cosine to 1e-5, gradient clipping 1.0, label smoothing
+docs/method/recipes.md §14), 10 warm-up epochs, cosine to 1e-5, gradient clipping 1.0, label smoothing
 0.1, RandAugment m9, mixup 0.8 / cutmix 1.0, random erasing 0.25, zero-pad 4 + random crop and
 flip, drop-path 0.1 with skips and 0 without. Eval at 32×32, no resize.
 """

@@ -4,8 +4,8 @@ r"""ConvMixer-256/8 on CIFAR-10 with and without its skip: the control of "Alway
         --workdir=/tmp/convmixer_cifar10_noskip
 
 ConvMixer has one residual per block, around depthwise conv → GELU → BatchNorm (`skip_sab`);
-the pointwise conv has none (docs/method.md §10). Args: skip_sab,
-init=timm|default|skipless (timm: the reference's torch defaults, docs/method.md §24),
+the pointwise conv has none (docs/method/families.md §10). Args: skip_sab,
+init=timm|default|skipless (timm: the reference's torch defaults, docs/method/families.md §24),
 opt=adamw|soap, tg=dct|svd|svd_fast|none, eps, seed, epochs.
 
 Hardware: one GPU or TPU chip and ≥ 8 host cores for the augmentation (docs/data.md).
@@ -20,11 +20,11 @@ Expected CIFAR-10 test accuracy, from the sources, not measured here (one cell p
 
 Model: ConvMixer-256/8, kernel 5, patch 2 (594,186 parameters), on 32×32 images. Schedule (the
 ConvMixer CIFAR-10 reference recipe): 25 epochs, batch 512, AdamW lr 0.05, weight decay 0.005
-on every parameter (torch AdamW over `model.parameters()`: `weight_decay_rule='all'`, docs/method.md
+on every parameter (torch AdamW over `model.parameters()`: `weight_decay_rule='all'`, docs/method/recipes.md
 §14), no gradient clipping (the README command has no `--clip-norm`), label smoothing 0.0,
 2 RandAugment ops of torchvision's magnitude 12 (of 30), i.e. RandAugment m4 on this
 project's (timm's) scale of 10, flip, mixup 0 / cutmix 0, random erasing 0; the reference's triangular lr
-(`config.schedule.name='triangular'`, docs/method.md §14: 0 → 0.05 at 2/5 of training → 0.0025
+(`config.schedule.name='triangular'`, docs/method/recipes.md §14: 0 → 0.05 at 2/5 of training → 0.0025
 at 4/5 → 0, per step). Its colour jitter is 0 in that command (an identity). ConvMixer's BatchNorm keeps running
 statistics (the `batch_stats` state entry), evaluated with them, as in torch's eval mode.
 """

@@ -1,6 +1,6 @@
 r"""DINO on the digit scenes (32×32 canvases of 1-3 bundled digits; no download), evaluated
 densely: the `lin` segmentation probe, TokenCut object discovery and the PCA picture of the
-patch features (docs/method.md §7-8), the miniature of "Cutting the Skip"'s dense results.
+patch features (docs/method/dense.md §7-8), the miniature of "Cutting the Skip"'s dense results.
 
     python -m skipless_jax.main --config=configs/dino_digit_scenes.py --workdir=/tmp/dino_scenes
     python -m skipless_jax.main --config=configs/dino_digit_scenes.py:skip_sab=False,skip_ffn=False,init=skipless \
@@ -16,7 +16,7 @@ Expected (measured, 3 seeds, experiments/dino_digit_scenes.py, docs/results.md):
 CorLoc 5.8 ± 3.5 vs 6.0 ± 7.9 % (SOAP, `:opt=soap,epochs=6`); kNN 19.4 ± 1.5 vs 18.3 ± 2.2 %.
 The paper's numbers (DINO ViT-S/16 on ImageNet), quoted, not measured here (their 300-epoch
 runs): VOC12 `lin` mIoU 56.3 with skips → 62.3 skipless; TokenCut CorLoc (SOAP) VOC12 49.4 →
-63.2, COCO20k 27.5 → 46.7 (docs/method.md §6-7).
+63.2, COCO20k 27.5 → 46.7 (docs/method/ssl.md §6, docs/method/dense.md §7).
 
 The DINO recipe of configs/dino_digits.py on 32×32 images: 2 global 32×32 crops (scale 0.4–1)
 and 4 local 16×16 crops (scale 0.1–0.4), 4×4 patches (64 tokens), no flips, head 256–256–32 →

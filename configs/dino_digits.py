@@ -7,13 +7,13 @@ r"""DINO on scikit-learn's bundled 8×8 digits (no download): the quick path of 
 Hardware: any CPU (70–180 s of wall-clock per run for the 2,640 steps, including compilation
 and the evaluations, measured on the shared 2-core machine, docs/dino.md). Labels are used only
 by the evaluation: weighted kNN (k = 20, T = 0.07) and a linear probe on the teacher's CLS
-features, at initialization and at the end (docs/method.md §11). Expected (mean ± std
+features, at initialization and at the end (docs/method/evals.md §11). Expected (mean ± std
 over seeds 0-2, docs/dino.md; `experiments/dino_digits.py` reruns them): teacher kNN
 86.6 ± 3.0% at initialization → 90.5 ± 1.0% with both skips, and 72.2 ± 1.6% → 79.1 ± 0.6%
 without skips with the skipless init; the teacher entropy stays below log 256 = 5.55 nats
 (peak 4.92 with skips, 5.26 without: no collapse).
 
-The DINO recipe (docs/method.md §6) with 8×8 crops: 2 global 8×8 crops (scale 0.5–1) and 2 local
+The DINO recipe (docs/method/ssl.md §6) with 8×8 crops: 2 global 8×8 crops (scale 0.5–1) and 2 local
 4×4 crops (scale 0.3–0.6), 4×4 patches (4 tokens; 1 for a local crop), no flips (digits are
 not mirror images of each other), brightness/contrast jitter, blur σ ∈ [0.1, 0.6] px and
 solarize as in DINO. Head 256–256–32 → 256, teacher momentum 0.996 → 1, AdamW at a fixed

@@ -17,7 +17,7 @@ Skip, DINO ViT-S/16, 300 epochs; this config is the left-hand number, configs/di
 the right), as the paper's: linear segmentation mIoU VOC12 56.3 → 62.3 (single layer, `voc_lin`)
 and 61.6 → 65.4 (multi-scale, `voc_ms`), COCO-Stuff 24.6 → 24.9 (`cocostuff_lin`), ADE20K
 23.7 → 22.5 (`ade_lin`) and 26.0 → 26.3 (`ade_ms`); TokenCut CorLoc with SOAP VOC12 49.4 → 63.2
-(`voc12_tokencut`), COCO20k 27.5 → 46.7 (`coco20k_tokencut`). The dense evaluations (docs/method.md
+(`voc12_tokencut`), COCO20k 27.5 → 46.7 (`coco20k_tokencut`). The dense evaluations (docs/method/dense.md
 §7-8: DINOv2's `lin` / `ms` probes, TokenCut) are their own job by default, run on the checkpoint
 after training (one host; each writes W/eval/<name>.json; docs/data.md lays out DIR):
     python -m skipless_jax.evaluate --workdir=W \
@@ -27,7 +27,7 @@ after training (one host; each writes W/eval/<name>.json; docs/data.md lays out 
 '+'-joined names, e.g. dense=voc_lin+voc12_tokencut) on the training command adds them to its
 last step, where the whole slice waits for them. Each probe is 40k steps of 16 crops
 (docs/results.md estimates the test passes' hours); a run without `dense` reports the teacher's
-kNN and linear-probe top-1 (docs/method.md §11). DINO's own ViT-S/16 300-epoch run (last layer not normalized)
+kNN and linear-probe top-1 (docs/method/evals.md §11). DINO's own ViT-S/16 300-epoch run (last layer not normalized)
 reaches 73.3 kNN / 76.0 linear top-1 on ImageNet (facebookresearch/dino; its linear evaluation
 is not this project's probe, §11).
     (no args)                                   both skips, DINO's init (init=timm), AdamW

@@ -17,7 +17,7 @@ Skip, DINO ViT-S/16, 300 epochs; skip → skipless, this config is the right-han
 paper's: linear segmentation mIoU VOC12 56.3 → 62.3 (single layer, `voc_lin`) and 61.6 → 65.4
 (multi-scale, `voc_ms`), COCO-Stuff 24.6 → 24.9 (`cocostuff_lin`), ADE20K 23.7 → 22.5 (`ade_lin`)
 and 26.0 → 26.3 (`ade_ms`); TokenCut CorLoc with SOAP VOC12 49.4 → 63.2 (`voc12_tokencut`),
-COCO20k 27.5 → 46.7 (`coco20k_tokencut`). The dense evaluations (docs/method.md
+COCO20k 27.5 → 46.7 (`coco20k_tokencut`). The dense evaluations (docs/method/dense.md
 §7-8: DINOv2's `lin` / `ms` probes, TokenCut) are their own job by default, run on the checkpoint
 after training (one host; each writes W/eval/<name>.json; docs/data.md lays out DIR):
     python -m skipless_jax.evaluate --workdir=W \
@@ -27,7 +27,7 @@ after training (one host; each writes W/eval/<name>.json; docs/data.md lays out 
 '+'-joined names, e.g. dense=voc_lin+voc12_tokencut) on the training command adds them to its
 last step, where the whole slice waits for them. Each probe is 40k steps of 16 crops
 (docs/results.md estimates the test passes' hours); a run without `dense` reports the teacher's
-kNN and linear-probe top-1 (docs/method.md §11).
+kNN and linear-probe top-1 (docs/method/evals.md §11).
 DINO's own ViT-S/16 300-epoch run (with skips, last layer not normalized) reaches 73.3 kNN /
 76.0 linear top-1 on ImageNet (facebookresearch/dino; its linear evaluation is not this
 project's probe, §11).
@@ -38,13 +38,13 @@ project's probe, §11).
 
 Schedule (DINO, boosted): batch 1024, lr 0.0005 per 256 images (linear scaling), 10 warm-up
 epochs then cosine to a min lr of 1e-6, weight decay 0.04 rising to 0.4 (cosine; all parameters
-except biases and 1-D tensors, docs/method.md §13), 300 epochs (≈ 372k steps; whole batches per epoch, as DINO's
+except biases and 1-D tensors, docs/method/ssl.md §13), 300 epochs (≈ 372k steps; whole batches per epoch, as DINO's
 loader), per-tensor
 gradient clip 3.0, last layer frozen for the first epoch, teacher momentum 0.996 → 1 (cosine),
 teacher temperature 0.04 → 0.07 linearly over the first 30 of them, then constant; student
 temperature 0.1, centre momentum 0.9. Multi-crop: 2 global crops on 224×224 images (scale
 0.4–1) and 8 local 96×96 crops (scale 0.05–0.4) with patch 16. Head 2048–2048–256 → 65536,
-weight-normalized last layer with g = 1. Skipless init α 1.8, β 1, c 3 (docs/method.md §3);
+weight-normalized last layer with g = 1. Skipless init α 1.8, β 1, c 3 (docs/method/papers.md §3);
 drop-path 0.1 with skips and 0 without. SOAP: b1 0.9, b2 0.95, preconditioning every 10 steps
 (Cutting the Skip).
 """

@@ -32,7 +32,7 @@ seeds 0-4 of the `table1` and `cutting` grids.
 
 Model: a ViT of width 64, depth 8, 4 heads, MLP 128 on 28×28 images with patch 4 (49 tokens of
 16 features, global average pooling), drop-path 0 with skips and 0
-without; the skipless init's constants are Cutting the Skip's ViT-B/16 ones (docs/method.md §3).
+without; the skipless init's constants are Cutting the Skip's ViT-B/16 ones (docs/method/papers.md §3).
 Schedule: 10 epochs, batch 128, lr 1e-3 (AdamW b2 0.999; SOAP: b1 0.9, b2 0.95,
 preconditioning every 10 steps), weight decay 0.05, a warm-up of one epoch then cosine to 1e-5,
 gradient clipping 1.0, label smoothing 0, no augmentation (the images as stored, normalized by
@@ -142,7 +142,7 @@ GRIDS = {
 }
 
 
-# The claims the study judges (`report --claims=configs/fashion_vit.py`; docs/method.md §19),
+# The claims the study judges (`report --claims=configs/fashion_vit.py`; docs/method/reports.md §19),
 # each cell at its own lr: `select='lr'` keeps, per cell and depth, the runs of the lr of highest
 # mean val_accuracy (docs/method/verdicts.md §5). ViT cells: model=vit, the arg's default, which
 # `report` gives the runs whose folders leave it out.

@@ -6,7 +6,7 @@ recipe from scratch): the MAE fine-tuning recipe in miniature.
 
 The encoder is the pre-training's (its skips must match: pass the same skip_sab / skip_ffn);
 global average pooling → fc_norm → head (std 2e-5), the fixed position table as the initial
-learned one, layer-wise lr decay 0.75 over the 4 blocks (docs/method.md §9), AdamW (0.9, 0.999)
+learned one, layer-wise lr decay 0.75 over the 4 blocks (docs/method/ssl.md §9), AdamW (0.9, 0.999)
 lr 1e-3, wd 0.05, 5 warm-up epochs, cosine to 1e-5, 40 epochs, images as stored (no
 augmentation, as the quickstart). Hardware: any CPU (2 cores: about 1.5 minutes). Expected test
 accuracy (3 seeds): docs/results.md ("MAE on digits"), next to the paper's ImageNet 83.0 → 83.2

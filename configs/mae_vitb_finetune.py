@@ -5,7 +5,7 @@ r"""Fine-tuning an MAE-pre-trained ViT-B/16 on ImageNet-1k (facebookresearch/mae
 
 `init_from` is the workdir of a configs/mae_vitb_pretrain.py run: the encoder loads by name, the
 fixed position table becomes the learned `pos_embedding`, `fc_norm` and the head are new
-(docs/method.md §9). Without `init_from` the same recipe trains from scratch.
+(docs/method/ssl.md §9). Without `init_from` the same recipe trains from scratch.
 
 Expected (the paper's numbers, Always Skip Attention, ImageNet-1k top-1, ViT-B/16): 83.0 → 83.2
 with DCT Token Graying in pre-training; not reproduced here. The paper does not say whether TG

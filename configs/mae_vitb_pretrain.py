@@ -1,5 +1,5 @@
 r"""MAE pre-training of ViT-B/16 on ImageNet-1k (facebookresearch/mae's recipe), with Token Graying
-and the skip switches on the encoder (docs/method.md §9).
+and the skip switches on the encoder (docs/method/ssl.md §9).
 
     python -m skipless_jax.main --config=configs/mae_vitb_pretrain.py:tg=dct \
         --workdir=gs://BUCKET/mae_vitb_dct --config.dataset.data_dir=gs://BUCKET/tfds

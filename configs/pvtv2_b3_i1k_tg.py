@@ -1,4 +1,4 @@
-r"""ImageNet-1k PVTv2-b3 with Token Graying: the PVTv2 row of "Always Skip Attention" (docs/method.md §10).
+r"""ImageNet-1k PVTv2-b3 with Token Graying: the PVTv2 row of "Always Skip Attention" (docs/method/families.md §10).
 
     python -m skipless_jax.main --config=configs/pvtv2_b3_i1k_tg.py:tg=dct \
         --workdir=gs://BUCKET/pvtv2_b3_dct --config.dataset.data_dir=gs://BUCKET/tfds
@@ -7,7 +7,7 @@ PVTv2's stem is an overlapping 7×7 convolution of stride 4, not a plain patch p
 Graying acts on the stem-stride 4×4×3 patch matrix (3136×48 per image), mapped back to the
 image, then the model's own stem, identically at train and eval. Args: tg=dct|svd|svd_fast|none,
 eps ∈ (0, 1], skip_sab, skip_ffn,
-init=timm|default|skipless (timm: PVTv2's own init, docs/method.md §24),
+init=timm|default|skipless (timm: PVTv2's own init, docs/method/families.md §24),
 opt=adamw|soap, seed, epochs,
 variant=b0|b1|b2|b3.
 
@@ -23,7 +23,7 @@ Expected ImageNet-1k top-1, the paper's numbers (Always Skip Attention, PVTv2-b3
     (no args)                                83.0   (+ DCT-TG, ε = 0.95)
 
 Schedule (PVT's DeiT-style recipe): 300 epochs, batch 1024, lr 1e-3, weight decay 0.05 (not on
-biases, norms; docs/method.md §14), 5 warm-up epochs, cosine to 1e-5, gradient clipping 1.0,
+biases, norms; docs/method/recipes.md §14), 5 warm-up epochs, cosine to 1e-5, gradient clipping 1.0,
 label smoothing 0.1, RandAugment m9, mixup 0.8 / cutmix 1.0, random erasing 0.25, AdamW b1 0.9,
 b2 0.999, drop-path 0.3 with skips and 0 without (PVT's configs/pvt_v2/pvt_v2_b3.py); 224×224
 images; repeated augmentation 3 (epochs of ⌊N/256⌋·256 samples, whole batches), no model EMA

@@ -24,7 +24,7 @@ In bf16 (`--config.model.dtype=bfloat16`) the default gave 95.6 ± 0.7 against 9
 float32 in the same 3-seed run (sample std) (docs/results.md). The papers' claims (`CLAIMS`
 below), judged over 5 seeds by `python -m
 skipless_jax.report docs/figures/quickstart_runs.csv docs/figures/claims_runs.csv
---claims=configs/quickstart.py` (docs/method.md §19: Welch and permutation tests, the larger p
+--claims=configs/quickstart.py` (docs/method/reports.md §19: Welch and permutation tests, the larger p
 deciding; Holm within each claim's family over both CSVs, whatever is printed,
 docs/method/verdicts.md): at depth 8, SOAP > AdamW with the skipless init holds (93.9 against
 89.3, Holm p 0.016; compare `:depth=8` with `:depth=8,opt=adamw`); the skipless init > the
@@ -48,11 +48,11 @@ Args (same names in every config): skip_sab, skip_ffn, depth, seed, init, opt, t
 The miniature's own knobs (none given: the recipe above, unchanged): lr (default 3e-3 with SOAP,
 1e-3 with AdamW), tokens (16, or 64: the digits upsampled bicubically to 16×16, still in 2×2
 patches; see TOKENS), label_smoothing (default 0), self_share (config.model.init_self_share: β
-set so that a token's attention on itself at init is that share, docs/method.md §3; this
+set so that a token's attention on itself at init is that share, docs/method/papers.md §3; this
 project's extension, not the paper's), val=True (train on train[:90%], report val_accuracy on
 train[90%:] beside test_accuracy), aug (none, or pad_crop: a ±1-pixel pad-and-crop, see AUGS),
-repeats (repeated augmentation's r, docs/method.md §21), ema (the model EMA's decay, 0: off;
-docs/method.md §22).
+repeats (repeated augmentation's r, docs/method/recipes.md §21), ema (the model EMA's decay, 0: off;
+docs/method/recipes.md §22).
 """
 
 import ml_collections
@@ -138,7 +138,7 @@ GRIDS = {
         f"{_SKIPLESS} init=default,skipless opt=adamw depth=8,12 lr=3e-4,2e-3 val=True seed={_SEEDS}",
         f"{_SKIPLESS} init=default,skipless opt=adamw depth=8,12 val=True seed={_SEEDS}",
         # 3. 64 tokens, the skipless cells under AdamW: the paper's β, and β matched to ViT-B/16's
-        #    share, self_attention_share(ViT-B/16, 197 tokens) = 0.7605 (docs/method.md §3).
+        #    share, self_attention_share(ViT-B/16, 197 tokens) = 0.7605 (docs/method/papers.md §3).
         f"{_SKIPLESS} init=default,skipless opt=adamw depth=8 tokens=64 seed={_SEEDS}",
         f"{_SKIPLESS} init=skipless opt=adamw depth=8 tokens=64 self_share=0.76 seed={_SEEDS}",
         # 4. Label smoothing 0.1 on ordering (ii)'s cells.
@@ -149,7 +149,7 @@ GRIDS = {
 }
 
 # The papers' claims, judged over seeds by `python -m skipless_jax.report SRC --claims=configs/quickstart.py`
-# (docs/method.md §19: Welch and permutation tests; Holm within each claim's `family`, by default
+# (docs/method/reports.md §19: Welch and permutation tests; Holm within each claim's `family`, by default
 # its own name: docs/method/verdicts.md). Cells are arg filters over the runs' args (the defaults
 # of get_config below, the sweep's args, the folder's); each claim is judged separately per depth
 # (and per setting of the miniature's other knobs, where a grid varies them).
@@ -189,7 +189,7 @@ CLAIMS = {
         per=_PER,
     ),
     # #52 item 4, written before its runs: the failure rate, not the mean. A run trained when its
-    # final train loss is below ½ ln 10 (docs/method.md §19); Fisher's exact test on k/n per cell
+    # final train loss is below ½ ln 10 (docs/method/reports.md §19); Fisher's exact test on k/n per cell
     # (docs/method/verdicts.md §3), its own Holm family.
     "init_trains_more_often": dict(
         text="Cutting the Skip: the skipless init trains more often than the default init under AdamW, no skips",

@@ -3,7 +3,7 @@ r"""ImageNet-1k ViT-S/16 and ViT-B/16 with Token Graying: the TG rows of "Always
     python -m skipless_jax.main --config=configs/vit_i1k_tg.py:variant=S/16,tg=dct \
         --workdir=gs://BUCKET/vits_dct --config.dataset.data_dir=gs://BUCKET/tfds
 
-Token Graying (docs/method.md §4, skipless_jax/token_graying.py) is applied inside the jitted step
+Token Graying (docs/method/papers.md §4, skipless_jax/token_graying.py) is applied inside the jitted step
 to each image's raw patch matrix (196×768, float32), before the patch embedding, identically
 at train and eval. Args: variant=S/16|B/16, tg=dct|svd|svd_fast|none, eps ∈ (0, 1].
 
@@ -33,7 +33,7 @@ from symmetric eigendecompositions instead of an SVD.
 
 Schedule (ViT-B 300 epochs, as configs/vitb_i1k_300ep.py): batch 1024, lr 1e-3, weight decay
 0.3 (the ViT/big_vision AdamW value; DeiT uses 0.05), not on biases, norms, position embedding
-or class token (docs/method.md §14), 5 warm-up epochs, cosine to 1e-5, gradient clipping 1.0,
+or class token (docs/method/recipes.md §14), 5 warm-up epochs, cosine to 1e-5, gradient clipping 1.0,
 label smoothing 0.1, DeiT's augmentation (RandAugment m9, mixup 0.8 / cutmix 1.0, random
 erasing 0.25), drop-path 0.1, AdamW b1 0.9, b2 0.999; images 224×224 with patch 16.
 """

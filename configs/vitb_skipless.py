@@ -17,7 +17,7 @@ Expected ImageNet-1k top-1 (Cutting the Skip, 300 epochs), one cell per args:
     (no args)                                               80.8   (skipless + init + SOAP)
 
 Schedule (ViT-B 300 epochs): batch 1024, lr 1e-3, weight decay 0.3 (the ViT/big_vision AdamW
-value; DeiT uses 0.05), not on biases, norms, position embedding or class token (docs/method.md
+value; DeiT uses 0.05), not on biases, norms, position embedding or class token (docs/method/recipes.md
 §14), 5 warm-up epochs, cosine to 1e-5, gradient clipping 1.0, label smoothing 0.1, DeiT's
 augmentation (RandAugment m9, mixup 0.8 / cutmix 1.0, random erasing 0.25), drop-path 0.1 with
 skips and 0 without. SOAP: b1 0.9, b2 0.95, preconditioning every 10 steps (Cutting the Skip).

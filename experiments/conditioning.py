@@ -1,9 +1,9 @@
-r"""The condition-number experiments of docs/conditioning.md (METHOD.md §2, §3).
+r"""The condition-number experiments of docs/conditioning.md (docs/method/papers.md §2, §3).
 
     OPENBLAS_NUM_THREADS=1 python experiments/conditioning.py [--parts=prop41,jacobian,width,embedding]
 
 - jacobian: a small skipless ViT at initialization (d=64, 4 heads, 16 tokens, depth 4, no
-  skips), default init vs the skipless init of METHOD.md §3, 5 seeds, on Gaussian-noise images
+  skips), default init vs the skipless init of docs/method/papers.md §3, 5 seeds, on Gaussian-noise images
   (16×16×3, patch 4) and on the digits quickstart model: per layer log κ(K_ℓ), log κ(B_ℓ),
   ‖K−B‖/‖K‖ and log κ of the whole block, all float64.
 - width: one attention layer at LayerNorm-scaled Gaussian tokens (n=16), head dim 32 and 64, d up

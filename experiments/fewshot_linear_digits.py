@@ -1,4 +1,4 @@
-r"""Few-shot (docs/method.md §17) and DINO's linear evaluation (§18) on the digits DINO and MAE
+r"""Few-shot (docs/method/evals.md §17) and DINO's linear evaluation (§18) on the digits DINO and MAE
 runs (configs/dino_digits.py, configs/mae_digits_pretrain.py), seeds 0-2, mean ± std.
 
     OPENBLAS_NUM_THREADS=1 python experiments/fewshot_linear_digits.py --out=docs/figures/fewshot_linear_digits \

@@ -1,6 +1,6 @@
 r"""Repeated augmentation and model EMA on digits: the quickstart's default (no skips, skipless
 init, SOAP, 40 epochs) with repeated augmentation off (r = 1) and on (r = 3, DeiT's RASampler,
-docs/method.md §21), each with a model EMA (decay 0.98, docs/method.md §22) evaluated beside the
+docs/method/recipes.md §21), each with a model EMA (decay 0.98, docs/method/recipes.md §22) evaluated beside the
 model, 3 seeds; once with the quickstart as it is (no augmentation: the r copies are the same
 image) and once with a ±1-pixel pad-and-crop augmentation (each copy differs).
 

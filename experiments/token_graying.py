@@ -36,7 +36,7 @@ FIGURES = os.path.join(ROOT, "docs", "figures")
 EPS_GRID = (0.95, 0.9, 0.7, 0.6, 0.5)
 ABLATION_EPS = (1.0, 0.9, 0.7, 0.6, 0.5)
 STANDARD = "skip_sab=True,skip_ffn=True,init=default,opt=adamw"
-# Always Skip Attention, ε ablation (ViT-B, ImageNet, SVD-TG): top-1 and log κ_in (METHOD.md §4).
+# Always Skip Attention, ε ablation (ViT-B, ImageNet, SVD-TG): top-1 and log κ_in (docs/method/papers.md §4).
 PAPER_TOP1 = {1.0: 81.0, 0.9: 81.2, 0.7: 81.4, 0.6: 81.4, 0.5: 81.0}
 PAPER_LOG_KAPPA_IN = {1.0: 6.72, 0.9: 6.64, 0.7: 6.15, 0.6: 5.73, 0.5: 5.29}
 

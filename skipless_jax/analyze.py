@@ -3,14 +3,14 @@ r"""Condition-number analysis of a ViT, at initialization or from a run's latest
     python -m skipless_jax.analyze --config=configs/quickstart.py:skip_sab=False \
         [--workdir=/tmp/quickstart] [--output_dir=DIR] [--num_images=64] [--jacobian] [--params=ema]
 
-Prints a table of per-layer log κ (natural log, docs/method.md §2) of the token matrices at
+Prints a table of per-layer log κ (natural log, docs/method/papers.md §2) of the token matrices at
 ① SAB output, ①+②, ③ FFN output and ③+④ (mean over a fixed probe batch: the first
 `num_images` test images), and writes `log_kappa.png` (one line per point) and
 `log_kappa.json` to `--output_dir` (the paths are printed) (default: `<workdir>/analysis`, else `./analysis`).
 With `--jacobian` (small models only, n·d ≤ 4096) it adds, per layer at the first probe image,
 log κ of the attention Jacobian K_ℓ, of B_ℓ = Σ_h A_h ⊗ (Wⱽ_h Wᴼ_h)ᵀ, ‖K−B‖/‖K‖ and log κ of
 the whole skipless block's Jacobian, all in float64, drawn in `jacobian.png`. For a ViT it also
-prints the self-attention share at init of the config's init (docs/method.md §3).
+prints the self-attention share at init of the config's init (docs/method/papers.md §3).
 
 Parameters come from the newest readable checkpoint in `--workdir`; without one (or without a
 workdir) they are the trainer's own initialization for `config.seed`; `--params=ema`: the
@@ -345,7 +345,7 @@ def analyze(
     )
     if jacobian:
         result["jacobian"] = jacobian_rows(model, params, probe_inputs)
-    if (config.model.get("name") or "vit") == "vit":  # docs/method.md §3
+    if (config.model.get("name") or "vit") == "vit":  # docs/method/papers.md §3
         from skipless_jax.models import init as init_lib
 
         result["num_tokens"] = models.num_tokens(config.model, image_shape[0])
@@ -367,7 +367,7 @@ def analyze(
     if "self_attention_share" in result:
         print(f"Self-attention share at init: {result['self_attention_share']:.4f} (a token's mean attention on "
               f"itself over heads and blocks, {result['num_tokens']} N(0, I) tokens; uniform "
-              f"{1 / result['num_tokens']:.4f}; docs/method.md §3)", flush=True)
+              f"{1 / result['num_tokens']:.4f}; docs/method/papers.md §3)", flush=True)
     print(f"Wrote {', '.join(written)}", flush=True)
     return result
 

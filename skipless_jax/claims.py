@@ -1,4 +1,4 @@
-"""The papers' claims as code, judged over seeds (docs/method.md §19, docs/method/verdicts.md).
+"""The papers' claims as code, judged over seeds (docs/method/reports.md §19, docs/method/verdicts.md).
 
 A config module may define `CLAIMS` beside `GRIDS`: a claim's name -> a dict of the `Claim`
 fields below but `name`. Cells A and B are arg filters over the runs (a run's args: the config's
@@ -18,7 +18,7 @@ either cell, as the runs give them: "" where a run does not, so runs that differ
 are never pooled): the two cells' values, `stats.compare` (or `stats.fisher_exact` on the trained
 counts for `kind='trained'`), the Holm-adjusted p within the claim's `family` (every row of the
 family over every run judged, whatever is printed), runs that trained as k/n per cell, and the
-verdict (method.md §19). With `select='lr'` each cell chooses its lr on validation first.
+verdict (docs/method/reports.md §19). With `select='lr'` each cell chooses its lr on validation first.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def judge(
 ) -> list[dict[str, Any]]:
     """One row per claim × setting over the runs of `table` (report's rows: `run`, its args, its
     final metrics, `status` for runs without final metrics; an arg a run lacks is its `defaults`
-    value); verdicts by method.md §19 with Holm within each claim's family over these rows."""
+    value); verdicts by docs/method/reports.md §19 with Holm within each claim's family over these rows."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"--alpha={alpha} must be in (0, 1)")
     defaults = defaults or {}
@@ -298,7 +298,7 @@ def _test(row: dict[str, Any], claim: Claim) -> None:
 
 
 def _deciding(c: stats.Comparison) -> float:
-    """The p that decides (method.md §19): the larger of Welch's and the permutation test's; the
+    """The p that decides (docs/method/reports.md §19): the larger of Welch's and the permutation test's; the
     permutation p alone where Welch's is undefined (both cells without variance)."""
     return c.p_permutation if math.isnan(c.p_welch) else max(c.p_welch, c.p_permutation)
 

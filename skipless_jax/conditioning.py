@@ -1,4 +1,4 @@
-"""Condition numbers of embeddings and Jacobians (docs/method.md §2). Pure functions.
+"""Condition numbers of embeddings and Jacobians (docs/method/papers.md §2). Pure functions.
 
 κ(M) = σ_max(M) / σ_min(M) over the thin SVD of the last two axes; everything is reported as
 natural log. Three measurements:
@@ -63,7 +63,7 @@ def log_condition_number(m: jax.Array) -> jax.Array:
 
 
 def embedding_log_kappa(out: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """Per-layer mean-over-batch log κ of the token matrices at ①, ①+②, ③, ③+④ (docs/method.md §2).
+    """Per-layer mean-over-batch log κ of the token matrices at ①, ①+②, ③, ③+④ (docs/method/papers.md §2).
 
     Args:
       out: the ViT's intermediates; `out['blocks'][l][point]` is (B, n_tokens, d).
@@ -109,7 +109,7 @@ def attention_probs(params: Params, x: jax.Array, num_heads: int) -> jax.Array:
 
 
 def self_attention(params: Params, x: jax.Array, num_heads: int) -> jax.Array:
-    """SA(X) = Σ_h A_h (X Wⱽ_h + bⱽ_h) Wᴼ_h + bᴼ for one image (docs/method.md §1): (n, d) -> (n, d).
+    """SA(X) = Σ_h A_h (X Wⱽ_h + bⱽ_h) Wᴼ_h + bᴼ for one image (docs/method/papers.md §1): (n, d) -> (n, d).
 
     `params` is a `MultiHeadAttention` param dict: (d, d) kernels query/key/value/out and
     optional `<name>_bias` vectors.
@@ -156,7 +156,7 @@ def _attention_kronecker(p: Params, x: jax.Array, num_heads: int) -> jax.Array:
 
 
 def attention_jacobian(params: Params, x: jax.Array, num_heads: int) -> np.ndarray:
-    """K_ℓ = ∂SA(X)/∂X at X (n, d), in float64: (nd, nd) (docs/method.md §2)."""
+    """K_ℓ = ∂SA(X)/∂X at X (n, d), in float64: (nd, nd) (docs/method/papers.md §2)."""
     with jax.enable_x64(True):
         return np.asarray(_attention_jacobian(to_float64(dict(params)), to_float64(x), num_heads))
 
@@ -224,7 +224,7 @@ def encoder_block(
     params: Params, x: jax.Array, num_heads: int, skip_sab: bool = False, skip_ffn: bool = False,
     gelu_approximate: bool = True,
 ) -> jax.Array:
-    """One pre-LN block (docs/method.md §1) for one image, (n, d) -> (n, d), from `EncoderBlock` params.
+    """One pre-LN block (docs/method/papers.md §1) for one image, (n, d) -> (n, d), from `EncoderBlock` params.
 
     The same computation as `models.vit.EncoderBlock` (tests hold them equal), written with
     `self_attention` so that it is float64 throughout: `jax.nn.dot_product_attention`, which

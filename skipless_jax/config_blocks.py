@@ -15,7 +15,7 @@ from typing import Any
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-# Skipless-init constants (docs/method.md §3).
+# Skipless-init constants (docs/method/papers.md §3).
 VITB_SUPERVISED_INIT = dict(init_alpha=2.0, init_beta=0.6, init_c=3.0)  # ViT-B/16 supervised
 DINO_VITS_INIT = dict(init_alpha=1.8, init_beta=1.0, init_c=3.0)  # DINO ViT-S/16
 # The MAE recipes' init (docs/method/authors_init.md §3), each setting's source: Q/K uniform, V/O U V,
@@ -129,7 +129,7 @@ def val_evals(split: str) -> ml_collections.ConfigDict:
                                           val=dict(type="classification", split=split)))
 
 
-# DINO's backbone (facebookresearch/dino, docs/method.md §13): exact GELU, position tables of local
+# DINO's backbone (facebookresearch/dino, docs/method/ssl.md §13): exact GELU, position tables of local
 # crops resized bicubically without antialiasing.
 DINO_BACKBONE = dict(gelu="exact", posemb_antialias=False)
 
@@ -145,7 +145,7 @@ def dino_evals(linear_l2: float, linear_steps: int) -> ml_collections.ConfigDict
 
 
 # The config arg `evals=` of the digits pre-training configs (configs/dino_digits.py,
-# configs/mae_digits_pretrain.py): their own evaluators, or with the few-shot (docs/method.md §17)
+# configs/mae_digits_pretrain.py): their own evaluators, or with the few-shot (docs/method/evals.md §17)
 # and DINO linear-evaluation (§18) protocols added, at the last step only
 # (experiments/fewshot_linear_digits.py): DINO's protocol as written and at lr 0.1·B/256.
 FEWSHOT_LINEAR_EVALS = dict(
@@ -168,7 +168,7 @@ def eval_set(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDi
     return c
 
 
-# The dense evaluations of "Cutting the Skip" (docs/method.md §7-8) by name: (type, dataset,
+# The dense evaluations of "Cutting the Skip" (docs/method/dense.md §7-8) by name: (type, dataset,
 # split, train split, protocol); TokenCut has no train split.
 DENSE_EVALS = {
     "voc_lin": ("linear_segmentation", "voc12_seg", "val", "train_aug", "lin"),
@@ -201,12 +201,12 @@ def dense_evals(selection: str, root: str | None) -> dict[str, ml_collections.Co
     return out
 
 
-# big_vision's i1k minival: 1% of train held out for model selection (docs/method.md §16).
+# big_vision's i1k minival: 1% of train held out for model selection (docs/method/evals.md §16).
 MINIVAL_TRAIN, MINIVAL = "train[:99%]", "train[99%:]"
 
 
 def imagenet_evals(c: ml_collections.ConfigDict, classifier: bool) -> dict[str, Any]:
-    """What every ImageNet recipe `c` evaluates besides `validation` (docs/method.md §16), as the
+    """What every ImageNet recipe `c` evaluates besides `validation` (docs/method/evals.md §16), as the
     fields to add (`c.update(imagenet_evals(c, ...))`): it trains on `train[:99%]` and reads a
     minival on `train[99%:]` (a classifier's accuracy; a self-supervised recipe's kNN, with its
     kNN's bank), and a classifier also ImageNet-ReaL and ImageNet-v2 from the run's data_dir (tfds
@@ -228,7 +228,7 @@ def imagenet_evals(c: ml_collections.ConfigDict, classifier: bool) -> dict[str, 
 
 
 def mae(**overrides: Any) -> ml_collections.ConfigDict:
-    """`config.mae` of facebookresearch/mae's pre-training (docs/method.md §9): mask ratio 0.75,
+    """`config.mae` of facebookresearch/mae's pre-training (docs/method/ssl.md §9): mask ratio 0.75,
     decoder 512 wide, 8 blocks, 16 heads (MLP ×4) with its skips, the raw image as the target,
     8 images in the reconstruction picture."""
     block = dict(
@@ -263,13 +263,13 @@ def mae_optimizer(base_lr: float, batch_size: int, name: str = "adamw", **fields
 
 
 # Whole recipes that more than one config file uses (a config file never reads another one): the
-# family model block and the ImageNet recipe of the Swin, CaiT and PVTv2 configs (docs/method.md
+# family model block and the ImageNet recipe of the Swin, CaiT and PVTv2 configs (docs/method/families.md
 # §10), then the ViT and DINO recipes behind their baseline/variant configs.
 
 
 def family_model(name: str, a: dict[str, Any], drop_path: float, **fields: Any) -> ml_collections.ConfigDict:
     """`config.model` of a family other than the ViT: switches, init and TG from the args `a`,
-    drop-path only with both skips (docs/method.md §1); `fields` (variant, sizes) are added."""
+    drop-path only with both skips (docs/method/papers.md §1); `fields` (variant, sizes) are added."""
     skip_sab, skip_ffn = a.get("skip_sab", True), a.get("skip_ffn", True)
     init = a.get("init", "default")
     skipless = init in ("skipless", "mimetic")

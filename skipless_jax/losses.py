@@ -25,7 +25,7 @@ def dino_loss(
     student_temp: float,
     teacher_temp: jax.Array | float,
 ) -> jax.Array:
-    """docs/method.md §6: mean over pairs (teacher global view t, student view v ≠ t) of
+    """docs/method/ssl.md §6: mean over pairs (teacher global view t, student view v ≠ t) of
     mean_b −Σ_k softmax((t_tb − c)/τ_t)_k · log_softmax(s_vb/τ_s)_k.
 
     student_out (V, B, K), views 0 and 1 the global ones; teacher_out (2, B, K); center (1, K).

@@ -1,4 +1,4 @@
-r"""Official DINO and MAE checkpoints as this project's workdirs (docs/method.md §20).
+r"""Official DINO and MAE checkpoints as this project's workdirs (docs/method/families.md §20).
 
     python -m skipless_jax.official_convert --source=dino --input=dino_deitsmall16_pretrain_full_checkpoint.pth \
         --config=configs/dino_vits_baseline.py --workdir=/tmp/dino_official [--which=teacher]
@@ -207,7 +207,7 @@ def convert_mae(checkpoint: Mapping[str, Any], config: ml_collections.ConfigDict
 
 def mae_table(width: int, grid: int) -> np.ndarray:
     """MAE's `get_2d_sincos_pos_embed(width, grid, cls_token=True)` (util/pos_embed.py), (1, 1 + g², width)
-    float64: [sin(x ω), cos(x ω), sin(y ω), cos(y ω)], ω_k = 10000^(−k/(width/4)) (docs/method.md §20)."""
+    float64: [sin(x ω), cos(x ω), sin(y ω), cos(y ω)], ω_k = 10000^(−k/(width/4)) (docs/method/families.md §20)."""
     x, y = np.meshgrid(np.arange(grid, dtype=np.float64), np.arange(grid, dtype=np.float64))  # "w goes first"
     omega = 1.0 / 10000 ** (np.arange(width // 4) / (width / 4))
     x, y = x.reshape(-1)[:, None] * omega, y.reshape(-1)[:, None] * omega
@@ -232,7 +232,7 @@ def convert_mae_pretraining(checkpoint: Mapping[str, Any], config: ml_collection
                             decoder_num_heads: int = 16) -> tuple[dict[str, Any], ml_collections.ConfigDict, float]:
     """(state {'params'} with the decoder, the MAE config, max table change) of an official MAE
     pre-training checkpoint: encoder and decoder as this project's MAE, whose fixed tables are
-    its own `sincos2d` (MAE's differ in their frequencies, docs/method.md §20)."""
+    its own `sincos2d` (MAE's differ in their frequencies, docs/method/families.md §20)."""
     sd = checkpoint["model"] if isinstance(checkpoint.get("model"), Mapping) else checkpoint
     sd = _numpy({k.removeprefix("module."): v for k, v in sd.items()})
     if "decoder_embed.weight" not in sd:
@@ -328,7 +328,7 @@ def main(argv: list[str]) -> None:
         elif f.target == "mae":
             state, config, changed = convert_mae_pretraining(checkpoint, f.config, f.num_heads, f.decoder_num_heads)
             print(f"the fixed sin-cos tables become this project's sincos2d (max change {changed:.3g}, "
-                  "docs/method.md §20)")
+                  "docs/method/families.md §20)")
         else:
             state, config = convert_mae(checkpoint, f.config, f.num_heads)
         with cli.writing("--workdir", f.workdir):

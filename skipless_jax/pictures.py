@@ -1,5 +1,5 @@
 """Pictures the trainers and evaluators write as PNGs (matplotlib Figures, saved; no pyplot): a
-grid of images with optional boxes, the PCA colouring of patch features (docs/method.md §8), and
+grid of images with optional boxes, the PCA colouring of patch features (docs/method/dense.md §8), and
 the display of normalized images.
 """
 
@@ -24,7 +24,7 @@ def for_display(images: np.ndarray) -> np.ndarray:
 def pca_rgb(tokens: np.ndarray) -> tuple[np.ndarray, float]:
     """(n, h, w, d) patch tokens → ((n, h, w, 3) in [0, 1], explained share of the variance).
 
-    docs/method.md §8: the top 3 principal axes of all n·h·w tokens (float64, centred, each
+    docs/method/dense.md §8: the top 3 principal axes of all n·h·w tokens (float64, centred, each
     axis's largest-magnitude entry positive), projections min-max scaled over all tokens.
     """
     n, h, w, d = tokens.shape

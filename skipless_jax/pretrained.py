@@ -1,7 +1,7 @@
 """Loading what a run starts from, next to `checkpoint.py`: the restore precedence (the workdir's
 newest good checkpoint > `config.resume` > `config.init_from` > scratch), the comparison of a
 rerun's config with the one saved in the checkpoint, and `init_from` with a parameter name map
-and position-table resizing (docs/method.md §9)."""
+and position-table resizing (docs/method/ssl.md §9)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def _init_from(
     initialization, e.g. a new classifier head), or a function of the target shape returning the
     value (e.g. the fixed position table an MAE encoder did not store). Identity by default; every
     kept leaf is logged. A position table (a leaf whose role is `roles.POSITION_TABLE`) of another
-    grid is resized (docs/method.md §9); any other shape mismatch is a one-line error.
+    grid is resized (docs/method/ssl.md §9); any other shape mismatch is a one-line error.
     """
     rename = rename or (lambda name: name)
     flat = jax.tree_util.tree_flatten_with_path(params)[0]

@@ -19,7 +19,7 @@ its config args — the `name=value` items of that folder path, comma-separated 
 metrics (`--metrics` keeps some; a name no run has is an error). `--config=PATH --grid=NAME`
 keeps the runs of one of the config's named grids.
 `--mean_over=seed` groups the runs by their other args: per metric `<metric>_mean`,
-`<metric>_std` (the sample std, ddof=1; docs/method.md §19) and `<metric>_n`, the number of
+`<metric>_std` (the sample std, ddof=1; docs/method/reports.md §19) and `<metric>_n`, the number of
 runs that have it, then `runs`, the group's runs (those without final metrics included).
 Rows are in natural order of their folders (`depth=8` before `depth=12`).
 `--claims=PATH[:NAME,...]` judges the `CLAIMS` of that config module (all, or the named ones)
@@ -28,7 +28,7 @@ its 95% Welch interval, the Welch, permutation and Mann–Whitney p-values (Fish
 trained-count claim), the Holm-adjusted p within the claim's family (all its rows over every
 run of SRC: `--grid` and `:NAME` only choose the rows printed), P(A>B), the lr each cell chose
 on validation (a `select` claim), the runs that trained (k/n) and the verdict (`holds`, `not
-shown`, `reversed`, `untested`; docs/method.md §19, docs/method/verdicts.md); with `--plot`, a
+shown`, `reversed`, `untested`; docs/method/reports.md §19, docs/method/verdicts.md); with `--plot`, a
 forest plot of the gaps and their intervals coloured by verdict. A run's args there are the
 config's defaults, then its `sweep_run.json`'s args, then its folder's; a printed claim's cell
 that matches no run gets one line naming the filters that match nothing. Runs without

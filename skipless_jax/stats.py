@@ -1,4 +1,4 @@
-"""Two-sample tests over seeds, and Holm's correction (docs/method.md §19).
+"""Two-sample tests over seeds, and Holm's correction (docs/method/reports.md §19).
 
     from skipless_jax import stats
     c = stats.compare(skipless_init_accuracies, default_init_accuracies)   # H1: mean(a) > mean(b)
@@ -27,7 +27,7 @@ FLOAT32_UNIT = 2.0**-24  # float32's unit roundoff: the relative error of a metr
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
-    """Cell A against cell B (method.md §19). `gap`, the interval and `prob_superiority` describe
+    """Cell A against cell B (docs/method/reports.md §19). `gap`, the interval and `prob_superiority` describe
     a and b as they are; the p-values test a + margin against b."""
 
     n_a: int
@@ -44,7 +44,7 @@ class Comparison:
 
 
 def mean_std(xs: Sequence[float]) -> tuple[float, float]:
-    """(mean, sample std with ddof=1) of `xs` (method.md §19): std NaN for one value, both NaN for none."""
+    """(mean, sample std with ddof=1) of `xs` (docs/method/reports.md §19): std NaN for one value, both NaN for none."""
     if not len(xs):
         return math.nan, math.nan
     mean = math.fsum(xs) / len(xs)
@@ -159,7 +159,7 @@ def compare(
     permutations: int = 100_000,
     seed: int = 0,
 ) -> Comparison:
-    """Cell A (per-run values `a`) against cell B (`b`), method.md §19.
+    """Cell A (per-run values `a`) against cell B (`b`), docs/method/reports.md §19.
 
     The tests compare a + margin with b: with alternative="greater" and margin δ > 0 this is
     non-inferiority, H1: μa > μb − δ. Fewer than 2 values in a cell is a ValueError.

@@ -1,4 +1,4 @@
-"""Token Graying (TG): shrink the spread of a patch-token matrix's spectrum (docs/method.md §4).
+"""Token Graying (TG): shrink the spread of a patch-token matrix's spectrum (docs/method/papers.md §4).
 
 Every function maps raw patch tokens of shape (..., n, d_in) to the same shape and dtype,
 batched over the leading axes, jit- and vmap-friendly. Compute is float32 at least (bf16 in,
@@ -12,7 +12,7 @@ float32 inside, bf16 out). ε ∈ (0, 1]; ε = 1 is the identity.
 - `dct_token_graying`: C = DCT-II(X) (orthonormal, both axes); C̃ = sign(C) c_max (|C|/c_max)^ε;
   X̃ = DCT-II⁻¹(C̃), both transforms on real FFTs (`dct2`, `idct2`).
 
-Numerical choice of this project (beyond docs/method.md): ratios r = σ/σ_max (or |C|/c_max) below a
+Numerical choice of this project (beyond docs/method/papers.md §4): ratios r = σ/σ_max (or |C|/c_max) below a
 noise floor r₀ are mapped by r₀^ε·(r/r₀)³ instead of r^ε. Rounding noise (r ≈ eps) is then
 suppressed instead of amplified to eps^ε, so rank-deficient inputs (flat patches, black borders)
 give the same result from every algorithm; the map stays continuous and monotone, zero stays
@@ -181,7 +181,7 @@ def _spectral_entry(tokens: jax.Array, eps, method: str) -> jax.Array:
 
 
 def svd_token_graying(tokens: jax.Array, eps: float) -> jax.Array:
-    """SVD-TG (docs/method.md §4): X̃ = U σ_max (Σ/σ_max)^ε Vᵀ per (n, d_in) matrix.
+    """SVD-TG (docs/method/papers.md §4): X̃ = U σ_max (Σ/σ_max)^ε Vᵀ per (n, d_in) matrix.
 
     Args:
       tokens: (..., n, d_in) raw patch tokens; any float dtype (float32 compute inside).
@@ -194,7 +194,7 @@ def svd_token_graying(tokens: jax.Array, eps: float) -> jax.Array:
 def fast_svd_token_graying(tokens: jax.Array, eps: float) -> jax.Array:
     """SVD-TG without an SVD: X̃ = σ_max^(1-ε)·X (XᵀX)^((ε-1)/2) on the smaller Gram matrix.
 
-    The same function as `svd_token_graying` (docs/method.md §4), computed from a few symmetric
+    The same function as `svd_token_graying` (docs/method/papers.md §4), computed from a few symmetric
     eigendecompositions of a min(n, d_in)² matrix (see `_gram_eigh`). Shapes as there.
     """
     return _spectral_entry(tokens, eps, "gram")
@@ -256,7 +256,7 @@ def idct2(c: jax.Array) -> jax.Array:
 
 
 def dct_token_graying(tokens: jax.Array, eps: float) -> jax.Array:
-    """DCT-TG (docs/method.md §4): C = DCT-II_ortho(X) over (n, d_in); C̃ = sign(C)·c_max·(|C|/c_max)^ε.
+    """DCT-TG (docs/method/papers.md §4): C = DCT-II_ortho(X) over (n, d_in); C̃ = sign(C)·c_max·(|C|/c_max)^ε.
 
     Args:
       tokens: (..., n, d_in) raw patch tokens; any float dtype (float32 compute inside).

@@ -97,7 +97,7 @@ def _check_warmup(config: Any) -> None:
     uses_epochs = config.get("total_steps") is None or config.schedule.get("warmup_steps") is None
     spe = 1.0
     if uses_epochs:
-        from skipless_jax.data import inputs, multicrop  # repeated augmentation, drop_last (docs/method.md §21)
+        from skipless_jax.data import inputs, multicrop  # repeated augmentation, drop_last (docs/method/recipes.md §21)
 
         try:  # the split size; reading the data is checked (one line) after the config
             num_train = inputs.num_train_examples(config)

@@ -44,7 +44,7 @@ def test_analyze_at_init_writes_table_plot_and_json(tmp_path, capsys):
     table = capsys.readouterr().out
     assert f"quickstart.py:{arg}" in table and "①" in table and "③+④" in table
     assert len([line for line in table.splitlines() if line.strip()[:1].isdigit()]) == config.model.depth
-    share = init.self_attention_share(config.model, 16)  # docs/method.md §3, 16 tokens of 2×2 pixels
+    share = init.self_attention_share(config.model, 16)  # docs/method/papers.md §3, 16 tokens of 2×2 pixels
     assert result["self_attention_share"] == share and result["num_tokens"] == 16
     assert f"Self-attention share at init: {share:.4f} (" in table and "16 N(0, I) tokens" in table
 

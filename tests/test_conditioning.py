@@ -1,4 +1,4 @@
-"""Condition numbers (METHOD.md §2) against independent float64 numpy references."""
+"""Condition numbers (docs/method/papers.md §2) against independent float64 numpy references."""
 
 import chex
 import flax.linen as nn
@@ -135,7 +135,7 @@ def test_jacobian_equals_kronecker_when_softmax_is_constant():
 
 @pytest.mark.slow
 def test_skipless_attention_init_is_better_conditioned_than_default():
-    """Cutting the Skip's direction at a LayerNorm-scaled input, several seeds (METHOD.md §2)."""
+    """Cutting the Skip's direction at a LayerNorm-scaled input, several seeds (docs/method/papers.md §2)."""
     d, n, h = 32, 16, 2
     gaps = []
     for seed in range(3):

@@ -1,4 +1,4 @@
-"""Dense-evaluation data (docs/method.md §7-8, docs/data.md): the resizes, crops, windows and
+"""Dense-evaluation data (docs/method/dense.md §7-8, docs/data.md): the resizes, crops, windows and
 photometric distortion of data/dense.py against closed forms and independent readings, and the
 VOC / ADE20K / COCO-Stuff / COCO20k sources on tiny generated folders and tfds mock data."""
 

@@ -1,4 +1,4 @@
-"""The dense evaluators (TokenCut CorLoc, docs/method.md §7; linear segmentation probe, §8) on a
+"""The dense evaluators (TokenCut CorLoc, docs/method/dense.md §7; linear segmentation probe, §8) on a
 tiny random-init ViT (width 32, depth 2, patches 4) over 32×32 digit scenes, on the 8 fake
 CPU devices, against independent paths (model.apply + the numpy functions)."""
 
@@ -462,7 +462,7 @@ def test_tokencut_splits_the_cut_over_processes_and_gathers_every_box(monkeypatc
 
 
 # ---------------------------------------------------------------------------------------------
-# The device test pass (docs/method.md §8) = the host reference
+# The device test pass (docs/method/dense.md §8) = the host reference
 # ---------------------------------------------------------------------------------------------
 
 

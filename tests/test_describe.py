@@ -2,7 +2,7 @@
 evaluators and layer decay on every family: tiny random-init models on 32×32 digit scenes.
 
 Each family's facts are checked against the built model (the block count, the `encoded` grid);
-layer decay's multipliers against the per-family rule of docs/method.md §9 written out here by
+layer decay's multipliers against the per-family rule of docs/method/ssl.md §9 written out here by
 parameter name; feature PCA and the linear segmentation probe against `model.apply` read by
 hand; TokenCut on the families with attention keys on their token grid, refused by the config
 check in one line on the others.
@@ -35,7 +35,7 @@ EXPECTED = {
     "cait": (8, 8, 1, 1, 16, True, False),
     "pvt_v2": (2, 4, 2, 0, 16, False, False),
 }
-# Layer-decay ids of each tiny model's top-level parameter names (docs/method.md §9): 0 the stem,
+# Layer-decay ids of each tiny model's top-level parameter names (docs/method/ssl.md §9): 0 the stem,
 # a block's index + 1 (a stage's downsampling with its first block, its norm with its last),
 # num_layers + 1 the rest; num_layers = the largest block id.
 LAYER_IDS = {

@@ -1,4 +1,4 @@
-"""DINO (METHOD.md §6) against independent float64 numpy references, exact resume, 4 devices, bad input."""
+"""DINO (docs/method/ssl.md §6) against independent float64 numpy references, exact resume, 4 devices, bad input."""
 
 import dataclasses
 import math

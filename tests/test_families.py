@@ -1,4 +1,4 @@
-"""The ConvMixer, Swin, CaiT and PVTv2 families (docs/method.md §10): shapes, timm's parameter
+"""The ConvMixer, Swin, CaiT and PVTv2 families (docs/method/families.md §10): shapes, timm's parameter
 counts, the skip switches, `out['blocks']` for the κ analysis, Token Graying on the stems, the
 skipless init per family, CaiT's LayerScale rule, and Swin's shifted-window attention against a
 float64 numpy reading.

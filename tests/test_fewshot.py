@@ -1,4 +1,4 @@
-"""Few-shot linear evaluation (docs/method.md §17) against plain readings of big_vision's fewshot_lsr."""
+"""Few-shot linear evaluation (docs/method/evals.md §17) against plain readings of big_vision's fewshot_lsr."""
 
 import jax
 import ml_collections

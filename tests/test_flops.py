@@ -1,4 +1,4 @@
-"""Model FLOPs (models/flops.py, docs/method.md §25) against hand counts, against the matmuls and
+"""Model FLOPs (models/flops.py, docs/method/runs.md §25) against hand counts, against the matmuls and
 convolutions of the traced forward pass (jaxpr), and against XLA's count of forward + backward."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Spectra of the skipless initializations (METHOD.md §3), against float64 numpy references.
+"""Spectra of the skipless initializations (docs/method/papers.md §3), against float64 numpy references.
 
 Each spectral checker is also run on a known wrong variant, to show it can fail.
 """
@@ -245,7 +245,7 @@ def test_low_level_errors():
         init.scaled_uniform_orthogonal(jax.random.key(0), (8,))
 
 
-# ---------------------------------------------------------------- self-attention share (method.md §3)
+# ---------------------------------------------------------------- self-attention share (docs/method/papers.md §3)
 
 
 def _np_kernel_share(x: np.ndarray, w_q: np.ndarray, w_k: np.ndarray, num_heads: int) -> float:

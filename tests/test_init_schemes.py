@@ -1,5 +1,5 @@
-"""The references' inits (`config.model.init` 'timm' / 'mae', docs/method.md §24): per family,
-every tensor of a fresh init against the reference's rule as docs/method.md states it, restated
+"""The references' inits (`config.model.init` 'timm' / 'mae', docs/method/families.md §24): per family,
+every tensor of a fresh init against the reference's rule as §24 states it, restated
 here per parameter path: zeros and ones exact, uniform bounds and the ±2 truncation respected,
 mean and second moment within 5 sampling standard deviations of the rule's (5σ: a two-sided
 chance of 6·10⁻⁷ a moment under the normal approximation, so the ~600 moments tested here pass
@@ -67,7 +67,7 @@ def _fan_in(kernel_shape) -> int:
 
 
 def _rule(family: str, scheme: str, path: str, shape, flat) -> tuple:
-    """docs/method.md §24 for one parameter: ('zeros',) | ('ones',) | ('keep',) |
+    """docs/method/families.md §24 for one parameter: ('zeros',) | ('ones',) | ('keep',) |
     ('normal', σ, truncation bound or None) | ('uniform', bound) | ('exact', array)."""
     kernel = flat.get(re.sub(r"/bias$", "/kernel", path), np.zeros(shape)).shape
     if re.search(r"(LayerNorm_\d+|norm\d?|_norm)/scale$", path):

@@ -1,4 +1,4 @@
-"""Layer-wise lr decay (docs/method.md §9; MAE util/lr_decay.py) against a numpy per-group AdamW, and SOAP."""
+"""Layer-wise lr decay (docs/method/ssl.md §9; MAE util/lr_decay.py) against a numpy per-group AdamW, and SOAP."""
 
 import functools
 

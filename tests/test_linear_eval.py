@@ -1,4 +1,4 @@
-"""DINO's linear evaluation (docs/method.md §18): the features against a plain reading of
+"""DINO's linear evaluation (docs/method/evals.md §18): the features against a plain reading of
 eval_linear.py, the schedule against torch's CosineAnnealingLR, and the trained probe on digits."""
 
 import jax

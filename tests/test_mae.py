@@ -1,4 +1,4 @@
-"""MAE (docs/method.md §9) against an independent numpy reading of facebookresearch/mae `models_mae.py`."""
+"""MAE (docs/method/ssl.md §9) against an independent numpy reading of facebookresearch/mae `models_mae.py`."""
 
 import jax
 import jax.numpy as jnp

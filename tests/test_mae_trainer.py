@@ -1,4 +1,4 @@
-"""The MAE trainer and the fine-tuning path (docs/method.md §9): exact resume, masks that depend on
+"""The MAE trainer and the fine-tuning path (docs/method/ssl.md §9): exact resume, masks that depend on
 (seed, step) only, the encoder carried into the classifier, the position table, layer decay in
 the registry optimizers, the reconstruction picture and one-line config errors."""
 

@@ -1,4 +1,4 @@
-"""Model EMA (trainers/model_ema.py, docs/method.md §22): timm ModelEmaV3's decay schedule, the
+"""Model EMA (trainers/model_ema.py, docs/method/recipes.md §22): timm ModelEmaV3's decay schedule, the
 EMA of a short run against a float64 recurrence over its saved parameters, a rejected update
 leaving it as it was, exact resume with EMA and repeated augmentation on, its evaluation prefix,
 one-line config errors, and MAE's weight-decay rule."""

@@ -2,7 +2,7 @@
 their repositories' formats: the converted workdir's forward equals float64 numpy readings of the
 official forward (DINO's backbone and head with its weight-normalized last layer; MAE's encoder
 with its own sin-cos table, and its fine-tuned global-pool classifier); `evaluate` and `export`
-run on the workdirs; MAE's table vs the project's `sincos2d` (docs/method.md §19).
+run on the workdirs; MAE's table vs the project's `sincos2d` (docs/method/reports.md §19).
 """
 
 import jax
@@ -296,7 +296,7 @@ def test_mae_pretraining_checkpoint_gives_the_official_reconstruction_under_this
     base = load_config("mae_digits_pretrain")
     state, config, changed = official_convert.convert_mae_pretraining(checkpoint, base, HEADS, decoder_num_heads=HEADS)
     assert config.trainer == "mae" and config.mae.decoder_width == DW and config.mae.decoder_depth == 1
-    assert changed > 5e-3  # MAE's tables are not sincos2d (docs/method.md §20; 0.0099 on this 2×2 grid)
+    assert changed > 5e-3  # MAE's tables are not sincos2d (docs/method/families.md §20; 0.0099 on this 2×2 grid)
     images = _images()
     noise = np.random.default_rng(2).random((len(images), GRID * GRID))
     loss, pred, mask = mae.build_model(config).apply(

@@ -1,4 +1,4 @@
-"""The pictures of dense features (docs/method.md §8): the PCA colouring against scikit-learn's
+"""The pictures of dense features (docs/method/dense.md §8): the PCA colouring against scikit-learn's
 PCA, and the `feature_pca` / `tokencut` evaluators writing their PNGs."""
 
 import dataclasses

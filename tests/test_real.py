@@ -1,4 +1,4 @@
-"""ImageNet-ReaL, ImageNet-v2 and the minival (docs/method.md §16), on tfds mock data and on a
+"""ImageNet-ReaL, ImageNet-v2 and the minival (docs/method/evals.md §16), on tfds mock data and on a
 constructed ReaL split whose predictions are known."""
 
 import jax

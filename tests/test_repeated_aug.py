@@ -1,5 +1,5 @@
 """Repeated augmentation (DeiT's RASampler) and whole-batch epochs in the train stream
-(data/pipeline.py, docs/method.md §21): the stream's structure against a plain reading of the
+(data/pipeline.py, docs/method/recipes.md §21): the stream's structure against a plain reading of the
 RASampler, epoch lengths and steps per epoch, and the same stream on any number of processes
 and worker processes."""
 

@@ -1,5 +1,5 @@
 """ConvMixer's running BatchNorm statistics in the supervised trainer, and the triangular lr
-schedule (docs/method.md §10, §14)."""
+schedule (docs/method/families.md §10, docs/method/recipes.md §14)."""
 
 import json
 

@@ -153,7 +153,7 @@ def test_data_parallel_step_divides_flops_and_equals_one_device(kind):
 
 
 # Steps whose result depends on the device count by definition: the mix is drawn per device
-# shard (docs/method.md §23, docs/design.md "1 vs 8 devices").
+# shard (docs/method/recipes.md §23, docs/design.md "1 vs 8 devices").
 PER_DEVICE = ("mixup",)
 
 

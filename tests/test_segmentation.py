@@ -1,4 +1,4 @@
-"""Segmentation confusion matrix and mIoU (docs/method.md §8) on hand-made examples."""
+"""Segmentation confusion matrix and mIoU (docs/method/dense.md §8) on hand-made examples."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_ade20k_labels():
 
 
 # ---------------------------------------------------------------------------------------------
-# The probe's loss normalization and schedule (docs/method.md §8) vs plain numpy readings of
+# The probe's loss normalization and schedule (docs/method/dense.md §8) vs plain numpy readings of
 # mmseg's CrossEntropyLoss and mmcv's PolyLrUpdaterHook.
 # ---------------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""SOAP (METHOD.md §5) against an independent float64 numpy reference, Adam, and on 8 devices."""
+"""SOAP (docs/method/papers.md §5) against an independent float64 numpy reference, Adam, and on 8 devices."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Token Graying (METHOD.md §4) against float64 numpy/scipy references, on real photo patches."""
+"""Token Graying (docs/method/papers.md §4) against float64 numpy/scipy references, on real photo patches."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def spectrum_matrix(rng: np.random.Generator, n: int, m: int, log_kappa: float) 
 
 
 # ---------------------------------------------------------------------------------------------
-# Independent float64 references of METHOD.md §4 (with this project's noise floor r₀).
+# Independent float64 references of docs/method/papers.md §4 (with this project's noise floor r₀).
 
 
 def _ratio_map(r: np.ndarray, eps: float, r0: float) -> np.ndarray:
@@ -91,7 +91,7 @@ def svd_tg_reference(x: np.ndarray, eps: float) -> np.ndarray:
 def dct_tg_reference(x: np.ndarray, eps: float) -> np.ndarray:
     c = scipy.fft.dctn(x.astype(np.float64), axes=(-2, -1), norm="ortho")
     cmax = np.abs(c).max(axis=(-2, -1), keepdims=True)
-    c = np.sign(c) * cmax * (np.abs(c) / cmax) ** eps  # exactly METHOD.md §4, no floor
+    c = np.sign(c) * cmax * (np.abs(c) / cmax) ** eps  # exactly docs/method/papers.md §4, no floor
     return scipy.fft.idctn(c, axes=(-2, -1), norm="ortho")
 
 

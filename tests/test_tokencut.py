@@ -1,4 +1,4 @@
-"""TokenCut (docs/method.md §7) against an independent transcription of the official code."""
+"""TokenCut (docs/method/dense.md §7) against an independent transcription of the official code."""
 
 from __future__ import annotations
 
@@ -256,7 +256,7 @@ def test_random_inputs_match_reference(seed):
 
 
 # ---------------------------------------------------------------------------------------------
-# Canonical grids (docs/method.md §7): a few programs whatever the image sizes, the keys of each
+# Canonical grids (docs/method/dense.md §7): a few programs whatever the image sizes, the keys of each
 # image equal to the image alone.
 # ---------------------------------------------------------------------------------------------
 

@@ -53,7 +53,7 @@ def _block(skip_sab, skip_ffn, gelu_approximate=True):
 
 
 def _hand_composed(params, x, skip_sab, skip_ffn, exact_gelu=False):
-    """The block written out from METHOD.md §1 in numpy, independently of the module."""
+    """The block written out from docs/method/papers.md §1 in numpy, independently of the module."""
     x = np.asarray(x, np.float64)
 
     def ln(v, p):
@@ -93,7 +93,7 @@ def test_block_equals_hand_composed_function(skip_sab, skip_ffn):
     block, params, x = _block(skip_sab, skip_ffn)
     out, inter = block.apply({"params": params}, x, train=False)
     np.testing.assert_allclose(out, _hand_composed(params, x, skip_sab, skip_ffn), rtol=2e-4, atol=2e-5)
-    # The intermediates of METHOD.md §1 are consistent with the output.
+    # The intermediates of docs/method/papers.md §1 are consistent with the output.
     np.testing.assert_allclose(inter["sab_skip"], x + inter["sab"], rtol=1e-6)
     expected = inter["ffn_skip"] if skip_ffn else inter["ffn"]
     np.testing.assert_allclose(out, expected, rtol=1e-6)

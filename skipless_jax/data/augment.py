@@ -1,6 +1,6 @@
 """The host image chains the pipeline maps, built from `config.input.aug`, and its one check.
 
-Train (DeiT, timm semantics; docs/method.md §1 recipe): random resized crop (bicubic) or pad +
+Train (DeiT, timm semantics; docs/method/papers.md §1 recipe): random resized crop (bicubic) or pad +
 crop → horizontal flip → RandAugment 'rand-m9-mstd0.5-inc1' (bicubic, fill = the mean colour)
 → normalize → random erasing ('pixel', p 0.25) per example; mixup 0.8 / cutmix 1.0 (switch 0.5)
 per global batch runs inside the train step (data/device_mix.py). Eval: resize the shorter side

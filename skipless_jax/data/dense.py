@@ -1,4 +1,4 @@
-"""Images and labels for the dense evaluations at their own resolution (docs/method.md §7-8).
+"""Images and labels for the dense evaluations at their own resolution (docs/method/dense.md §7-8).
 
 numpy only, deterministic. The dense evaluators read a dataset's records (`image` uint8
 (H, W, C) of any size, `segmentation` uint8 (H, W) with 255 ignored, `boxes` (k, 4)) straight
@@ -188,7 +188,7 @@ def photometric_distortion(image: np.ndarray, rng: np.random.Generator) -> np.nd
 
 
 # ---------------------------------------------------------------------------------------------
-# The probe's protocols (docs/method.md §8).
+# The probe's protocols (docs/method/dense.md §8).
 # ---------------------------------------------------------------------------------------------
 
 

@@ -75,7 +75,7 @@ COCO_STUFF_TABLES = {171: COCO_STUFF_171, 27: COCO_STUFF_27, 15: COCO_STUFF_15}
 def ade20k_labels(label: np.ndarray) -> np.ndarray:
     """ADE20K stored labels 0..150 → training labels: 0 ("other") → 255, c → c − 1 (150 classes).
 
-    Same shape; uint8 input stays uint8, other integer types become int64. docs/method.md §8.
+    Same shape; uint8 input stays uint8, other integer types become int64. docs/method/dense.md §8.
     """
     label = np.asarray(label)
     if not (np.issubdtype(label.dtype, np.integer) or label.dtype == np.bool_):
@@ -88,7 +88,7 @@ def ade20k_labels(label: np.ndarray) -> np.ndarray:
 
 
 def voc_gt_box(xmin: float, ymin: float, xmax: float, ymax: float) -> tuple[float, float, float, float]:
-    """VOC's 1-based inclusive (xmin, ymin, xmax, ymax) → (xmin − 1, ymin − 1, xmax, ymax). docs/method.md §7."""
+    """VOC's 1-based inclusive (xmin, ymin, xmax, ymax) → (xmin − 1, ymin − 1, xmax, ymax). docs/method/dense.md §7."""
     return xmin - 1, ymin - 1, xmax, ymax
 
 
@@ -171,7 +171,7 @@ def voc_seg(data_dir: str | None, split: str) -> _ListSource:
 
 def voc_xml_boxes(path: str) -> np.ndarray:
     """(k, 4) float32 boxes of every object of a VOC annotation XML, difficult ones included,
-    as (xmin − 1, ymin − 1, xmax, ymax) (docs/method.md §7)."""
+    as (xmin − 1, ymin − 1, xmax, ymax) (docs/method/dense.md §7)."""
     boxes = []
     for obj in ET.parse(path).getroot().iter("object"):
         b = obj.find("bndbox")

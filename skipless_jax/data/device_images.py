@@ -4,7 +4,7 @@ The host pipeline (data/pipeline.py) ships images as uint8, a quarter of the flo
 and the per-example random erasing as its box alone; inside the jitted step, over the global
 batch:
 
-    x = (u / 255 − mean) / std                 per channel, float32 (docs/method.md §1 recipe)
+    x = (u / 255 − mean) / std                 per channel, float32 (docs/method/papers.md §1 recipe)
     x[top:top+h, left:left+w] = z,  z ~ N(0, 1) per pixel and channel   (timm 'pixel' erasing;
                                     box (top, left, h, w) from the host, h = w = 0: none)
 

@@ -1,5 +1,5 @@
 """The device end of the input pipeline: process-local host batches become global arrays split
-over the mesh's data axes, a few steps ahead of the train step (docs/method.md §14)."""
+over the mesh's data axes, a few steps ahead of the train step (docs/method/recipes.md §14)."""
 
 from __future__ import annotations
 

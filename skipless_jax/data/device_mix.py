@@ -1,4 +1,4 @@
-"""Mixup / CutMix per data shard inside the jitted train step (docs/method.md §23, docs/data.md,
+"""Mixup / CutMix per data shard inside the jitted train step (docs/method/recipes.md §23, docs/data.md,
 "Augmentation"), the project's one mixup.
 
 timm's Mixup in 'batch' mode applied to each device's slice of the global batch, as DeiT and MAE

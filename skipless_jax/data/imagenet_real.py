@@ -1,4 +1,4 @@
-"""ImageNet-ReaL records (tfds `imagenet2012_real`, Beyer et al. 2020; docs/method.md §16).
+"""ImageNet-ReaL records (tfds `imagenet2012_real`, Beyer et al. 2020; docs/method/evals.md §16).
 
 tfds stores each validation image with its `original_label` and `real_label`, the (possibly
 empty) set of reassessed labels. The pipeline stacks fixed shapes, so a record here carries

@@ -140,7 +140,7 @@ def steps_per_epoch(
     config: Any, num_train: int | None = None, *, batch_size: int | None = None,
     repeated_augmentation: int | None = None, last_batch: str | None = None, at_least_one: bool = False,
 ) -> float:
-    """Steps in one epoch (docs/method.md §21), as every count of them in the project is made.
+    """Steps in one epoch (docs/method/recipes.md §21), as every count of them in the project is made.
 
     The epoch length L is `pipeline.epoch_length` of `num_train` (default: the train split's size)
     under `repeated_augmentation` r (default `repeats(config)`): N, or ⌊N/256⌋·256 under

@@ -1,4 +1,4 @@
-"""DINO multi-crop augmentation on the host (numpy + PIL), docs/method.md §6.
+"""DINO multi-crop augmentation on the host (numpy + PIL), docs/method/ssl.md §6.
 
 Per image: 2 global crops (size G, scale 0.4–1) and N local crops (size L, scale 0.05–0.4),
 each: random resized crop (bicubic) → flip p 0.5 → colour jitter (0.4, 0.4, 0.2, 0.1) p 0.8 in

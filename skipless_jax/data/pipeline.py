@@ -4,7 +4,7 @@ Train: the global example stream is `shuffle(seed) → repeat → random_map(tra
 example at global position i (and its augmentation randomness) depends only on (seed, i);
 step s holds positions [s·B, (s+1)·B). With repeated augmentation (r > 1, DeiT's RASampler) or
 whole batches per epoch (`drop_last`), position i of epoch length L reads image
-order_e[(i mod L) // r] of epoch e = i // L (`epoch_length`, docs/method.md §21), and with r > 1
+order_e[(i mod L) // r] of epoch e = i // L (`epoch_length`, docs/method/recipes.md §21), and with r > 1
 the step's positions are strided over the S data shards (position s·B + k at row
 (k mod S)·B/S + ⌊k/S⌋), so an image's copies are on different devices. Process p
 of P reads only its contiguous slice of each global batch, and a resumed run starts at
@@ -44,7 +44,7 @@ RA_MULTIPLE = 256  # DeiT's RASampler: an epoch of ⌊N/256⌋·256 samples (its
 
 
 def epoch_length(num_examples: int, repeats: int = 1, global_batch_size: int | None = None) -> int:
-    """Stream positions in one epoch (docs/method.md §21): N; ⌊N/256⌋·256 with repeated
+    """Stream positions in one epoch (docs/method/recipes.md §21): N; ⌊N/256⌋·256 with repeated
     augmentation (`repeats` r > 1, about N/r distinct images); rounded down to whole global
     batches when `global_batch_size` is given (a loader that drops the last partial batch)."""
     if not isinstance(repeats, (int, np.integer)) or isinstance(repeats, bool) or repeats < 1:
@@ -134,7 +134,7 @@ class _TrainExamples:
         self.source, self.example, self.seed = source, example, seed
         self.global_batch_size, self.offset, self.local, self.start_step = global_batch_size, offset, local, start_step
         self.repeats = repeats
-        # r > 1: row j = d·B/S + m of the global batch holds the step's position m·S + d (docs/method.md
+        # r > 1: row j = d·B/S + m of the global batch holds the step's position m·S + d (docs/method/recipes.md
         # §21), so the r consecutive copies of an image land on r different data shards.
         self.shards = shards if repeats > 1 else 1
         if global_batch_size % self.shards:

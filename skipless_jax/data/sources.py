@@ -87,7 +87,7 @@ DATASETS.update({
     name: DatasetInfo(k, (512, 512, 3), splits, *_IMAGENET, fixed_size=False, targets=targets)
     for name, (k, splits, targets) in DENSE.items()
 })
-# ImageNet's other test sets (docs/method.md §16), read by classification evaluators: ReaL's
+# ImageNet's other test sets (docs/method/evals.md §16), read by classification evaluators: ReaL's
 # label sets (data/imagenet_real.py) and ImageNet-v2 matched-frequency.
 DATASETS.update({
     "imagenet2012_real": DatasetInfo(1000, (224, 224, 3), {"validation": 50_000}, *_IMAGENET,

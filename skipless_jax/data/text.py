@@ -1,4 +1,4 @@
-"""Text for the language-model trainer (trainers/lm.py, docs/method.md §26): the embedded corpus,
+"""Text for the language-model trainer (trainers/lm.py, docs/method/gpt.md §26): the embedded corpus,
 byte-level tokens, packing into windows, and the train and validation batches.
 
 The embedded corpus `stdlib` is the running Python's standard library: the `.py` files under

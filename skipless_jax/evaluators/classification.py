@@ -1,4 +1,4 @@
-"""Classification accuracy and loss over a split (docs/method.md §12), on the run's dataset or
+"""Classification accuracy and loss over a split (docs/method/evals.md §12), on the run's dataset or
 another one with the same classes (ImageNet-ReaL, ImageNet-v2: §16).
 
 Every example counts exactly once: the eval pipeline pads the last global batch and its

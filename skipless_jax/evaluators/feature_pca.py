@@ -1,4 +1,4 @@
-"""The PCA picture of the dense features (docs/method.md §8, "Cutting the Skip"'s figure).
+"""The PCA picture of the dense features (docs/method/dense.md §8, "Cutting the Skip"'s figure).
 
     config.evals.pca = dict(type='feature_pca', split='test', images=8)
 

@@ -1,4 +1,4 @@
-"""Few-shot linear evaluation (big_vision's `fewshot_lsr`, docs/method.md §17).
+"""Few-shot linear evaluation (big_vision's `fewshot_lsr`, docs/method/evals.md §17).
 
 For each configured dataset: frozen features of its train and test splits; per seed, `shots`
 train examples of every class (`fewshot_indices`); a ridge regression onto ±1 one-hot targets

@@ -1,4 +1,4 @@
-"""DINO's linear evaluation (facebookresearch/dino `eval_linear.py`, docs/method.md §18).
+"""DINO's linear evaluation (facebookresearch/dino `eval_linear.py`, docs/method/evals.md §18).
 
 A linear layer on the frozen backbone's class tokens of its last n blocks (each through the
 final norm), trained by SGD (momentum 0.9, no weight decay, lr 0.001·B/256 cosine to 0 over

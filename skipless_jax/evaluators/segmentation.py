@@ -1,4 +1,4 @@
-"""Semantic segmentation metrics: confusion matrix and mIoU (docs/method.md §8).
+"""Semantic segmentation metrics: confusion matrix and mIoU (docs/method/dense.md §8).
 
 numpy only. mIoU is computed from one confusion matrix summed over the whole evaluation set
 (the caller adds the per-image / per-batch confusions, at the label's resolution):
@@ -6,7 +6,7 @@ IoU_c = I_c / U_c with I = diag(M), U = row sum + column sum − diag, and mIoU 
 over the classes with a non-zero union (classes absent from both labels and predictions are
 NaN and left out; a class that is only predicted has IoU 0 and counts).
 
-Class sets (docs/method.md §8): PASCAL VOC 21 classes (20 objects + background 0, 255
+Class sets (docs/method/dense.md §8): PASCAL VOC 21 classes (20 objects + background 0, 255
 ignored); ADE20K 150 classes (the stored label 0, "other", is ignored:
 `data/dense_sources.ade20k_labels`);
 COCO-Stuff 171 classes (80 things + 91 stuff), with the 27-class (coarse) and 15-class
@@ -35,7 +35,7 @@ from skipless_jax.checks import is_finite, is_positive_int
 from skipless_jax.data.dense import IGNORE_INDEX
 from skipless_jax.evaluators.common import FitEvaluator
 
-METHOD_REF = "docs/method.md §8"
+METHOD_REF = "docs/method/dense.md §8"
 
 
 def _as_int(name: str, x: np.ndarray) -> np.ndarray:
@@ -48,7 +48,7 @@ def _as_int(name: str, x: np.ndarray) -> np.ndarray:
 def confusion_matrix(
     pred: np.ndarray, label: np.ndarray, num_classes: int, ignore_index: int | None = IGNORE_INDEX
 ) -> np.ndarray:
-    """(C, C) int64 confusion, rows = ground truth, columns = prediction. docs/method.md §8.
+    """(C, C) int64 confusion, rows = ground truth, columns = prediction. docs/method/dense.md §8.
 
     pred, label: integer arrays of the same (any) shape. Pixels whose label is ignore_index
     (None: none) are excluded, from the counts and from the checks; every other label and
@@ -76,7 +76,7 @@ def confusion_matrix(
 
 
 def mean_iou(confusion: np.ndarray) -> tuple[float, np.ndarray]:
-    """(C, C) confusion summed over the set → (mIoU, per-class IoU (C,) float64). docs/method.md §8.
+    """(C, C) confusion summed over the set → (mIoU, per-class IoU (C,) float64). docs/method/dense.md §8.
 
     IoU_c = M_cc / (Σ_j M_cj + Σ_i M_ic − M_cc); NaN where that union is 0, and mIoU is the
     mean over the other classes (NaN when no class has a non-zero union).
@@ -94,7 +94,7 @@ def mean_iou(confusion: np.ndarray) -> tuple[float, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The linear probe (DINOv2 `lin`, docs/method.md §8).
+# The linear probe (DINOv2 `lin`, docs/method/dense.md §8).
 # ---------------------------------------------------------------------------------------------
 
 PROTOCOLS = ("lin", "ms")
@@ -162,7 +162,7 @@ def probe_loss(
     loss_norm: str = "all",
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Pixel cross-entropy of the upsampled logits, 0 where label = 255 or on padding rows
-    (weights 0), summed and divided (`loss_norm`, docs/method.md §8) by every pixel of the real
+    (weights 0), summed and divided (`loss_norm`, docs/method/dense.md §8) by every pixel of the real
     examples' crops ('all': mmseg's avg_non_ignore=False) or by their labelled pixels
     ('labelled'); (loss, new running statistics). labels (B, c, c) int, weights (B,)."""
     logits, new_stats = head_logits(params, stats, feats, weights, train=True)
@@ -175,7 +175,7 @@ def probe_loss(
 
 
 def schedule(lr: float, warmup: int, steps: int, kind: str = "poly_warmup") -> optax.Schedule:
-    """The learning rate of (0-based) step s, docs/method.md §8. 'poly_warmup' (mmcv's poly,
+    """The learning rate of (0-based) step s, docs/method/dense.md §8. 'poly_warmup' (mmcv's poly,
     power 1, times its linear warm-up factor): lr·(1 − s/steps)·(1 − (1 − s/warmup)(1 − 1e-6))
     for s < warmup, else lr·(1 − s/steps). 'warmup_linear': 0 → lr over `warmup` steps, then
     linear decay to 0 at `steps`."""
@@ -295,7 +295,7 @@ def protocol_of(fields: dict[str, Any], patch_size: int, stored_size: int | None
 class LinearSegmentation(FitEvaluator):
     """config.evals entry `type='linear_segmentation'`: yields ('miou', mIoU) and
     ('pixel_accuracy', ·) on `split` of `dataset` (default the run's) of a linear head trained
-    on `train_split` (DINOv2's `lin` / `ms`, docs/method.md §8).
+    on `train_split` (DINOv2's `lin` / `ms`, docs/method/dense.md §8).
 
     Features: the last `protocol.blocks` blocks' outputs through the final LayerNorm
     (`out['blocks'][l]['normed']`; for 1 block that is `encoded`), CLS dropped, concatenated on
@@ -332,8 +332,8 @@ class LinearSegmentation(FitEvaluator):
     lr: float = 1e-3
     weight_decay: float = 1e-4
     warmup: int = 1500
-    loss_norm: str = "all"  # docs/method.md §8: 'all' (mmseg) | 'labelled'
-    schedule: str = "poly_warmup"  # docs/method.md §8: 'poly_warmup' (mmcv) | 'warmup_linear'
+    loss_norm: str = "all"  # docs/method/dense.md §8: 'all' (mmseg) | 'labelled'
+    schedule: str = "poly_warmup"  # docs/method/dense.md §8: 'poly_warmup' (mmcv) | 'warmup_linear'
     seed: int = 0
     chunk: int = 64  # test windows per device call
     buffer_bytes: int = 1 << 30  # view buffers held before the pending windows are sent
@@ -541,7 +541,7 @@ class LinearSegmentation(FitEvaluator):
                 next_out += 1
 
     def host_views(self, image: np.ndarray, pool: Any = None) -> list[tuple[bool, tuple[int, int], np.ndarray, list]]:
-        """The host's share of one uint8 image's device test pass (docs/method.md §8): for each test
+        """The host's share of one uint8 image's device test pass (docs/method/dense.md §8): for each test
         view (flipped, its (h, w), its windows' overlap count on the bucketed buffer (hb, wb, 1),
         its window groups [(window hw, windows, normalized crops centre-padded to patch multiples)],
         at most `chunk` windows a group, one window shape a group). `pool` maps the test scales
@@ -584,7 +584,7 @@ class LinearSegmentation(FitEvaluator):
                            mesh: Any = None) -> Iterator[np.ndarray]:
         """(H, W) int predictions of each uint8 image, in order, the test pass on the devices of
         `mesh` (default the context's): the same views, windows and arithmetic as `scores` (the host
-        reference, docs/method.md §8), with each window's logits resized (the host's bilinear taps),
+        reference, docs/method/dense.md §8), with each window's logits resized (the host's bilinear taps),
         accumulated into its view's buffer, the view resized to the image's size (flipped back), the
         softmax and the sum over views, and the argmax taken on the devices; only the argmax comes back.
 

@@ -1,4 +1,4 @@
-"""TokenCut object discovery (docs/method.md §7), with the official TokenCut code's semantics.
+"""TokenCut object discovery (docs/method/dense.md §7), with the official TokenCut code's semantics.
 
 numpy/scipy only, all on the host in float64. For one image:
 
@@ -38,7 +38,7 @@ import numpy as np
 
 from skipless_jax.checks import is_finite
 
-METHOD_REF = "docs/method.md §7"
+METHOD_REF = "docs/method/dense.md §7"
 TAU = 0.2
 EPS = 1e-5
 CORLOC_IOU = 0.5
@@ -51,7 +51,7 @@ def pad_to_patch_multiple(image: np.ndarray, patch_size: int) -> np.ndarray:
 
     Apply it after normalization (the padding is zeros of the normalized image, as in the
     official code). Returns (⌈H/p⌉·p, ⌈W/p⌉·p, C) of the input's dtype; the unpadded (H, W)
-    is what `box` clips to. docs/method.md §7.
+    is what `box` clips to. docs/method/dense.md §7.
     """
     image = np.asarray(image)
     if image.ndim not in (2, 3):
@@ -77,14 +77,14 @@ def binarize(similarity: np.ndarray, tau: float = TAU, eps: float = EPS) -> np.n
     """(n, n) cosine similarities → (n, n) float64 graph: 1 where > tau (strict), else eps.
 
     The official `A = A > tau; A = np.where(A.astype(float) == 0, eps, A)`: every entry, the
-    diagonal included, goes through the same rule. docs/method.md §7.
+    diagonal included, goes through the same rule. docs/method/dense.md §7.
     """
     similarity = np.asarray(similarity, dtype=np.float64)
     return np.where(similarity > tau, 1.0, eps)
 
 
 def affinity(keys: np.ndarray, tau: float = TAU, eps: float = EPS) -> np.ndarray:
-    """(n, d) keys → (n, n) binarized affinity A of normalized tokens (float64). docs/method.md §7."""
+    """(n, d) keys → (n, n) binarized affinity A of normalized tokens (float64). docs/method/dense.md §7."""
     f = normalize_tokens(keys)
     return binarize(f @ f.T, tau, eps)
 
@@ -95,7 +95,7 @@ def second_smallest_eigenvector(a: np.ndarray) -> np.ndarray:
     Solved in the symmetric form: with D = diag(A·1), u is the eigenvector of the second-
     smallest eigenvalue of I − D^{-½} A D^{-½} and y = D^{-½} u, so yᵀ D y = 1, the scale
     `scipy.linalg.eigh(D − A, D)` returns. The sign is arbitrary (`bipartition` fixes it).
-    docs/method.md §7.
+    docs/method/dense.md §7.
     """
     a = np.asarray(a, dtype=np.float64)
     n = a.shape[0]
@@ -118,7 +118,7 @@ def bipartition(eigenvector: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 
     foreground = y > mean(y); seed = argmax |y| (first index on ties); if the seed is not in
     the foreground, foreground := its complement and y := −y (the official code), so the
-    returned y has y[seed] above its mean. docs/method.md §7.
+    returned y has y[seed] above its mean. docs/method/dense.md §7.
     """
     y = np.asarray(eigenvector, dtype=np.float64).copy()
     avg = np.sum(y) / len(y)
@@ -134,7 +134,7 @@ def seed_component(mask: np.ndarray, seed: int) -> np.ndarray:
     """(h, w) bool mask, flat seed index → (h, w) bool: the seed's 4-connected component.
 
     `scipy.ndimage.label` with its default cross structure (4-connectivity); the seed indexes
-    the grid in row-major order and must lie in the mask. docs/method.md §7.
+    the grid in row-major order and must lie in the mask. docs/method/dense.md §7.
     """
     mask = np.asarray(mask, dtype=bool)
     if mask.ndim != 2:
@@ -153,7 +153,7 @@ def seed_component(mask: np.ndarray, seed: int) -> np.ndarray:
 def ncut(
     keys: np.ndarray, grid_hw: tuple[int, int], tau: float = TAU, eps: float = EPS
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """TokenCut's normalized cut on one image's patch keys. docs/method.md §7.
+    """TokenCut's normalized cut on one image's patch keys. docs/method/dense.md §7.
 
     keys: (n, d) patch keys (CLS dropped, heads concatenated), n = h·w in row-major order of
     grid_hw = (h, w). Returns (eigenvector (n,) float64, D-normalized, sign fixed so that the
@@ -170,7 +170,7 @@ def ncut(
 
 
 def box(mask: np.ndarray, seed: int, patch_size: int, image_hw: tuple[int, int]) -> Box:
-    """Pixel box (x0, y0, x1, y1) of the seed's 4-connected component of `mask`. docs/method.md §7.
+    """Pixel box (x0, y0, x1, y1) of the seed's 4-connected component of `mask`. docs/method/dense.md §7.
 
     mask: (h, w) bool patch grid (a raw bipartition or `ncut`'s component; the component is
     selected here either way); seed: flat row-major index; image_hw: the unpadded (H, W).
@@ -186,7 +186,7 @@ def box(mask: np.ndarray, seed: int, patch_size: int, image_hw: tuple[int, int])
 
 
 def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
-    """IoU of two (x0, y0, x1, y1) boxes, areas (x1 − x0)·(y1 − y0) (no +1). docs/method.md §7.
+    """IoU of two (x0, y0, x1, y1) boxes, areas (x1 − x0)·(y1 − y0) (no +1). docs/method/dense.md §7.
 
     The official `bbox_iou` semantics without its 1e-7 guard terms (which vanish in its
     float32 arithmetic), so an IoU of exactly 0.5 is 0.5; an empty union gives 0.
@@ -203,7 +203,7 @@ def corloc(
     gt_boxes_per_image: Sequence[np.ndarray],
     iou: float = CORLOC_IOU,
 ) -> float:
-    """CorLoc: fraction of images whose box has IoU ≥ `iou` (0.5) with any ground-truth box. docs/method.md §7.
+    """CorLoc: fraction of images whose box has IoU ≥ `iou` (0.5) with any ground-truth box. docs/method/dense.md §7.
 
     pred_boxes: (N, 4), one box per image; gt_boxes_per_image: N arrays (k_i, 4) (k_i = 0: the
     image counts as a miss). Returns hits / N (N = 0 raises).
@@ -261,7 +261,7 @@ def bucket_keys(outputs: Any, block: int, params: Any, images: jax.Array, grid: 
     canonical grid (Gh, Gw), image b's real grid candidates[grid[b]]: the ViT's position table
     is the real grid's (`_position_embedding` at (gh, gw), laid on the canonical grid, 0 on the
     padding), and every attention masks the padding's keys, so the real tokens' keys are those of
-    the image alone (docs/method.md §7)."""
+    the image alone (docs/method/dense.md §7)."""
     import flax.linen as nn
 
     from skipless_jax.models.attention import MultiHeadAttention
@@ -302,7 +302,7 @@ def bucket_keys(outputs: Any, block: int, params: Any, images: jax.Array, grid: 
 @dataclasses.dataclass
 class TokenCut:
     """config.evals entry `type='tokencut'`: yields ('corloc', CorLoc) of TokenCut's boxes on
-    `split` of `dataset` (default the run's) (docs/method.md §7).
+    `split` of `dataset` (default the run's) (docs/method/dense.md §7).
 
     Every record of the split exactly once, at its own resolution: normalized with the
     dataset's mean/std, zero-padded at the bottom/right to a multiple of the patch size; the
@@ -381,7 +381,7 @@ class TokenCut:
         bottom/right to the canonical grid after their own padding to a multiple of p, the
         padded tokens masked out of every attention and given no position embedding, the real
         grid's position table placed on it; the keys are cropped back to the real grid (equal
-        to the image alone, docs/method.md §7). Else one program per padded shape (as the
+        to the image alone, docs/method/dense.md §7). Else one program per padded shape (as the
         official code: the image alone)."""
         from skipless_jax.data import dense, pipeline
         from skipless_jax.evaluators.common import global_rows

@@ -10,7 +10,7 @@ statistics (ConvMixer's BatchNorm, collection `batch_stats`) sets `RUNNING_STATS
 Shared parts: `stem.py`
 (patchify → Token Graying → projection), `attention.py`, `blocks.py` (the residual switches),
 `common.py` (DropPath, MLP, position embeddings), `init.py` (the skipless init). `apply_init_self_share`
-sets a config's β from its target self-attention share (docs/method.md §3).
+sets a config's β from its target self-attention share (docs/method/papers.md §3).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class ModelDescription:
     `normed`, its output through that norm on `encoded`'s tokens (multi-block dense probes);
     block_keys: every block's out has `keys` (B, [prefix +] grid tokens, width) of its attention
     on `encoded`'s grid (TokenCut); num_layers and layer_id(path) -> 0 … num_layers + 1: the
-    layer of a '/'-joined parameter path for layer-wise lr decay (docs/method.md §9);
+    layer of a '/'-joined parameter path for layer-wise lr decay (docs/method/ssl.md §9);
     role_of(path): the role of a parameter path (models/roles.py), from the family's `ROLES`;
     block_pre_logits: every block's out has `pre_logits`, the pooled feature of the model cut
     after that block (docs/method/per_layer_eval.md §1).
@@ -116,7 +116,7 @@ def init_variables(
     DINO's backbone + head) on inputs shaped like `dummy`, under every `config.model.init`: the
     module's own init with `rng` as its 'params' stream (`rngs`: other streams its init draws,
     e.g. MAE's 'masking'), then, for a reference scheme ('timm', 'mae'), every parameter redrawn
-    by its family's table with the same key (`init_schemes.reinitialize`, docs/method.md §24), as
+    by its family's table with the same key (`init_schemes.reinitialize`, docs/method/families.md §24), as
     for the `gpt` family's default, GPT-2's (docs/method/lm.md §4)."""
     variables = model.init({"params": rng, **rngs}, dummy, train=False)
     if init_schemes.redraws(model_config):
@@ -136,7 +136,7 @@ def num_tokens(model_config: Any, image_size: int) -> int:
 
 
 def apply_init_self_share(model_config: Any, image_size: int) -> float | None:
-    """With `config.model.init_self_share` set (docs/method.md §3, this project's extension):
+    """With `config.model.init_self_share` set (docs/method/papers.md §3, this project's extension):
     sets `config.model.init_beta` to the β whose self-attention share at init is that target for
     this model's tokens on `image_size` inputs, and returns it; None (nothing changed) without."""
     target = model_config.get("init_self_share")

@@ -1,10 +1,10 @@
-"""Multi-head attention with (d, d) kernels (docs/method.md §1, §3): the one attention module of
+"""Multi-head attention with (d, d) kernels (docs/method/papers.md §1, §3): the one attention module of
 every family.
 
 SA(X) = softmax(Q Kᵀ/√d_h) V Wᴼ, Q = X Wᵠ, K = X Wᴷ, V = X Wⱽ (heads = column groups). The
 four kernels are (d, d) params `query`, `key`, `value`, `out`, so that the skipless
 initialization (models/init.py) can set the full WⱽWᴼ product of the layer at once. The
-module also returns the keys (TokenCut's features, docs/method.md §7) and, with
+module also returns the keys (TokenCut's features, docs/method/dense.md §7) and, with
 `capture_attention`, the attention maps. The families' variants are arguments of the same
 module: keys/values from other tokens, an additive logit bias, talking heads (CaiT).
 """
@@ -24,7 +24,7 @@ ATTENTION_KERNELS = ("query", "key", "value", "out")
 
 
 class InitFields(nn.Module, kw_only=True):
-    """The init of docs/method.md §3 and the compute dtype, keyword-only (after a subclass's own
+    """The init of docs/method/papers.md §3 and the compute dtype, keyword-only (after a subclass's own
     fields): what `kernel_params` reads of an attention module, and what every block and model
     hands to its attention (`blocks.SwitchFields` adds the switches). Subclasses add their sizes."""
 
@@ -40,7 +40,7 @@ class InitFields(nn.Module, kw_only=True):
 
     @property
     def init_fields(self) -> dict[str, Any]:
-        """The init arguments (docs/method.md §3), as keywords of an `InitFields` module (attention)."""
+        """The init arguments (docs/method/papers.md §3), as keywords of an `InitFields` module (attention)."""
         return dict(init_scheme=self.init_scheme, init_alpha=self.init_alpha, init_beta=self.init_beta,
                     init_c=self.init_c, init_qk_dist=self.init_qk_dist, init_vo=self.init_vo,
                     init_mlp=self.init_mlp)
@@ -51,7 +51,7 @@ def kernel_params(module: InitFields, d: int, names: tuple[str, ...] = ATTENTION
     (its `InitFields` and num_heads; called in its compact method):
     Xavier uniform each under the default init; Haar orthogonal each under init='orthogonal'
     (docs/method/skipless_lm.md §4); one joint draw of the four (models/init.py,
-    docs/method.md §3) under the skipless and mimetic inits."""
+    docs/method/papers.md §3) under the skipless and mimetic inits."""
     if module.init_scheme in init_lib.PLAIN_SCHEMES:
         xavier = nn.initializers.xavier_uniform()
         return {n: module.param(n, xavier, (d, d), jnp.float32) for n in names}
@@ -103,7 +103,7 @@ class MultiHeadAttention(InitFields):
     probs_h·proj_w[h, g] + b_w[g] after it; under the skipless/mimetic init the mixings start as
     the identity with zero biases, so the layer starts as plain attention. `key_mask` (B, n) bool,
     optional: keys where it is False take no part in any query's softmax (TokenCut's padded token
-    grids, docs/method.md §7), or (B, 1, n, n) on plain self-attention: the keys of each query
+    grids, docs/method/dense.md §7), or (B, 1, n, n) on plain self-attention: the keys of each query
     (packed documents, docs/method/lm.md §5). `causal`: query t attends to keys 0 … t only (models/gpt.py).
     `decode`: causal with a KV cache (collection `cache`: the keys and values so far and their
     count); the call with the full (B, max_len) shape creates the cache, each later call writes its

@@ -1,4 +1,4 @@
-"""The residual block whose skips are switches (docs/method.md §1).
+"""The residual block whose skips are switches (docs/method/papers.md §1).
 
     y = SA(LN1(x));   x = x + y  if skip_sab else y        # ① SAB output, ② identity
     z = MLP(LN2(x));  x = x + z  if skip_ffn else z        # ③ FFN output, ④ identity
@@ -37,7 +37,7 @@ def residual(
 class SwitchFields(InitFields, kw_only=True):
     """The fields of every block and model, keyword-only (after a subclass's own fields): the two
     skip switches (② and ④; a model hands them to each of its blocks), the drop-path rate, and
-    `InitFields` (the init of docs/method.md §3, the compute dtype). Subclasses add their sizes."""
+    `InitFields` (the init of docs/method/papers.md §3, the compute dtype). Subclasses add their sizes."""
 
     skip_sab: bool = True
     skip_ffn: bool = True
@@ -45,7 +45,7 @@ class SwitchFields(InitFields, kw_only=True):
 
 
 class ModelFields(SwitchFields, kw_only=True):
-    """`SwitchFields` + the stem's Token Graying (docs/method.md §4): the fields of every model."""
+    """`SwitchFields` + the stem's Token Graying (docs/method/papers.md §4): the fields of every model."""
 
     token_graying: str | None = None
     tg_eps: float = 0.95

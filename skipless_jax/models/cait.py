@@ -1,4 +1,4 @@
-"""CaiT (Touvron et al., "Going deeper with Image Transformers"; timm's `cait.py`), docs/method.md §10.
+"""CaiT (Touvron et al., "Going deeper with Image Transformers"; timm's `cait.py`), docs/method/families.md §10.
 
     stem:  patch projection (the ViT's `PatchStem`) + learned position table (no class token yet)
     self-attention blocks ℓ = 0 … depth − 1 (talking-heads attention, LayerScale γ):
@@ -11,7 +11,7 @@
 
 LayerScale: γ is a learned per-channel vector initialized at `layerscale_init` (1e-5 for the
 XXS/S-24 models) on a branch beside its skip, and at 1 on a branch whose skip is off
-(docs/method.md §10: without the identity beside it, γ = 1e-5 would scale the block's whole
+(docs/method/families.md §10: without the identity beside it, γ = 1e-5 would scale the block's whole
 output, and every gradient into the layers below it, by 1e-5 per block). Talking heads: (h, h)
 mixings of the attention logits before the softmax (`proj_l`) and of the probabilities after it
 (`proj_w`), each with a bias; under `init='skipless'` (and 'mimetic') both start as the identity
@@ -173,7 +173,7 @@ def check_config(model_config: Any, image_size: int) -> None:
 
 
 def layer_id(path: str, depth: int, depth_token_only: int) -> int:
-    """Layer-decay id (docs/method.md §9): i + 1 for `block_i`; depth + k + 1 for `class_block_k`;
+    """Layer-decay id (docs/method/ssl.md §9): i + 1 for `block_i`; depth + k + 1 for `class_block_k`;
     0 the embedding (`roles.EMBEDDING_ROLES`: the stem, position table and class token);
     depth + depth_token_only + 1 the rest."""
     name = top_name(path)

@@ -1,7 +1,7 @@
 """Parts every model family shares: patchify, position-embedding utilities, DropPath, MLP.
 
 Math lives in small functions (patchify, posemb_sincos_2d, resize_posemb); the modules only
-wire them. Dense kernels are (in, out): y = x W (docs/method.md §3).
+wire them. Dense kernels are (in, out): y = x W (docs/method/papers.md §3).
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ def posemb_sincos_2d_cls(grid_h: int, grid_w: int, width: int) -> jax.Array:
 def resize_posemb(posemb: jax.Array, grid_h: int, grid_w: int, antialias: bool = True, extra: int = 0) -> jax.Array:
     """(1, extra + g·g, d) position table -> (1, extra + grid_h·grid_w, d): the `extra` leading rows
     (a class token's) kept, the square grid part resized bicubically. The one position-table
-    resizer: the ViT's other resolutions, MAE's encoder table and `init_from` (docs/method.md §9).
+    resizer: the ViT's other resolutions, MAE's encoder table and `init_from` (docs/method/ssl.md §9).
 
     `antialias=False` is DINO's `interpolate_pos_encoding` (torch bicubic without antialiasing,
-    docs/method.md §6); with it, downsampling low-pass filters first (jax.image's default).
+    docs/method/ssl.md §6); with it, downsampling low-pass filters first (jax.image's default).
     """
     n, d = posemb.shape[1:]
     g = int(round((n - extra) ** 0.5))
@@ -122,7 +122,8 @@ class MlpBlock(nn.Module):
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
         if self.init_scheme == "skipless" and self.init_mlp == "default":
             kernel_init, bias_init = nn.initializers.xavier_uniform(), nn.initializers.zeros
-        elif self.init_scheme in ("skipless", "orthogonal"):  # scaled uniform orthogonal, zero biases (method.md §3)
+        elif self.init_scheme in ("skipless", "orthogonal"):  # scaled uniform orthogonal, zero biases
+            # (docs/method/papers.md §3)
             kernel_init, bias_init = init_lib.scaled_uniform_orthogonal, nn.initializers.zeros
         else:
             kernel_init = nn.initializers.xavier_uniform()

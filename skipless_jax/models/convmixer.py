@@ -1,4 +1,4 @@
-"""ConvMixer (Trockman & Kolter, "Patches Are All You Need?"; timm's `convmixer.py`), docs/method.md §10.
+"""ConvMixer (Trockman & Kolter, "Patches Are All You Need?"; timm's `convmixer.py`), docs/method/families.md §10.
 
     stem:   x = BN(act(patch projection of stride p))                       (B, H/p, W/p, d)
     block:  y = BN(act(depthwise k×k conv(x)));  x = x + y  if skip_sab else y    # ①, ②
@@ -128,7 +128,7 @@ def check_config(model_config: Any, image_size: int) -> None:
 
 
 def layer_id(path: str, depth: int) -> int:
-    """Layer-decay id (docs/method.md §9): 0 the stem and its norm, l + 1 for `block_{l}_*`, depth + 1 the head."""
+    """Layer-decay id (docs/method/ssl.md §9): 0 the stem and its norm, l + 1 for `block_{l}_*`, depth + 1 the head."""
     name = top_name(path)
     if name in ("embedding", "embedding_norm"):
         return 0

@@ -1,4 +1,4 @@
-"""The DINO projection head and the backbone + head pair that DINO trains (docs/method.md §6).
+"""The DINO projection head and the backbone + head pair that DINO trains (docs/method/ssl.md §6).
 
     head(x) = WN-Linear(256→K, no bias)( l2_normalize( MLP(x) ) ),
     MLP = Linear(d→2048) – GELU – Linear(2048→2048) – GELU – Linear(2048→256),

@@ -1,4 +1,4 @@
-"""Parts the ConvMixer, Swin, CaiT and PVTv2 families share (docs/method.md §10).
+"""Parts the ConvMixer, Swin, CaiT and PVTv2 families share (docs/method/families.md §10).
 
 - `resolve_fields`: `config.model` → the family's fields, a named variant filling its sizes
   (an explicit size that contradicts the variant, or a field the family does not have, is a
@@ -30,7 +30,7 @@ from skipless_jax.models import init as init_lib
 from skipless_jax.models.blocks import ModelFields
 from skipless_jax.models.common import top_name
 
-# Fields every family has, with their defaults (the switches, the init of docs/method.md §3,
+# Fields every family has, with their defaults (the switches, the init of docs/method/papers.md §3,
 # Token Graying of §4). GELU defaults to the exact form, as timm's models use it.
 COMMON_FIELDS: dict[str, Any] = dict(
     name=None,
@@ -162,7 +162,7 @@ class FamilyModel(ModelFields):
 
 
 def drop_path_rates(rate: float, depth: int) -> list[float]:
-    """Block ℓ of `depth` gets rate·ℓ/(depth−1) (docs/method.md §1; timm's linspace)."""
+    """Block ℓ of `depth` gets rate·ℓ/(depth−1) (docs/method/papers.md §1; timm's linspace)."""
     return [rate * i / max(depth - 1, 1) for i in range(depth)]
 
 
@@ -172,7 +172,7 @@ _BLOCK = re.compile(r"block_(\d+)")
 
 def staged_layer_id(path: str, depths: Sequence[int], stem: Sequence[str], with_first: Sequence[str] = (),
                     with_last: Sequence[str] = ()) -> int:
-    """Layer-decay id of a parameter of a staged model (docs/method.md §9): 0 for the `stem` names,
+    """Layer-decay id of a parameter of a staged model (docs/method/ssl.md §9): 0 for the `stem` names,
     offset_s + j + 1 for `stage_{s}_block_{j}` (offset_s: the blocks of the stages before s), the
     id of stage s's first block for `stage_{s}_<with_first>` (its downsampling), of its last block
     for `stage_{s}_<with_last>` (its norm), sum(depths) + 1 for the rest (final norm, head)."""
@@ -205,7 +205,7 @@ def dirac_init(key: jax.Array, shape: Sequence[int], dtype: Any = jnp.float32) -
 
 def skipless_kernel_init(scheme: str, default: Any = None) -> Any:
     """Projection kernels that change width or mix channels (patch merging, strided convs):
-    scaled uniform orthogonal under `init='skipless'` (docs/method.md §10), else `default`
+    scaled uniform orthogonal under `init='skipless'` (docs/method/families.md §10), else `default`
     (Xavier uniform)."""
     if scheme == "skipless":
         return init_lib.scaled_uniform_orthogonal

@@ -1,4 +1,4 @@
-"""Model FLOPs of one training example, counted from the config (docs/method.md §25).
+"""Model FLOPs of one training example, counted from the config (docs/method/runs.md §25).
 
     train_flops_per_example(config.model, image_size, num_classes)                    # supervised
     train_flops_per_example(config.model, image_size, 0, trainer="mae", mae=config.mae)
@@ -182,7 +182,7 @@ def train_flops_per_example(
     model_config: Any, image_size: int, num_classes: int, *, trainer: str = "supervised", channels: int = 3,
     mae: Any = None, dino: Any = None, multicrop: Any = None,
 ) -> float:
-    """Model FLOPs of one training example of `trainer` (docs/method.md §25): 3 × forward, and for
+    """Model FLOPs of one training example of `trainer` (docs/method/runs.md §25): 3 × forward, and for
     DINO + the teacher's forward (1×) on the 2 global crops. `mae`: `config.mae`; `dino`,
     `multicrop`: `config.dino`, `config.input.multicrop`; `image_size`: the (global) input size.
     For `trainer="lm"` an example is one sequence of `model_config.seq_len` tokens, `num_classes`
@@ -207,7 +207,7 @@ def train_flops_per_example(
 
 
 def tg_matrix_flops(method: str | None, rows: int, cols: int) -> float:
-    """Token Graying's FLOPs (docs/method.md §25, textbook counts) on one rows × cols patch matrix."""
+    """Token Graying's FLOPs (docs/method/runs.md §25, textbook counts) on one rows × cols patch matrix."""
     if method is None:
         return 0.0
     a, b = max(rows, cols), min(rows, cols)

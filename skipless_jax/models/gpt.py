@@ -1,4 +1,5 @@
-"""A causal decoder (GPT) whose attention and MLP residuals are switches (docs/method.md §1, §26).
+"""A causal decoder (GPT) whose attention and MLP residuals are switches (docs/method/papers.md §1,
+docs/method/gpt.md §26).
 
     x = E[tokens] + P[:T]                          # token and position embeddings
     x = block_l(x), l = 0 … depth-1                # `blocks.EncoderBlock`, causal: ② and ④ are switches
@@ -15,7 +16,7 @@ which the causal mask allows. Token Graying does not apply (it pre-conditions im
 `decode=True` builds the same parameters with each attention's KV cache (collection `cache`),
 for generation one token at a time (skipless_jax/generate.py). `GPT(...)(tokens, train)`
 returns `(logits (B, T, vocab) float32, out)`, `out['blocks']` the per-layer dicts that
-`blocks.residual` fills, so the κ analysis of docs/method.md §2 reads a language model too.
+`blocks.residual` fills, so the κ analysis of docs/method/papers.md §2 reads a language model too.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Initializations for skipless Transformers (docs/method.md §3, "Cutting the Skip").
+"""Initializations for skipless Transformers (docs/method/papers.md §3, "Cutting the Skip").
 
 Dense kernels are (in, out): y = x W. Attention kernels are (d, d) with heads as column groups
 (query/key/value) or row groups (out). All functions are pure in `key`; validation happens on
@@ -12,7 +12,7 @@ Python floats before anything is traced.
 - `scaled_uniform_orthogonal`: the DKS/TAT MLP kernel initializer (flax `kernel_init` style),
   built on `haar_orthogonal`.
 - `attention_kernels`: the four attention kernels for a method name, as `vit.py` consumes them.
-- `self_attention_share`: the mean attention of a token on itself at init (docs/method.md §3),
+- `self_attention_share`: the mean attention of a token on itself at init (docs/method/papers.md §3),
   and `self_share_beta`, the β that sets it (`config.model.init_self_share`).
 """
 
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from skipless_jax import linalg
 
-# 'timm' / 'mae': the references' inits (docs/method.md §24, models/init_schemes.py); modules
+# 'timm' / 'mae': the references' inits (docs/method/families.md §24, models/init_schemes.py); modules
 # build under them as under 'default' (PLAIN_SCHEMES), then every parameter is redrawn.
 REFERENCE_SCHEMES = ("timm", "mae")
 PLAIN_SCHEMES = ("default", *REFERENCE_SCHEMES)
@@ -42,7 +42,7 @@ QK_DISTS = ("normal", "uniform")
 VO_FORMS = ("polar", "fork")
 MLP_INITS = ("suo", "default")
 
-# Plain mimetic V/O constants of docs/method.md §3 (α₂ = β₂ = 0.4); Q/K take the configured α, β.
+# Plain mimetic V/O constants of docs/method/papers.md §3 (α₂ = β₂ = 0.4); Q/K take the configured α, β.
 MIMETIC_VO_ALPHA = 0.4
 MIMETIC_VO_BETA = 0.4
 
@@ -115,7 +115,7 @@ def validate_init_config(model_config: Any) -> None:
 
 
 def scaled_orthogonal_vo(key: jax.Array, d: int, c: float, vo: str = "polar") -> tuple[jax.Array, jax.Array]:
-    """Whole-layer value/output init (docs/method.md §3): G ~ N(0,1)^{d×d} = U S Vᵀ, W^V = cU, W^O = cVᵀ.
+    """Whole-layer value/output init (docs/method/papers.md §3): G ~ N(0,1)^{d×d} = U S Vᵀ, W^V = cU, W^O = cVᵀ.
 
     Returns (w_v, w_o), both (d, d) float32; w_v's columns are grouped by head, w_o's rows.
     The full product W^V W^O = c² U Vᵀ has every singular value equal to c².
@@ -136,7 +136,7 @@ def scaled_orthogonal_vo(key: jax.Array, d: int, c: float, vo: str = "polar") ->
 def mimetic_qk_targets(
     key: jax.Array, d: int, num_heads: int, alpha: float, beta: float, dist: str = "normal"
 ) -> jax.Array:
-    """Per-head targets M_h = α Z_h + β I_d (docs/method.md §3). Returns (h, d, d).
+    """Per-head targets M_h = α Z_h + β I_d (docs/method/papers.md §3). Returns (h, d, d).
 
     Head h draws Z_h from `jax.random.split(key, num_heads)[h]`: 'normal' Z_h ~ N(0, 1/d);
     'uniform' (the authors' fork, docs/method/authors_init.md §1) Z_h = −b + 2b·U, U ~ U[0, 1),
@@ -155,7 +155,7 @@ def mimetic_qk_targets(
 def mimetic_qk(
     key: jax.Array, d: int, num_heads: int, alpha: float, beta: float, dist: str = "normal"
 ) -> tuple[jax.Array, jax.Array]:
-    """Mimetic query/key init per head (docs/method.md §3).
+    """Mimetic query/key init per head (docs/method/papers.md §3).
 
     M_h = U S Vᵀ; W^Q_h = U[:, :d_h] √S[:d_h], W^K_h = V[:, :d_h] √S[:d_h], so W^Q_h W^K_hᵀ is
     the rank-d_h truncation of M_h. Returns (w_q, w_k), both (d, d), head h in columns
@@ -208,7 +208,7 @@ def haar_orthogonal(key: jax.Array, shape: tuple[int, int]) -> jax.Array:
 def scaled_uniform_orthogonal(
     key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32
 ) -> jax.Array:
-    """DKS/TAT MLP kernel init (docs/method.md §3): Haar orthogonal (in, out) × max(√(out/in), 1).
+    """DKS/TAT MLP kernel init (docs/method/papers.md §3): Haar orthogonal (in, out) × max(√(out/in), 1).
 
     Usable as a flax `kernel_init`. Leading axes of an N-D shape are flattened into `in`.
     For d→4d every singular value is 2; for 4d→d it is 1.
@@ -224,13 +224,13 @@ def attention_kernels(
     key: jax.Array, method: str, d: int, num_heads: int, alpha: float, beta: float, c: float,
     qk_dist: str = "normal", vo: str = "polar",
 ) -> dict[str, jax.Array]:
-    """The four (d, d) attention kernels {query, key, value, out} for `method` (docs/method.md §3).
+    """The four (d, d) attention kernels {query, key, value, out} for `method` (docs/method/papers.md §3).
 
     'skipless': mimetic Q/K with (alpha, beta) and scaled-orthogonal V/O with c; `qk_dist` and
                 `vo` choose the text's or the authors' fork's draw (docs/method/authors_init.md).
     'mimetic':  mimetic Q/K with (alpha, beta) and mimetic V/O with the fixed
                 (MIMETIC_VO_ALPHA, MIMETIC_VO_BETA) = (0.4, 0.4); c is unused. The plain
-                mimetic baseline of docs/method.md §3 sets alpha = beta = 0.7 in the config.
+                mimetic baseline of docs/method/papers.md §3 sets alpha = beta = 0.7 in the config.
     """
     if method not in ("skipless", "mimetic"):
         raise ValueError(f"attention_kernels method={method!r} is unknown; allowed: skipless, mimetic")
@@ -244,7 +244,7 @@ def attention_kernels(
     return dict(query=w_q, key=w_k, value=w_v, out=w_o)
 
 
-# `self_share_beta` searches β in [0, SHARE_BETA_MAX] to SHARE_BETA_TOL (docs/method.md §3).
+# `self_share_beta` searches β in [0, SHARE_BETA_MAX] to SHARE_BETA_TOL (docs/method/papers.md §3).
 SHARE_BETA_MAX = 1024.0
 SHARE_BETA_TOL = 1e-4
 SHARE_METHODS = ("skipless", "mimetic")  # the inits whose β `init_self_share` sets
@@ -260,7 +260,7 @@ def query_key_kernels(
     key: jax.Array, method: str, d: int, num_heads: int, alpha: float, beta: float, dist: str = "normal"
 ) -> tuple[jax.Array, jax.Array]:
     """(w_q, w_k), both (d, d), of one attention layer drawn from the layer's `key` as `method`
-    draws them (docs/method.md §3): the Q/K half of `attention_kernels` for 'skipless' and
+    draws them (docs/method/papers.md §3): the Q/K half of `attention_kernels` for 'skipless' and
     'mimetic' (traceable in alpha, beta); Xavier uniform for 'default'; the reference table's
     rule (models/init_schemes.py) for 'timm' and 'mae'."""
     if method in SHARE_METHODS:
@@ -279,7 +279,7 @@ def query_key_kernels(
 def _share(key: jax.Array, alpha: jax.Array, beta: jax.Array, *, method: str, d: int, num_heads: int,
            depth: int, num_tokens: int, num_samples: int, dist: str = "normal") -> jax.Array:
     """The mean of diag softmax(X Wᵠ_h (X Wᴷ_h)ᵀ/√d_h) over samples, tokens, heads and layers
-    (docs/method.md §3); split(key, depth + 1): [0] the tokens X, [1 + l] layer l's kernels."""
+    (docs/method/papers.md §3); split(key, depth + 1): [0] the tokens X, [1 + l] layer l's kernels."""
     keys = jax.random.split(key, depth + 1)
     x = jax.random.normal(keys[0], (num_samples, num_tokens, d), jnp.float32)
     dh = d // num_heads
@@ -330,7 +330,7 @@ def _share_of_beta(model_config: Any, num_tokens: int, num_samples: int, seed: i
 
 
 def self_attention_share(model_config: Any, num_tokens: int, *, num_samples: int = 64, seed: int = 0) -> float:
-    """The mean attention weight of a token on itself at init (docs/method.md §3), over the heads
+    """The mean attention weight of a token on itself at init (docs/method/papers.md §3), over the heads
     and blocks of the ViT `config.model` (its init, α, β; biases zero as at init), for
     `num_samples` draws of `num_tokens` N(0, I_d) tokens (what LayerNorm feeds the attention).
 
@@ -350,7 +350,7 @@ def check_self_share(target: Any) -> None:
 def self_share_beta(model_config: Any, num_tokens: int, target: float, *, num_samples: int = 64,
                     seed: int = 0) -> float:
     """The β (rounded to 4 decimals) at which `self_attention_share` of `config.model` equals
-    `target` at `num_tokens` tokens (docs/method.md §3, this project's `init_self_share`): the
+    `target` at `num_tokens` tokens (docs/method/papers.md §3, this project's `init_self_share`): the
     upper end doubles from 1 until its share exceeds the target, then bisection to SHARE_BETA_TOL.
     One-line ValueError for a target outside (0, 1), an init without β, or a target the shares at
     β = 0 and β = SHARE_BETA_MAX do not bracket."""

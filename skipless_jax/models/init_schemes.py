@@ -1,4 +1,4 @@
-"""The references' initializations as `config.model.init` schemes 'timm' and 'mae' (docs/method.md §24),
+"""The references' initializations as `config.model.init` schemes 'timm' and 'mae' (docs/method/families.md §24),
 and the `gpt` family's `init='default'`, GPT-2's (docs/method/lm.md §4).
 
 The model initializes as under `init='default'`; `reinitialize` then redraws every parameter by

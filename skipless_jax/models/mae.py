@@ -1,4 +1,4 @@
-"""Masked autoencoder (He et al., CVPR 2022; facebookresearch/mae `models_mae.py`), docs/method.md §9.
+"""Masked autoencoder (He et al., CVPR 2022; facebookresearch/mae `models_mae.py`), docs/method/ssl.md §9.
 
 The three pieces of MAE's math are plain functions with the reference's semantics (the loss in
 skipless_jax/losses.py, with the other trainers' losses):
@@ -25,7 +25,7 @@ target is the raw image's patches (`target='raw'`) or the grayed patch matrix (`
 
 The decoder's position table is the repository's fixed 2-D sin-cos (`common.posemb_sincos_2d`, the
 ViT's `sincos2d`) with a zero row for CLS; MAE's numpy table has the same block order but other
-frequencies (docs/method.md §20), which for a fixed, non-learned embedding changes nothing of substance.
+frequencies (docs/method/families.md §20), which for a fixed, non-learned embedding changes nothing of substance.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def restore_tokens(x_kept: jax.Array, mask_token: jax.Array, ids_restore: jax.Ar
 def encoder_position_table(grid: int, width: int, shape: tuple[int, ...]) -> jax.Array:
     """The MAE encoder's fixed table as a classifier's learned `pos_embedding` of `shape`
     (1, 1 + g², width): [0; sincos2d(grid, grid)] at the pre-training grid, resized to g × g
-    bicubically if g differs (MAE's `interpolate_pos_embed`, docs/method.md §9)."""
+    bicubically if g differs (MAE's `interpolate_pos_embed`, docs/method/ssl.md §9)."""
     table = posemb_sincos_2d_cls(grid, grid, width)
     if tuple(shape) == tuple(table.shape):
         return table

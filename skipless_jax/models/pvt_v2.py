@@ -1,5 +1,5 @@
 """PVTv2 (Wang et al., "PVT v2: Improved Baselines with Pyramid Vision Transformer"; timm's
-`pvt_v2.py`), docs/method.md §10.
+`pvt_v2.py`), docs/method/families.md §10.
 
     stage s: overlapping patch embedding: conv k×k of stride t (k = 2t − 1, padding ⌊k/2⌋;
              stage 0: t = patch_size (4: the 7×7/4 stem), later stages t = 2) → LayerNorm
@@ -18,7 +18,7 @@ branch (torch's default, as timm builds them).
 Token Graying: the stem is an overlapping convolution, not a plain patch projection, so TG acts
 on the stem-stride (4×4×3) patch matrix of the image, mapped back to the image
 (`stem.token_gray_images`), before the model's own 7×7/4 stem; `out['patches']` is that grayed
-patch matrix. `init='skipless'`: attention as the ViT's (docs/method.md §3), the MLP's dense
+patch matrix. `init='skipless'`: attention as the ViT's (docs/method/papers.md §3), the MLP's dense
 kernels scaled uniform orthogonal with zero biases, its depthwise conv the identity (Dirac, zero
 bias: the MLP starts as the plain MLP), the SR convs and the downsampling patch embeddings of
 later stages scaled uniform orthogonal (flattened (k·k·C_in, C_out)); the stem keeps its default.

@@ -55,7 +55,7 @@ ROLES = (CLASS_TOKEN, MASK_TOKEN, POSITION_TABLE, TOKEN_TABLE, RELATIVE_POSITION
          PATCH_BIAS, NORM_SCALE, NORM_BIAS, ATTENTION_QKV, ATTENTION_OUT, ATTENTION_BIAS, TALKING_HEADS, CONV_KERNEL,
          CONV_BIAS, DEPTHWISE_KERNEL, DEPTHWISE_BIAS, HEAD_KERNEL, HEAD_BIAS, WEIGHT_NORM_SCALE, GAIN, MLP_OUT,
          KERNEL, BIAS)
-# Layer 0 of layer-wise lr decay (docs/method.md §9): the tokens' embedding before the first block.
+# Layer 0 of layer-wise lr decay (docs/method/ssl.md §9): the tokens' embedding before the first block.
 EMBEDDING_ROLES = frozenset({CLASS_TOKEN, POSITION_TABLE, TOKEN_TABLE, PATCH_KERNEL, PATCH_BIAS})
 
 Table = Sequence[tuple[str, str]]

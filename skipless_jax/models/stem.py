@@ -1,4 +1,4 @@
-"""The stem: patchify → Token Graying → patch projection (docs/method.md §4).
+"""The stem: patchify → Token Graying → patch projection (docs/method/papers.md §4).
 
 `PatchStem` is the ViT's patch embedding written as `patchify` + a (p²C, d) matrix, the same
 function as the stride-p convolution, so that Token Graying acts on the raw (B, n, p²C) patch

@@ -1,4 +1,4 @@
-"""Swin Transformer (Liu et al. 2021; timm's `swin_transformer.py`), docs/method.md §10.
+"""Swin Transformer (Liu et al. 2021; timm's `swin_transformer.py`), docs/method/families.md §10.
 
     stem:    patch projection of stride p (the ViT's `PatchStem`) → LayerNorm      (B, H/p·W/p, C)
     stage s: [patch merging for s > 0: 2×2 neighbours concatenated (4C) → LayerNorm → Dense(2C), no bias]
@@ -16,7 +16,7 @@ Patch merging has no residual. LayerNorm ε = 1e-5 (torch's default, as timm's S
 
 `out['blocks']` lists every block of every stage (its token matrices are (B, n_s, C_s), n_s and
 C_s per stage). Token Graying acts on the stem's raw 4×4×3 patch matrix (the stem is a plain
-patch projection). `init='skipless'`: each block's attention as the ViT's (docs/method.md §3),
+patch projection). `init='skipless'`: each block's attention as the ViT's (docs/method/papers.md §3),
 MLPs scaled uniform orthogonal, the patch-merging projections scaled uniform orthogonal; the
 relative position tables keep their default init (truncated normal, σ 0.02).
 """

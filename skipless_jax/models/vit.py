@@ -1,4 +1,4 @@
-"""Vision Transformer whose attention and MLP residuals are switches (docs/method.md §1).
+"""Vision Transformer whose attention and MLP residuals are switches (docs/method/papers.md §1).
 
 Built from the shared parts: the stem (`stem.PatchStem`: patchify → Token Graying → patch
 projection), the residual block (`blocks.EncoderBlock`, the skips are its lines ② and ④) and
@@ -42,7 +42,7 @@ from skipless_jax.models.variants import VARIANTS, decode_variant, resolve_sizes
 FAMILY = "vit"
 # (width, depth, mlp_dim, num_heads) of the standard ViT sizes.
 SIZE_FIELDS = ("width", "depth", "mlp_dim", "num_heads", "patch_size")
-POOLS = ("tok", "gap", "gap_fc_norm")  # gap_fc_norm: MAE fine-tuning (docs/method.md §9)
+POOLS = ("tok", "gap", "gap_fc_norm")  # gap_fc_norm: MAE fine-tuning (docs/method/ssl.md §9)
 POSEMBS = ("learn", "sincos2d")
 # The roles of the names this module spells (models/roles.py); MAE's encoder has the same names.
 ROLES = ((r"(^|/)cls$", roles.CLASS_TOKEN), (r"(^|/)pos_embedding$", roles.POSITION_TABLE), *STEM_ROLES)
@@ -281,7 +281,7 @@ def build(model_config: Any, num_classes: int, image_size: int | None = None) ->
 
 
 def layer_id(path: str, num_layers: int, table: roles.Table = ROLES) -> int:
-    """MAE's `get_layer_id_for_vit` on a '/'-joined parameter path (docs/method.md §9): i + 1 for
+    """MAE's `get_layer_id_for_vit` on a '/'-joined parameter path (docs/method/ssl.md §9): i + 1 for
     `block_i/*`; 0 for the embedding (`roles.EMBEDDING_ROLES` in `table`: the class token, the
     position table, the patch embedding; MAE: cls_token, pos_embed, patch_embed); num_layers + 1
     the rest."""

@@ -1,7 +1,7 @@
 """Where the optimizer is built: learning-rate schedule, weight-decay mask, registry by name.
 
 `build_optimizer(config, total_steps, warmup_steps)` reads `config.optimizer` (name + hyperparameters, and
-`layer_decay` for layer-wise lr decay, docs/method.md §9), `config.schedule` and
+`layer_decay` for layer-wise lr decay, docs/method/ssl.md §9), `config.schedule` and
 `config.grad_clip_norm`; a new optimizer is one entry in `OPTIMIZERS`.
 """
 
@@ -44,7 +44,7 @@ SCHEDULES = ("warmup_cosine", "triangular")
 def triangular(
     peak_lr: float, total_steps: int, peak_at: float = 0.4, fall_at: float = 0.8, fall_to: float = 0.05
 ) -> optax.Schedule:
-    """The ConvMixer CIFAR-10 reference's piecewise-linear lr (docs/method.md §14): update t
+    """The ConvMixer CIFAR-10 reference's piecewise-linear lr (docs/method/recipes.md §14): update t
     (0-based) uses lr = interp(t + 1; [0, peak_at·T, fall_at·T, T] → [0, peak, fall_to·peak, 0])."""
     knots = jnp.array([0.0, peak_at * total_steps, fall_at * total_steps, float(total_steps)])
     values = jnp.array([0.0, peak_lr, fall_to * peak_lr, 0.0])
@@ -77,7 +77,7 @@ DECAY_RULES = ("deit", "mae_pretrain", "all", "ndim")
 
 
 def decay_mask(params: Any, rule: str = "deit") -> Any:
-    """Which leaves are weight-decayed (docs/method.md §14). 'deit' (timm's no_weight_decay list,
+    """Which leaves are weight-decayed (docs/method/recipes.md §14). 'deit' (timm's no_weight_decay list,
     MAE fine-tuning alike): kernels (≥ 2 dims per layer); biases, norms, the position table and
     class token are not. 'mae_pretrain' (MAE's main_pretrain: timm add_weight_decay without a
     skip list): the kernels and the class and mask tokens. 'all' (torch AdamW over

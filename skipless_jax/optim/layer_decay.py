@@ -1,4 +1,4 @@
-"""Layer-wise learning-rate decay for fine-tuning (BEiT / MAE `util/lr_decay.py`), docs/method.md §9.
+"""Layer-wise learning-rate decay for fine-tuning (BEiT / MAE `util/lr_decay.py`), docs/method/ssl.md §9.
 
     layer id:  the family's `layer_id(path)` (`models.describe(config.model)`), 0 … num_layers + 1;
                the ViT's: 0 for `cls`, `pos_embedding`, `embedding/*`;  i + 1 for `block_i/*`;

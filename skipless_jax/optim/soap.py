@@ -1,4 +1,4 @@
-"""SOAP: Adam in the eigenbasis of Shampoo's preconditioner, as optax transformations (docs/method.md §5).
+"""SOAP: Adam in the eigenbasis of Shampoo's preconditioner, as optax transformations (docs/method/papers.md §5).
 
 Semantics are those of the reference implementation (Vyas et al., ICLR 2025, `main` branch):
 
@@ -389,7 +389,7 @@ def scale_by_soap(
     correct_bias: bool = True,
     stacked: Any = None,
 ) -> optax.GradientTransformation:
-    """SOAP direction √(1-b2^t)/(1-b1^t)·project_back(m/(√v+eps)) (docs/method.md §5), no lr, no decay.
+    """SOAP direction √(1-b2^t)/(1-b1^t)·project_back(m/(√v+eps)) (docs/method/papers.md §5), no lr, no decay.
 
     The first call returns zeros and only builds the preconditioner. Follow with
     `optax.scale_by_learning_rate` (see `soap`). shampoo_beta=None means shampoo_beta = b2.
@@ -578,7 +578,7 @@ def soap(
     weight_decay_mask: Any = None,
     stacked: Any = None,
 ) -> optax.GradientTransformation:
-    """SOAP with learning rate (float or schedule) and decoupled weight decay (docs/method.md §5).
+    """SOAP with learning rate (float or schedule) and decoupled weight decay (docs/method/papers.md §5).
 
     Chain: scale_by_soap → scale by -lr_t → u ← u - lr_t·wd·(p + u), reproducing the reference's
     `p ← p - lr·bc·dir; p ← p - lr·wd·p` exactly. weight_decay_mask=None decays ≥2-D parameters.

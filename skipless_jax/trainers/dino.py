@@ -1,4 +1,4 @@
-"""DINO self-supervised training (docs/method.md §6), top to bottom: schedules → centre and EMA
+"""DINO self-supervised training (docs/method/ssl.md §6), top to bottom: schedules → centre and EMA
 → optimizer → mesh → data → model/optimizer (abstract first) → shardings → update step →
 checkpoint load → kNN / linear evaluation of the teacher → the loop (trainers/loop.py).
 
@@ -140,7 +140,7 @@ def teacher_entropy(teacher_out: jax.Array, center: jax.Array, teacher_temp: jax
 
 
 # ----------------------------------------------------------------------------------------
-# Optimizer (docs/method.md §6): clip per tensor → the registry optimizer's direction (lr 1,
+# Optimizer (docs/method/ssl.md §6): clip per tensor → the registry optimizer's direction (lr 1,
 # no decay), the last layer in its own partition → × lr_t → decoupled decay lr_t·wd_t·p on
 # ≥ 2-D tensors → the last layer's update zeroed while it is frozen. lr and wd follow the global
 # step; the last layer's optimizer state does not advance while frozen (torch: its grad is None,

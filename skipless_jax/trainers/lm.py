@@ -1,5 +1,5 @@
 """Causal language-model training, top to bottom: mesh → data → model/optimizer (abstract first)
-→ shardings → update step → checkpoint load → evaluation → the loop (trainers/loop.py; docs/method.md §26).
+→ shardings → update step → checkpoint load → evaluation → the loop (trainers/loop.py; docs/method/gpt.md §26).
 
     python -m skipless_jax.main --config=configs/lm_quickstart.py --workdir=/tmp/lm
 
@@ -10,7 +10,7 @@ The loss is the mean next-token cross-entropy over the batch's targets. Validati
 (the total NLL / (ln 2 · the UTF-8 bytes of the documents the targets cover), every tokenizer;
 docs/method/lm.md §1) and `val_perplexity` (exp val_loss), over
 `config.dataset.eval_windows` validation windows spread over the split, every target once. `config.analysis.every_steps`
-logs the live per-layer log κ of the token matrices (①, ①+②, ③, ③+④; docs/method.md §2) of a
+logs the live per-layer log κ of the token matrices (①, ①+②, ③, ③+④; docs/method/papers.md §2) of a
 probe batch of validation windows. The final metrics also record the corpus (`corpus_*`: the
 Python version, files, bytes, SHA-256). The perf records count tokens, `perf/tokens_per_sec`
 (docs/method/lm.md §3).
@@ -166,7 +166,7 @@ def segment_inputs(batch: dict[str, Any]) -> dict[str, Any]:
 
 def make_evaluate(model: Any, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
     """params -> [('val', 'loss' | 'bits_per_byte' | 'perplexity', value)] over the validation
-    windows (data/text.py `eval_batches`, every target once; docs/method.md §26)."""
+    windows (data/text.py `eval_batches`, every target once; docs/method/gpt.md §26)."""
     batch_size = config.input.get("eval_batch_size") or config.input.batch_size
     local, targets = text.eval_batches(text.stream(config, config.dataset.eval_split), config.model.seq_len,
                                        batch_size, config.dataset.get("eval_windows"), jax.process_index(),

@@ -78,7 +78,7 @@ def train(
                 run.train_step_done(step, step_metrics, state)
                 for hook in hooks:
                     if every(step, hook.every_steps, total_steps):
-                        with run.excluded(state):  # not training time (docs/method.md §25)
+                        with run.excluded(state):  # not training time (docs/method/runs.md §25)
                             scalars = hook.fn(step, state)
                             if scalars:
                                 run.writer.write_scalars(step, scalars)

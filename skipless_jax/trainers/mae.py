@@ -1,5 +1,5 @@
 """MAE pre-training, top to bottom: mesh → data → model/optimizer (abstract first) → shardings →
-update step → checkpoint load → evaluators → the loop (trainers/loop.py; docs/method.md §9).
+update step → checkpoint load → evaluators → the loop (trainers/loop.py; docs/method/ssl.md §9).
 
     python -m skipless_jax.main --config=configs/mae_digits_pretrain.py --workdir=/tmp/mae
 

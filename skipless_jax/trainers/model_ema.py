@@ -1,4 +1,4 @@
-"""Model EMA (timm `ModelEmaV3` semantics, docs/method.md §22): an exponential moving average of
+"""Model EMA (timm `ModelEmaV3` semantics, docs/method/recipes.md §22): an exponential moving average of
 the parameters (and running statistics) kept in the train state as `state['ema']`, updated in
 the jitted step after every kept optimizer update and evaluated under its own prefix.
 
@@ -91,7 +91,7 @@ def update(average: Any, new: Any, decay: jax.Array | float) -> Any:
     """The one parameter EMA (the model EMA here, DINO's teacher in trainers/dino.py):
     decay·average + (1 − decay)·new per floating leaf, in the average's dtype (DINO's
     `param_k.data.mul_(m).add_((1 - m) * param_q.detach().data)`; timm's `lerp_` is the same
-    average to rounding, docs/method.md §22); other leaves are copied. decay = 1 leaves the
+    average to rounding, docs/method/recipes.md §22); other leaves are copied. decay = 1 leaves the
     average exactly as it was, decay = 0 copies `new` exactly (for finite values)."""
     decay = jnp.asarray(decay)
 

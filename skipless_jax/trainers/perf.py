@@ -24,7 +24,7 @@ DEFAULT_PROFILE_STEPS = 3
 
 # Peak dense bf16 TFLOP/s per JAX device (a TPU chip, one TPU v3 TensorCore, one GPU), by the
 # exact `device_kind` JAX reports; `config.peak_tflops` overrides it. MFU is always against this
-# bf16 peak, float32 runs included (docs/method.md §25). Another kind: no perf/mfu, one log line.
+# bf16 peak, float32 runs included (docs/method/runs.md §25). Another kind: no perf/mfu, one log line.
 PEAK_TFLOPS = {
     # NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4): BF16 Tensor Core 312 (624 sparse)
     "NVIDIA A100-SXM4-40GB": 312.0,
@@ -147,7 +147,7 @@ def peak_tflops(config: ml_collections.ConfigDict, device: jax.Device) -> float 
 
 def model_flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
     """(model FLOPs, Token Graying FLOPs) of one training example of `config`'s trainer
-    (`models.flops`, docs/method.md §25), from the config alone."""
+    (`models.flops`, docs/method/runs.md §25), from the config alone."""
     from skipless_jax.data import inputs, sources
     from skipless_jax.models import flops
 
@@ -175,7 +175,7 @@ def throughput_unit(config: ml_collections.ConfigDict) -> tuple[str, int]:
 
 
 class Meter:
-    """The perf/* fields of a train record over the timing window (docs/method.md §25).
+    """The perf/* fields of a train record over the timing window (docs/method/runs.md §25).
 
     The window starts after the first `WARMUP_STEPS` steps of this process's loop
     (`step_done`); the time spent inside `excluded()` (evaluations, saves, the profiler's

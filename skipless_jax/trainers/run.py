@@ -252,7 +252,7 @@ class Run:
             if cost and images_per_step else None
         )
         # The evaluators' periods: before an evaluation the steps in flight finish, so the
-        # meter's excluded time is the evaluation's own (docs/method.md §25).
+        # meter's excluded time is the evaluation's own (docs/method/runs.md §25).
         self._eval_periods = {e.get("every_steps") if e.get("every_steps") is not None else config.get(
             "eval_every_steps") for e in evaluators.entries(config).values()}
         self.profiler = perf.Profiler(config, workdir, first_step, total_steps, settle=self.wait_for_saves,

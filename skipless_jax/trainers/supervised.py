@@ -49,7 +49,7 @@ def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> A
     'params' of a classifier run: the same names. 'teacher' (a DINO run): the backbone's
     parameters under 'backbone/'; the classifier head is new. 'params' of an MAE run (the
     source's saved `trainer`): the encoder's parameters by name, the decoder unused, `fc_norm` and
-    the head new, the position table the encoder's fixed table at its grid (docs/method.md §9).
+    the head new, the position table the encoder's fixed table at its grid (docs/method/ssl.md §9).
     The head and the position table are found by their roles (models/roles.py)."""
     if key == "teacher":
         return lambda name: None if models.role_of(name) in HEAD_ROLES else f"backbone/{name}"
@@ -200,7 +200,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     image_size = inputs.image_size(config)
     init_beta = models.apply_init_self_share(config.model, image_size)  # β from its target share, if set
     if init_beta is not None:
-        logging.info("config.model.init_self_share=%g at %d tokens: init_beta=%g (docs/method.md §3).",
+        logging.info("config.model.init_self_share=%g at %d tokens: init_beta=%g (docs/method/papers.md §3).",
                      config.model.init_self_share, models.num_tokens(config.model, image_size), init_beta)
     steps_per_epoch = inputs.steps_per_epoch(config)
     total_steps, warmup_steps = common.train_steps(config, steps_per_epoch)
