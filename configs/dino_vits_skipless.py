@@ -26,7 +26,7 @@ after training (one host; each writes W/eval/<name>.json; docs/data.md lays out 
 (any subset in --only). Training runs none of them unless asked: `:dense=all,dense_root=DIR` (or
 '+'-joined names, e.g. dense=voc_lin+voc12_tokencut) on the training command adds them to its
 last step, where the whole slice waits for them. Each probe is 40k steps of 16 crops
-(docs/results.md estimates the test passes' hours); a run without `dense` reports the teacher's
+(docs/results/dense.md estimates the test passes' hours); a run without `dense` reports the teacher's
 kNN and linear-probe top-1 (docs/method/evals.md §11).
 DINO's own ViT-S/16 300-epoch run (with skips, last layer not normalized) reaches 73.3 kNN /
 76.0 linear top-1 on ImageNet (facebookresearch/dino; its linear evaluation is not this

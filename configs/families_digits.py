@@ -13,7 +13,7 @@ CaiT: the number of blocks instead of the size above).
 Hardware: any CPU (about 2–3 minutes per run on the shared 2-core machine, two runs at a time).
 Data: 1,437 train / 360 test 8×8 images (the fixed split of skipless_jax/data/sources.py).
 Expected test accuracy (%, mean ± std over seeds 0-2, 15 epochs, AdamW, default init; measured by
-experiments/families_digits.py, docs/results.md "Model families on digits"), one cell per args:
+experiments/families_digits.py, docs/results/families_digits.md), one cell per args:
     family=convmixer                     98.9 ± 0.8   (depth 4, with its skip)
     family=convmixer,skip_sab=False      99.4 ± 0.2
     family=convmixer,depth=8             98.9 ± 0.4
@@ -31,7 +31,7 @@ from ml_collections.config_dict import placeholder
 from skipless_jax import config_args, config_blocks
 
 # Named grids for `python -m skipless_jax.sweep --config=configs/families_digits.py --grid=NAME`:
-# "families" is docs/results.md's "Model families on digits" table (15 epochs, AdamW, default init).
+# "families" is the table of docs/results/families_digits.md (15 epochs, AdamW, default init).
 GRIDS = {
     "families": [
         "family=convmixer skip_sab=True,False depth=4,8 epochs=15 seed=0,1,2",

@@ -9,7 +9,7 @@ global average pooling → fc_norm → head (std 2e-5), the fixed position table
 learned one, layer-wise lr decay 0.75 over the 4 blocks (docs/method/ssl.md §9), AdamW (0.9, 0.999)
 lr 1e-3, wd 0.05, 5 warm-up epochs, cosine to 1e-5, 40 epochs, images as stored (no
 augmentation, as the quickstart). Hardware: any CPU (2 cores: about 1.5 minutes). Expected test
-accuracy (3 seeds): docs/results.md ("MAE on digits"), next to the paper's ImageNet 83.0 → 83.2
+accuracy (3 seeds): docs/results/mae_digits.md, next to the paper's ImageNet 83.0 → 83.2
 with DCT Token Graying in pre-training.
 
 Args: init_from (an MAE workdir; none: from scratch), tg / eps (Token Graying in fine-tuning),

@@ -4,9 +4,9 @@ r"""Quickstart: a tiny ViT on scikit-learn's bundled handwritten digits (no down
 
 The default is the "Cutting the Skip" recipe in miniature: no skips, skipless init, SOAP.
 Hardware: any CPU (2 cores: 39 s for the default including compilation, measured on an idle
-2-core CPU, docs/results.md). Data: 1,437 train / 360 test 8×8 images (the fixed split of
+2-core CPU, docs/results/quickstart.md). Data: 1,437 train / 360 test 8×8 images (the fixed split of
 skipless_jax/data/sources.py). Expected test accuracy (%), mean ± std over seeds 0-4, from the
-Table 1 and skip-ablation sections of docs/results.md (the per-run CSV docs/figures/quickstart_runs.csv;
+docs/results/table1.md and skip_ablation.md (the per-run CSV docs/figures/quickstart_runs.csv;
 "n/m": not measured over 5 seeds; ³ over seeds 0-2):
     args                                                 variant                       depth 4      depth 8
     (no args)                                            skipless + init + SOAP        95.9 ± 1.4³  93.9 ± 1.5
@@ -21,7 +21,7 @@ command sets unless the user does, skipless_jax/__init__.py); one seed differs b
 BLAS thread counts (seed 0: 93.1 with one thread, 95.3 with OpenBLAS's default on another 2-core
 CPU; each deterministic), so a run is checked against the spread, not against one seed's number.
 In bf16 (`--config.model.dtype=bfloat16`) the default gave 95.6 ± 0.7 against 95.0 ± 0.7 in
-float32 in the same 3-seed run (sample std) (docs/results.md). The papers' claims (`CLAIMS`
+float32 in the same 3-seed run (sample std) (docs/results/quickstart.md). The papers' claims (`CLAIMS`
 below), judged over 5 seeds by `python -m
 skipless_jax.report docs/figures/quickstart_runs.csv docs/figures/claims_runs.csv
 --claims=configs/quickstart.py` (docs/method/reports.md §19: Welch and permutation tests, the larger p
@@ -35,8 +35,8 @@ depth 8 the reverse holds (Holm p 0.040). At depth 12 (the `depth` grid) SOAP > 
 default init holds (93.9 against 10.4: AdamW never trains; `:depth=12,init=default` against
 `:depth=12,init=default,opt=adamw`), and the skipless init against the default init under
 AdamW is not shown (59.1 ± 27.7 against 10.4 ± 0.7: 4 of 5 seeds train against 0 of 5; Holm p
-0.127). The largest gap between the inits (the `claims` grid, docs/results.md "The papers'
-claims in miniature") is AdamW at a learning rate of 2e-3, depth 8, an lr picked after the lr
+0.127). The largest gap between the inits (the `claims` grid,
+docs/results/claims.md) is AdamW at a learning rate of 2e-3, depth 8, an lr picked after the lr
 grid was seen: `:depth=8,opt=adamw,lr=2e-3,val=True` (82.5 ± 4.2 %, 5 seeds) against
 `:depth=8,init=default,opt=adamw,lr=2e-3,val=True` (10.0 %: every seed at chance); holds, Holm
 p 0.044. With each cell at the lr it chooses on validation the skipless init leads by 9.7
@@ -113,17 +113,17 @@ GRIDS = {
     # Does the central effect hold in depth? Table 1's four skipless cells at depths 8-24, 5 seeds (report --claims).
     "depth": f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8,12,16,24 seed={_SEEDS}",
     # The claims grid's depth axis alone (its runs at the recipe's lr, no knobs): the figure of
-    # test accuracy against depth with the skips included (docs/results.md).
+    # test accuracy against depth with the skips included (docs/results/claims.md).
     "claims_depth": [
         f"skip_sab=True skip_ffn=True init=default opt=adamw,soap depth=8,12,16 seed={_SEEDS}",
         f"{_SKIPLESS} init=default,skipless opt=adamw,soap depth=8,12,16 seed={_SEEDS}",
     ],
-    # The papers' claims in miniature (docs/results.md), 5 seeds; in priority order, each new
+    # The papers' claims in miniature (docs/results/claims.md), 5 seeds; in priority order, each new
     # knob an axis between depth and seed, written only where it is not the default, so that a
     # run another grid has (Table 1's, the depth grid's) is the same folder under one root.
     # 225 runs, 155 of them in no other grid.
     # Repeated augmentation (r = 1, 3) and a model EMA (decay 0.98) without and with the
-    # pad-and-crop augmentation, 3 seeds (experiments/ra_ema_digits.py, docs/results.md).
+    # pad-and-crop augmentation, 3 seeds (experiments/ra_ema_digits.py, docs/results/ra_ema.md).
     "ra_ema": "aug=none,pad_crop repeats=1,3 ema=0.98 seed=0,1,2",
     "claims": [
         # The runs of Table 1 and the depth grid at depths 8-16 that the claims compare.
@@ -284,7 +284,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.grad_clip_norm = 1.0
     c.label_smoothing = a["label_smoothing"]
     c.skip_nonfinite_steps = False
-    c.model_ema = config_blocks.model_ema(decay=a["ema"])  # off by default; docs/results.md measures it on
+    c.model_ema = config_blocks.model_ema(decay=a["ema"])  # off by default; docs/results/ra_ema.md measures it on
 
     c.update(config_blocks.runtime(eval_every=0, checkpoint_every=500, log_every=50))  # eval at the end only
     c.keep_checkpoints = 2

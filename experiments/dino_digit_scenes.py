@@ -1,5 +1,5 @@
 r"""DINO on the digit scenes, with and without skips, AdamW and SOAP, 3 seeds: the dense
-miniature of "Cutting the Skip" (docs/results.md, "Dense evaluation on digit scenes").
+miniature of "Cutting the Skip" (docs/results/dense.md).
 
     OPENBLAS_NUM_THREADS=1 python experiments/dino_digit_scenes.py [--epochs=20 --soap_epochs=20] \
         [--workers=2] [--root=DIR] [--phase=all|train|evaluate|summarize] [--config.x=y ...]

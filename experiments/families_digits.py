@@ -1,10 +1,10 @@
-r"""Model families on digits, 3 seeds (docs/results.md, "Model families on digits"):
+r"""Model families on digits, 3 seeds (docs/results/families_digits.md):
 
     OPENBLAS_NUM_THREADS=1 python experiments/families_digits.py [--workers=2] [--root=DIR] [--config.x=y ...]
 
 - ConvMixer with and without its one skip, depth 4 and 8 (configs/families_digits.py,
   family=convmixer, default init, AdamW): the paper's control, next to the ViT rows of the skip
-  ablation (docs/results.md, same data and optimizer).
+  ablation (docs/results/skip_ablation.md, same data and optimizer).
 - Swin and PVTv2 with and without DCT Token Graying (ε 0.95), both skips on.
 - Per-layer log κ of ①, ①+②, ③, ③+④ (64 test images, float64 SVD; analyze.embedding_kappa)
   of every trained Swin, the hierarchical model whose stages change the token count.

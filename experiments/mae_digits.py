@@ -1,5 +1,5 @@
 r"""MAE on digits, 3 seeds: pre-training with and without DCT Token Graying, then fine-tuning, next
-to the same fine-tuning recipe from scratch (docs/results.md, "MAE on digits").
+to the same fine-tuning recipe from scratch (docs/results/mae_digits.md).
 
     OPENBLAS_NUM_THREADS=1 python experiments/mae_digits.py --out=docs/figures/mae_digits \
         [--root=DIR] [--workers=2] [--config.x=y ...]

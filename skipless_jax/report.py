@@ -7,7 +7,7 @@ r"""A table of finished runs, and the papers' claims judged over them: `python -
     python -m skipless_jax.report /tmp/table1 --format=csv > table1.csv
     python -m skipless_jax.report /tmp/table1 --plot=curves.png --plot_metric=train_loss
     python -m skipless_jax.report docs/figures/quickstart_runs.csv --claims=configs/quickstart.py
-    python -m skipless_jax.report --refresh=docs/results.md   # its tables, from their commands
+    python -m skipless_jax.report --refresh=docs/results      # every page's tables, from their commands
 
 A SRC is a folder or a CSV file. Under a folder a run is every folder (at any depth) that holds
 `final_metrics.json`, or that a sweep started (`sweep_run.json`) and that has no final metrics:
@@ -35,9 +35,9 @@ that matches no run gets one line naming the filters that match nothing. Runs wi
 final metrics count as not trained and are left out of the tests, unless `--failed_as=VALUE`
 gives their value (e.g. 0.1, chance accuracy); the report lists them.
 A Markdown file's report blocks — `<!-- report: ARGS -->`, the output of `report ARGS`, then
-`<!-- /report -->` — are rewritten from their args by `--refresh=FILE.md`, which says how many
-changed (tests/test_results_docs.py checks that docs/results.md's blocks equal their commands'
-output).
+`<!-- /report -->` — are rewritten from their args by `--refresh=FILE.md` (or `--refresh=DIR`: each
+`.md` file in it), which says how many changed (tests/test_results_docs.py checks that the blocks of
+docs/results/*.md equal their commands' output).
 `--plot` draws each run's `--plot_metric` from its `history.jsonl` against the step (matplotlib,
 saved; with --mean_over, one colour per group). With `--plot_x=ARG` it draws instead the final
 `--plot_metric` (from `final_metrics.json`) against that numeric arg: each run a dot, and per
@@ -430,7 +430,7 @@ def format_claims(rows_: list[dict[str, Any]], claims: Sequence[claims_lib.Claim
 
 # A table in a Markdown file made by `report`: the command's args in a comment, its output below,
 # up to the closing comment. `--refresh=FILE.md` rewrites every such block from its args; the
-# tests check that each block equals its command's output (docs/results.md cannot drift).
+# tests check that each block equals its command's output (docs/results/*.md cannot drift).
 DOC_BLOCK = re.compile(r"<!-- report: (?P<args>[^\n]+?) -->\n(?P<body>.*?)<!-- /report -->", re.S)
 
 
@@ -476,8 +476,9 @@ def _flag_number(flag: str, text: str) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m skipless_jax.report", description=__doc__.split("\n")[0])
     parser.add_argument("dirs", nargs="*", metavar="SRC", help="a sweep root (folder) or a CSV of --format=csv")
-    parser.add_argument("--refresh", default=None, metavar="FILE.md",
-                        help="rewrite the file's report blocks (<!-- report: ARGS -->) from their args")
+    parser.add_argument("--refresh", default=None, metavar="FILE.md|DIR",
+                        help="rewrite the report blocks (<!-- report: ARGS -->) of the file, or of each .md "
+                             "file of the folder, from their args")
     parser.add_argument("--format", default="md", help="md | csv")
     parser.add_argument("--mean_over", default=None, help="an arg to average over, e.g. seed")
     parser.add_argument("--metrics", default=None, help="comma-separated final metrics to keep (default: all)")
@@ -499,8 +500,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give SRC... (a sweep root or a CSV), or --refresh=FILE.md alone")
     try:
         if args.refresh:
-            changed, total = refresh(args.refresh)
-            print(f"report: {changed} of {total} table(s) of {args.refresh} changed (each rewritten from its command)")
+            paths = [args.refresh]
+            if os.path.isdir(args.refresh):  # a folder of pages: each .md file, in name order
+                paths = [os.path.join(args.refresh, n) for n in sorted(os.listdir(args.refresh)) if n.endswith(".md")]
+            for path in paths:
+                changed, total = refresh(path)
+                print(f"report: {changed} of {total} table(s) of {path} changed (each rewritten from its command)")
             return 0
         if bool(args.grid) != bool(args.config):
             raise ValueError("--grid=NAME and --config=PATH go together")

@@ -1,4 +1,4 @@
-"""docs/results.md's tables made by `report` equal what their commands print now, from the
+"""The tables of docs/results/*.md made by `report` equal what their commands print now, from the
 per-run CSVs committed under docs/figures/: a verdict in the docs is recomputed from data."""
 
 from __future__ import annotations
@@ -10,12 +10,15 @@ import pytest
 from skipless_jax import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "docs", "results.md")
+RESULTS = os.path.join(ROOT, "docs", "results")  # one page per study
 
 
 def _blocks():
-    with open(RESULTS) as f:
-        return report.doc_blocks(f.read())
+    blocks = []
+    for name in sorted(os.listdir(RESULTS)):
+        with open(os.path.join(RESULTS, name)) as f:
+            blocks += report.doc_blocks(f.read())
+    return blocks
 
 
 def test_the_verdict_tables_are_there():
@@ -60,3 +63,20 @@ def test_refresh_counts_the_tables_that_changed(tmp_path, monkeypatch, capsys):
     doc.write_text(f"{block}stale\n<!-- /report -->\n{block}{body}<!-- /report -->\n")
     assert report.refresh(str(doc)) == (1, 2)
     assert doc.read_text().count(body) == 2
+
+
+def test_refresh_of_a_folder_rewrites_each_page(tmp_path, monkeypatch, capsys):
+    """`--refresh=DIR`: every .md file of the folder, one line each, in name order."""
+    monkeypatch.chdir(ROOT)
+    csv_path = tmp_path / "runs.csv"
+    csv_path.write_text("run,seed,test_accuracy\nseed=0,0,0.5\nseed=1,1,0.7\n")
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    for name in ("b.md", "a.md"):
+        (pages / name).write_text(f"<!-- report: {csv_path} --mean_over=seed -->\nstale\n<!-- /report -->\n")
+    (pages / "notes.txt").write_text("stale")
+    assert report.main([f"--refresh={pages}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(" of ")[2].split(" changed")[0] for line in out] == [str(pages / "a.md"), str(pages / "b.md")]
+    assert all(line.startswith("report: 1 of 1 table(s)") for line in out)
+    assert "stale" not in (pages / "a.md").read_text() and (pages / "notes.txt").read_text() == "stale"
