@@ -577,7 +577,7 @@ def test_converted_convmixer_checkpoint_holds_its_running_statistics(tmp_path):
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), loaded, result["batch_stats"])
 
 
-# ---- The quickstart's standard ViT, out to timm from the command line (README's round trip).
+# ---- The quickstart's standard ViT, out to timm from the command line (docs/families.md, "Back to timm").
 
 _QUICKSTART_VIT = ["--config=configs/quickstart.py:skip_sab=True,skip_ffn=True,init=default,opt=adamw,depth=1,epochs=1",
                    "--config.schedule.warmup_epochs=0", "--config.model.gelu=exact", "--config.model.pool=tok"]
