@@ -162,10 +162,13 @@ def precondition(
     bc2 = 1 - hp.b2 ** t.astype(g.dtype)
     d_blocks, v_blocks, it = [], [], iter(bases)
     for block in blocks:
-        basis = {k: next(it) for k in range(g.ndim)}
-        vb = hp.b2 * v[block] + (1 - hp.b2) * jnp.square(mode_product(g[block], basis, transpose=True))
-        scaled = mode_product(m_hat[block], basis, transpose=True) / jnp.sqrt(vb / bc2 + hp.eps)
-        d_blocks.append(mode_product(scaled, basis, transpose=False))
+        bases_k = [next(it) for _ in range(g.ndim)]
+        # G and M̂ into the eigenbasis by one contraction per dim (stacked on a leading axis).
+        g_proj, m_proj = mode_product(jnp.stack([g[block], m_hat[block]]), dict(enumerate(bases_k, start=1)),
+                                      transpose=True)
+        vb = hp.b2 * v[block] + (1 - hp.b2) * jnp.square(g_proj)
+        scaled = m_proj / jnp.sqrt(vb / bc2 + hp.eps)
+        d_blocks.append(mode_product(scaled, dict(enumerate(bases_k)), transpose=False))
         v_blocks.append(vb)
     if len(blocks) == 1:
         return d_blocks[0], v_blocks[0]
