@@ -43,8 +43,13 @@ from skipless_jax import compilation_cache, conditioning
 MAX_JACOBIAN_SIZE = 4096  # n·d; the (nd × nd) float64 SVD stays around a second on a CPU core
 
 
-def _is_dino(config: ml_collections.ConfigDict) -> bool:
-    return config.get("trainer", "supervised") == "dino"
+def _backbone_of(config: ml_collections.ConfigDict) -> tuple[Any, str] | None:
+    """(the trainer's whole model, the state entry holding its 'backbone') where the tools analyse
+    a backbone inside it (DINO's teacher), else None (`backbone_key` of the trainer's record)."""
+    from skipless_jax import trainers
+
+    trainer = trainers.of_config(config)
+    return (trainer.build_model(config), trainer.backbone_key) if trainer.backbone_key else None
 
 
 def build(config: ml_collections.ConfigDict) -> tuple[Any, tuple[int, int, int]]:
@@ -55,10 +60,9 @@ def build(config: ml_collections.ConfigDict) -> tuple[Any, tuple[int, int, int]]
     info = sources.dataset_info(config.dataset.name)
     size = inputs.image_size(config)
     shape = (size, size, info.image_shape[-1])
-    if _is_dino(config):
-        from skipless_jax.trainers import dino
-
-        return dino.build_model(config).backbone, shape
+    whole = _backbone_of(config)
+    if whole:
+        return whole[0].backbone, shape
     return models.build(config.model, info.num_classes), shape
 
 
@@ -103,11 +107,9 @@ def init_params(model: Any, config: ml_collections.ConfigDict, image_shape: Sequ
 
     init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
     dummy = jnp.zeros((1, *image_shape), jnp.float32)
-    if _is_dino(config):
-        from skipless_jax.trainers import dino
-
-        full = dino.build_model(config)
-        init = lambda rng: models.init_variables(config.model, full, rng, (dummy,))["params"]["backbone"]
+    whole = _backbone_of(config)
+    if whole:
+        init = lambda rng: models.init_variables(config.model, whole[0], rng, (dummy,))["params"]["backbone"]
     else:
         init = lambda rng: models.init_variables(config.model, model, rng, dummy)["params"]
     return jax.eval_shape(init, init_rng) if abstract else jax.jit(init)(init_rng)
@@ -134,8 +136,9 @@ def load_params(
             if weights == "ema":  # the model EMA's parameters: state['ema']['params']
                 step, restored = checkpoint.restore_params(workdir, {"params": target}, key="ema")
                 return restored["params"], int(step), "checkpoint (model EMA)"
-            if _is_dino(config):  # the teacher's backbone (what DINO evaluates); no head
-                step, restored = checkpoint.restore_params(workdir, {"backbone": target}, key="teacher")
+            whole = _backbone_of(config)
+            if whole:  # the teacher's backbone (what DINO evaluates); no head
+                step, restored = checkpoint.restore_params(workdir, {"backbone": target}, key=whole[1])
                 return restored["backbone"], int(step), "checkpoint"
             step, restored = checkpoint.restore_params(workdir, target)
             return restored, int(step), "checkpoint"
@@ -321,9 +324,9 @@ def analyze(
 
     config = config_of_workdir(config, workdir)
     weights = params
-    trainer = trainers.get(config.get("trainer", "supervised"))
+    trainer = trainers.of_config(config)
     extra: dict[str, Any] = {}
-    if trainers.has_own_inputs(trainer):
+    if trainer.own_inputs:
         if jacobian:
             raise ValueError(f"--jacobian is implemented for image models; this run's trainer is {config.trainer!r}")
         got = trainer.analysis(config, workdir, weights, num_images)

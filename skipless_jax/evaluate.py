@@ -131,13 +131,13 @@ def evaluate(
     from skipless_jax.trainers import common, model_ema
 
     model_ema.check_params(params, checkpoint.state_entries(workdir), workdir)
-    trainer = trainers.get(config.get("trainer", "supervised"))
+    trainer = trainers.of_config(config)
     if quantize is not None:
-        if not hasattr(trainer, "with_quantize"):
+        if trainer.with_quantize is None:
             raise ValueError(f"--quantize={quantize}: post-training quantization is measured for language models "
-                             f"(config.trainer='lm'); this run's trainer is {config.get('trainer', 'supervised')!r}")
+                             f"(config.trainer='lm'); this run's trainer is {trainer.name!r}")
         config = trainer.with_quantize(config, quantize)
-    trainers.check_evaluators(trainer, config)
+    trainer.check_evaluators(config)
     mesh = sharding.make_mesh(config.mesh, devices)
     ctx, key = trainer.evaluation(config, mesh, picture_dir=workdir)
     for entry in (key,) if isinstance(key, str) else key:
@@ -147,7 +147,7 @@ def evaluate(
     ema = model_ema.PREFIX if params == "ema" else ""
     results: dict[str, Any] = {"step": int(found_step)}
     per_evaluator: dict[str, dict[str, float]] = {}
-    built = [_Recorded(ev, per_evaluator) for ev in trainers.build_evaluators(trainer, config, ctx)]
+    built = [_Recorded(ev, per_evaluator) for ev in trainer.build_evaluators(config, ctx)]
     with jax.set_mesh(mesh):
         # Every evaluator (the step is the last), pictures as <workdir>/pictures/<prefix>_step<N>.png.
         for prefix, metric, value in evaluators.run_all(built, ctx, tree, int(found_step), int(found_step)):

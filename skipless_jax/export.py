@@ -106,7 +106,7 @@ def forward(workdir: str, params: str = "model", weights_dtype: str = "float32")
     trained_with = {k: config.model.get(k) for k in EXPORT_BUILD if k in config.model}  # the fields a family has
     for k in trained_with:
         config.model[k] = EXPORT_BUILD[k]
-    trainer = trainers.get(config.get("trainer", "supervised"))
+    trainer = trainers.of_config(config)
     device = jax.local_devices()[0]
     mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=[device])
     ctx, key = trainer.evaluation(config, mesh)
@@ -120,7 +120,7 @@ def forward(workdir: str, params: str = "model", weights_dtype: str = "float32")
         "weights_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))),
         "built_with": {**{k: EXPORT_BUILD[k] for k in trained_with}, "trained_with": trained_with}, "config": saved,
     }
-    if trainers.has_own_inputs(trainer):  # not images: the trainer's own inputs (the lm trainer's token windows)
+    if trainer.own_inputs:  # not images: the trainer's own inputs (the lm trainer's token windows)
         fn, meta = trainer.export_forward(config, ctx, tree)
         return fn, {**meta, **shared}
     mean, std = device_images.dataset_stats(config)
@@ -195,8 +195,8 @@ def example_arrays(workdir: str, count: int) -> dict[str, np.ndarray]:
     import ml_collections
 
     config = ml_collections.ConfigDict(checkpoint.saved_config(workdir))
-    trainer = trainers.get(config.get("trainer", "supervised"))
-    if trainers.has_own_inputs(trainer):
+    trainer = trainers.of_config(config)
+    if trainer.own_inputs:
         return trainer.export_examples(config, count)
     images, labels = eval_examples(workdir, count)
     return {"images": images, "labels": labels}

@@ -44,7 +44,7 @@ def load(workdir: str) -> tuple[Any, Any]:
     one-line ValueError when it holds no lm checkpoint."""
     import ml_collections
 
-    from skipless_jax import checkpoint
+    from skipless_jax import checkpoint, trainers
     from skipless_jax.models import vit
 
     if not os.path.isdir(workdir):
@@ -52,8 +52,8 @@ def load(workdir: str) -> tuple[Any, Any]:
     saved = checkpoint.saved_config(workdir)
     if saved is None:
         raise ValueError(f"--workdir={workdir} holds no checkpoint with a saved config (train it first)")
-    if saved.get("trainer") != "lm":
-        raise ValueError(f"--workdir={workdir} is a {saved.get('trainer', 'supervised')!r} run; "
+    if trainers.of_config(saved).inputs != "tokens":
+        raise ValueError(f"--workdir={workdir} is a {trainers.name_of(saved)!r} run; "
                          "generation needs an lm run (config.trainer='lm')")
     _, state = checkpoint.load_raw(workdir)
     return ml_collections.ConfigDict(saved), vit.unstack_blocks(state["params"])

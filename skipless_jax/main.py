@@ -122,7 +122,7 @@ def main(argv: list[str]) -> None:
     from skipless_jax import compilation_cache, trainers
 
     config = flags.FLAGS.config
-    trainer = config.get("trainer", "supervised")
+    trainer = trainers.name_of(config)
     try:  # configuration and missing-data errors: one line for the user, not a traceback
         compilation_cache.setup(config)  # before anything compiles
         module = trainers.get(trainer)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ml_collections
@@ -172,7 +172,12 @@ def convert_dino(checkpoint: Mapping[str, Any], config: ml_collections.ConfigDic
     if head:
         params["head"], sizes = dino_head(head)
         config.dino.update(sizes)
-    _check_tree(config, params)
+
+    def init(model: Any, rng: Any, images: Any) -> Any:  # the student's global crop; the head where converted
+        variables = model.init(rng, (images,))
+        return variables if head else {"params": {"backbone": variables["params"]["backbone"]}}
+
+    _check_tree(config, params, init)
     return {"teacher": params, "params": params}, config
 
 
@@ -260,35 +265,29 @@ def convert_mae_pretraining(checkpoint: Mapping[str, Any], config: ml_collection
     mlp_ratio = int(r.sd["decoder_blocks.0.mlp.fc1.weight"].shape[0]) // width if blocks else 4
     config.mae.update(dict(decoder_width=width, decoder_depth=len(blocks), decoder_num_heads=decoder_num_heads,
                            decoder_mlp_ratio=mlp_ratio))
-    _check_tree(config, params)
+    _check_tree(config, params, lambda model, rng, images: model.init({"params": rng, "masking": rng}, images))
     return {"params": params}, config, changed
 
 
-def _check_tree(config: ml_collections.ConfigDict, params: Mapping[str, Any]) -> None:
-    """The converted tree against the trainer's model (every leaf, with its shape)."""
+def _check_tree(config: ml_collections.ConfigDict, params: Mapping[str, Any],
+                init: Callable[[Any, Any, Any], Any] | None = None) -> None:
+    """The converted tree against the trainer's model (every leaf, with its shape): the model of
+    the trainer record's `build_model` (else the classifier of config.model) initialised by
+    `init(model, rng, images)` (default: a classifier's `model.init(rng, images, train=False)`)."""
     import jax
     import jax.numpy as jnp
 
+    from skipless_jax import trainers
     from skipless_jax.data import inputs, sources
-    from skipless_jax.trainers import dino
 
     size = inputs.image_size(config)
     channels = sources.dataset_info(config.dataset.name).image_shape[-1]
     dummy = jnp.zeros((1, size, size, channels))
-    if config.trainer == "dino":
-        model = dino.build_model(config)
-        shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), (dummy,)))["params"]
-        if "head" not in params:
-            shapes = {"backbone": shapes["backbone"]}
-    elif config.trainer == "mae":
-        from skipless_jax.trainers import mae
-
-        model = mae.build_model(config)
-        shapes = jax.eval_shape(lambda: model.init({"params": jax.random.PRNGKey(0), "masking": jax.random.PRNGKey(1)},
-                                                   dummy))["params"]
-    else:
-        model = models.build(config.model, sources.dataset_info(config.dataset.name).num_classes)
-        shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), dummy, train=False))["params"]
+    build = trainers.of_config(config).build_model
+    classes = sources.dataset_info(config.dataset.name).num_classes
+    model = build(config) if build else models.build(config.model, classes)
+    init = init or (lambda m, rng, x: m.init(rng, x, train=False))
+    shapes = jax.eval_shape(lambda: init(model, jax.random.PRNGKey(0), dummy))["params"]
     want = {k: tuple(v.shape) for k, v in flatten(shapes).items()}
     got = {k: tuple(np.shape(v)) for k, v in flatten(params).items()}
     wrong = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))

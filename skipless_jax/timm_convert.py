@@ -531,14 +531,14 @@ def read_checkpoint(
 ) -> tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]:
     """(family, config.model, params, batch_stats or None) of the newest checkpoint at `path` (a
     workdir, or a folder `write_checkpoint` wrote); `params='ema'`: those of the run's model EMA."""
-    from skipless_jax import checkpoint
+    from skipless_jax import checkpoint, trainers
     from skipless_jax.trainers import model_ema
 
     saved = checkpoint.saved_config(path)
     if saved is None or "model" not in saved:
         raise ValueError(f"--input={path!r} has no checkpoint with a saved config.model")
-    trainer = saved.get("trainer", "supervised")
-    if trainer != "supervised":
+    trainer = trainers.name_of(saved)
+    if not trainers.get(trainer).classifier:
         raise ValueError(f"--input={path!r} is a {trainer} workdir: its backbone ({trainer}'s parameters, no "
                          "classifier) has no timm counterpart that --reverse writes; reverse a supervised run, or "
                          "fine-tune this one first (config.init_from) and reverse that")

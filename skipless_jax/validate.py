@@ -15,8 +15,6 @@ from skipless_jax import sharding
 from skipless_jax.checks import is_finite, is_int, is_number, require
 from skipless_jax.data import sources
 
-TRAINERS = ("supervised", "dino", "mae", "lm")
-
 
 def _get(config: Any, field: str) -> Any:
     holder = config
@@ -97,15 +95,16 @@ def _check_warmup(config: Any) -> None:
     uses_epochs = config.get("total_steps") is None or config.schedule.get("warmup_steps") is None
     spe = 1.0
     if uses_epochs:
-        from skipless_jax.data import inputs, multicrop  # repeated augmentation, drop_last (docs/method/recipes.md §21)
+        from skipless_jax.data import inputs  # repeated augmentation, drop_last (docs/method/recipes.md §21)
 
         try:  # the split size; reading the data is checked (one line) after the config
             num_train = inputs.num_train_examples(config)
         except Exception:
             return
-        # as the trainer counts: DINO's whole batches, else the stream's (an epoch may end mid-batch)
-        dino = config.get("trainer", "supervised") == "dino"
-        spe = inputs.steps_per_epoch(config, num_train, **(multicrop.EPOCH_STEPS if dino else {}))
+        from skipless_jax import trainers
+
+        # as the trainer counts (its record's epoch_steps: DINO's whole batches, else the stream's)
+        spe = inputs.steps_per_epoch(config, num_train, **trainers.of_config(config).epoch_steps)
     from skipless_jax.trainers.common import steps_of  # the trainers' own count
 
     total, warmup = steps_of(config, "total", spe), steps_of(config, "warmup", spe)
@@ -152,8 +151,9 @@ def model_image_checks(model: Any, image_size: int) -> None:
 def validate_config(config: Any, num_devices: int | None = None) -> None:
     """Raises ValueError (one line) for the first bad field of a training config."""
     num_devices = num_devices or jax.device_count()
-    trainer = config.get("trainer", "supervised")
-    require(trainer in TRAINERS, f"config.trainer={trainer!r} is unknown; allowed: {list(TRAINERS)}")
+    from skipless_jax import trainers
+
+    trainer = trainers.of_config(config)  # one-line ValueError for an unknown name
     require(isinstance(config.get("seed"), int), f"config.seed={config.get('seed')!r} must be an integer")
 
     # Data.
@@ -224,8 +224,8 @@ def validate_config(config: Any, num_devices: int | None = None) -> None:
 
     # Model.
     model_image_checks(config.model, image_size)
-    require(config.model.get("init_self_share") is None or trainer == "supervised",
-             f"config.model.init_self_share is applied by the supervised trainer only; config.trainer={trainer!r} "
+    require(config.model.get("init_self_share") is None or trainer.classifier,
+             f"config.model.init_self_share is applied by the supervised trainer only; config.trainer={trainer.name!r} "
              "(set init_beta instead)")
     aug = config.input.get("aug")
     if aug is not None:

@@ -247,10 +247,8 @@ def test_token_graying_counted_apart():
     # the student's 2 global + 2 local crops and the teacher's 2 global crops, forward once each
     expected = 4 * flops.tg_matrix_flops("dct", 4, 16) + 2 * flops.tg_matrix_flops("dct", 1, 16)
     assert perf.model_flops_per_example(dino_config)[1] == expected == 4 * 5 * 64 * 6 + 2 * 5 * 16 * 4
-    with pytest.raises(ValueError, match=r"trainer='byol' is unknown; allowed: \['supervised', 'mae', 'dino', 'lm'\]"):
-        flops.train_flops_per_example(config.model, 8, 10, trainer="byol")
-    with pytest.raises(ValueError, match=r"trainer='mae' needs mae="):
-        flops.train_flops_per_example(config.model, 8, 10, trainer="mae")
+    with pytest.raises(ValueError, match=r"mae_train_flops needs mae="):
+        flops.mae_train_flops(config.model, 8, None)
 
 
 def test_the_language_model_is_counted_per_sequence():
@@ -261,5 +259,5 @@ def test_the_language_model_is_counted_per_sequence():
     block = 4 * 2 * t * d * d + 2 * t * t * d + 2 * 2 * t * d * m  # the causal half of the attention
     expected = 3 * (depth * block + 2 * t * d * vocab)
     assert (t, d, m, depth) == (128, 128, 512, 4)
-    assert flops.train_flops_per_example(config.model, 0, vocab, trainer="lm") == expected
+    assert flops.lm_train_flops(config.model, vocab) == expected
     assert perf.model_flops_per_example(config) == (expected, 0.0)

@@ -312,7 +312,7 @@ def test_a_run_records_validation_metrics_and_the_corpus(reference):
     scalars = read_scalars(reference)
     config = load_config("lm_quickstart", "opt=adamw")
     config.model.update(dict(width=32, depth=1, num_heads=2, mlp_dim=64, seq_len=16))
-    per_sequence = flops.train_flops_per_example(config.model, 0, text.VOCAB_SIZE, trainer="lm")
+    per_sequence = flops.lm_train_flops(config.model, text.VOCAB_SIZE)
     assert scalars["perf/tflops_per_device"]
     for step, tflops in scalars["perf/tflops_per_device"].items():
         rate = scalars["perf/tokens_per_sec_per_device"][step] / 16  # sequences of 16 tokens

@@ -176,7 +176,7 @@ def test_causal_model_flops_equal_maxtexts_formula(sizes):
     from skipless_jax.models import flops
 
     c = tiny_config(**sizes)
-    ours = 7 * flops.train_flops_per_example(c.model, 0, 50257, trainer="lm") / 1e12  # a batch of 7
+    ours = 7 * flops.lm_train_flops(c.model, 50257) / 1e12  # a batch of 7
     expected = _maxtext_tflops(7, sizes["seq_len"], sizes["width"], sizes["mlp_dim"], sizes["num_heads"],
                                sizes["depth"], 50257)
     assert ours == pytest.approx(expected, rel=1e-12)
@@ -259,7 +259,7 @@ def test_the_gpt2s_recipes_hardware_time_is_its_flop_count_at_40_percent_mfu():
     from skipless_jax.trainers import perf
 
     c = load_config("lm_gpt2s")
-    per_sequence = flops.train_flops_per_example(c.model, 0, text.VOCAB_SIZE, trainer="lm")
+    per_sequence = flops.lm_train_flops(c.model, text.VOCAB_SIZE)
     step = per_sequence * c.input.batch_size
     peak = perf.PEAK_TFLOPS["NVIDIA H100 80GB HBM3"] * 1e12
     doc = " ".join(recipe.__doc__.split())

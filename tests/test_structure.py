@@ -6,6 +6,8 @@
 (d) one training loop: `jax.transfer_guard` (the guard around the step) in one module of trainers/.
 (e) layers point down: `skipless_jax.models` imports nothing of the packages above it;
 (f) no file outside tests/ puts tests/ on `sys.path` (scripts use the package, not the tests' helpers).
+(g) no module outside trainers/ names a trainer (`config.trainer == 'dino'`): callers read the
+    registered `Trainer` record, which every trainer satisfies.
 
 Run alone: `python -m pytest tests/test_structure.py -q`.
 """
@@ -322,3 +324,79 @@ def test_one_training_loop(modules):
     sample = {"p.a": ast.parse("import jax\nwith jax.transfer_guard('disallow'):\n    pass\n"),
               "p.b": ast.parse("transfer_guard = 1\n")}
     assert attribute_uses(sample, "jax.transfer_guard") == ["p.a"]
+
+
+# ---------------------------------------------------------------- trainers by their record only
+
+def trainer_names() -> set[str]:
+    """The registered names, read from trainers/__init__.py's `REGISTRY` (nothing imported)."""
+    with open(os.path.join(ROOT, "trainers", "__init__.py")) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "REGISTRY" for t in node.targets):
+            return {k.value for k in node.value.keys}
+    raise AssertionError("trainers/__init__.py has no REGISTRY")
+
+
+def _literals(node: ast.AST) -> set[str]:
+    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def trainer_name_uses(modules: dict[str, ast.Module], names: set[str]) -> list[tuple[str, int, str]]:
+    """(module, line, what) for every place outside trainers/ that names a trainer: a comparison of
+    something spelled with 'trainer' against a name (`config.trainer == 'dino'`, `in (...)`), a
+    `.get('trainer', <name>)` default, or a list of three or more names."""
+    found = []
+    for module, tree in modules.items():
+        if module == f"{PACKAGE}.trainers" or module.startswith(f"{PACKAGE}.trainers."):
+            continue
+        for node in ast.walk(tree):
+            sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+            compared = any("trainer" in ast.unparse(s) for s in sides) and names & set().union(*map(_literals, sides))
+            default = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                       and len(node.args) == 2 and _literals(node.args[0]) == {"trainer"}
+                       and _literals(node.args[1]) & names)
+            listed = isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(_literals(node) & names) >= 3
+            if compared or default or listed:
+                found.append((module, node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_no_trainer_named_outside_trainers(modules):
+    """Callers read the trainer's record (trainers.of_config), never compare `config.trainer`."""
+    names = trainer_names()
+    assert names == {"supervised", "dino", "mae", "lm"}
+    assert trainer_name_uses(modules, names) == []
+    sample = {  # the check sees each form it forbids, and not a recipe setting its trainer
+        "p.a": ast.parse("if config.trainer == 'dino':\n    pass\n"),
+        "p.b": ast.parse("x = config.get('trainer', 'supervised')\n"),
+        "p.c": ast.parse("TRAINERS = ('supervised', 'dino', 'mae')\n"),
+        "p.d": ast.parse("ok = trainer in ('lm',)\n"),
+        "p.e": ast.parse("config.trainer = 'dino'\nrecipe(a, 'supervised')\n"),
+        f"{PACKAGE}.trainers.x": ast.parse("if config.trainer == 'dino':\n    pass\n"),
+    }
+    assert [m for m, _, _ in trainer_name_uses(sample, names)] == ["p.a", "p.b", "p.c", "p.d"]
+
+
+def test_every_registered_trainer_satisfies_the_protocol():
+    import dataclasses
+
+    from skipless_jax import trainers
+
+    for name in trainers.REGISTRY:
+        record = trainers.get(name)
+        assert isinstance(record, trainers.Trainer) and record.name == name
+        for f in dataclasses.fields(trainers.Trainer):
+            value = getattr(record, f.name)
+            assert value is not None or str(f.type).endswith("| None"), (name, f.name)
+    lm = trainers.get("lm")
+    with pytest.raises(TypeError):  # a missing field fails at construction (a trainer module's import)
+        trainers.Trainer(**{f.name: getattr(lm, f.name) for f in dataclasses.fields(lm) if f.name != "analysis"})
+    with pytest.raises(TypeError, match="analysis is required for inputs='tokens'"):
+        dataclasses.replace(lm, analysis=None)
+    with pytest.raises(TypeError, match="check_config must be callable"):
+        dataclasses.replace(lm, check_config="not a function")
+    with pytest.raises(TypeError, match="not in trainers.REGISTRY"):
+        dataclasses.replace(lm, name="byol")
+    with pytest.raises(ValueError, match=r"trainer='byol' is unknown; allowed: \['dino', 'lm', 'mae', 'supervised'\]"):
+        trainers.get("byol")

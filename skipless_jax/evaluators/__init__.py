@@ -70,7 +70,7 @@ def check_config(config: ml_collections.ConfigDict, allowed_types: tuple[str, ..
         kind = entry.get("type")
         if kind not in allowed_types:
             raise ValueError(
-                f"config.evals.{name}.type={kind!r} is unknown for the {config.get('trainer', 'supervised')} trainer; "
+                f"config.evals.{name}.type={kind!r} is unknown for the {config.get('trainer') or 'default'} trainer; "
                 f"allowed: {list(allowed_types)}"
             )
         unknown = sorted(set(entry.keys()) - set(COMMON_FIELDS) - set(TYPE_FIELDS[kind]))

@@ -1,10 +1,12 @@
 """Model FLOPs of one training example, counted from the config (docs/method/runs.md §25).
 
-    train_flops_per_example(config.model, image_size, num_classes)                    # supervised
-    train_flops_per_example(config.model, image_size, 0, trainer="mae", mae=config.mae)
-    train_flops_per_example(config.model, image_size, 0, trainer="dino", dino=config.dino,
-                            multicrop=config.input.multicrop)
-    tg_flops_per_example(config.model, image_size, ...)                               # Token Graying
+    train_flops_per_example(config.model, image_size, num_classes)       # a classifier
+    mae_train_flops(config.model, image_size, config.mae)                  # masked autoencoding
+    dino_train_flops(config.model, image_size, config.dino, config.input.multicrop)
+    lm_train_flops(config.model, vocab_size)                               # a causal LM, per sequence
+    tg_flops_per_example(config.model, image_size), dino_tg_flops(...)     # Token Graying
+
+Each trainer's record (trainers/__init__.py) says which of these counts its example.
 
 3 × the forward FLOPs (2 per multiply-add) of every matmul and convolution the model defines,
 counted as each family computes them; norms, softmax and elementwise work are not counted. The
@@ -22,7 +24,6 @@ from skipless_jax.models import cait, convmixer, pvt_v2, swin, vit
 from skipless_jax.models import family as family_of
 from skipless_jax.models.swin import window_size_and_shift
 
-TRAINERS = ("supervised", "mae", "dino", "lm")
 BACKWARD = 3  # forward + backward = 3 × forward: two matmuls (input and weight gradients) per forward one
 
 
@@ -160,14 +161,6 @@ def _crops(image_size: int, multicrop: Any) -> tuple[int, int, int]:
     return image_size, int(multicrop["local_size"]), int(multicrop["num_local"])
 
 
-def _check_trainer(trainer: str, **needed: Any) -> None:
-    if trainer not in TRAINERS:
-        raise ValueError(f"trainer={trainer!r} is unknown; allowed: {list(TRAINERS)}")
-    missing = [k for k, v in needed.items() if v is None]
-    if missing:
-        raise ValueError(f"trainer={trainer!r} needs {missing[0]}= (its config section) to count its FLOPs")
-
-
 def _gpt_forward(model_config: Any, vocab_size: int) -> float:
     """The causal LM (models/gpt.py) on one sequence of T = seq_len tokens (docs/method/lm.md §3):
     per block Q, K, V, O, the causal half of the attention and the MLP; the output head 2·T·d·V;
@@ -178,32 +171,41 @@ def _gpt_forward(model_config: Any, vocab_size: int) -> float:
     return model_config.depth * block + dense(t, d, vocab_size)
 
 
-def train_flops_per_example(
-    model_config: Any, image_size: int, num_classes: int, *, trainer: str = "supervised", channels: int = 3,
-    mae: Any = None, dino: Any = None, multicrop: Any = None,
-) -> float:
-    """Model FLOPs of one training example of `trainer` (docs/method/runs.md §25): 3 × forward, and for
-    DINO + the teacher's forward (1×) on the 2 global crops. `mae`: `config.mae`; `dino`,
-    `multicrop`: `config.dino`, `config.input.multicrop`; `image_size`: the (global) input size.
-    For `trainer="lm"` an example is one sequence of `model_config.seq_len` tokens, `num_classes`
-    the vocabulary and `image_size` unused."""
-    if trainer == "lm":
-        return BACKWARD * _gpt_forward(model_config, num_classes)
-    if trainer == "mae":
-        _check_trainer(trainer, mae=mae)
-        return BACKWARD * _mae_forward(model_config, image_size, channels, mae)
-    if trainer == "dino":
-        _check_trainer(trainer, dino=dino, multicrop=multicrop)
-        width = family_of(model_config).describe(model_config).width
+def _require(objective: str, **needed: Any) -> None:
+    missing = [k for k, v in needed.items() if v is None]
+    if missing:
+        raise ValueError(f"{objective} needs {missing[0]}= (its config section) to count its FLOPs")
 
-        def crop(size: int) -> float:
-            return forward_flops_per_example(model_config, size, 0, channels) + dino_head_flops(width, dino)
 
-        global_size, local_size, num_local = _crops(image_size, multicrop)
-        student = 2 * crop(global_size) + num_local * crop(local_size)
-        return BACKWARD * student + 2 * crop(global_size)
-    _check_trainer(trainer)
+def train_flops_per_example(model_config: Any, image_size: int, num_classes: int, *, channels: int = 3) -> float:
+    """Model FLOPs of one training example of a classifier (docs/method/runs.md §25): 3 × forward."""
     return BACKWARD * forward_flops_per_example(model_config, image_size, num_classes, channels)
+
+
+def lm_train_flops(model_config: Any, vocab_size: int) -> float:
+    """Model FLOPs of one training sequence of `model_config.seq_len` tokens of a causal LM."""
+    return BACKWARD * _gpt_forward(model_config, vocab_size)
+
+
+def mae_train_flops(model_config: Any, image_size: int, mae: Any, *, channels: int = 3) -> float:
+    """Model FLOPs of one MAE training example (`mae`: `config.mae`): 3 × forward."""
+    _require("mae_train_flops", mae=mae)
+    return BACKWARD * _mae_forward(model_config, image_size, channels, mae)
+
+
+def dino_train_flops(model_config: Any, image_size: int, dino: Any, multicrop: Any, *, channels: int = 3) -> float:
+    """Model FLOPs of one DINO training example (`dino`, `multicrop`: `config.dino`,
+    `config.input.multicrop`; `image_size`: the global crops'): 3 × the student's forward on
+    every crop + the teacher's forward (1×) on the 2 global crops."""
+    _require("dino_train_flops", dino=dino, multicrop=multicrop)
+    width = family_of(model_config).describe(model_config).width
+
+    def crop(size: int) -> float:
+        return forward_flops_per_example(model_config, size, 0, channels) + dino_head_flops(width, dino)
+
+    global_size, local_size, num_local = _crops(image_size, multicrop)
+    student = 2 * crop(global_size) + num_local * crop(local_size)
+    return BACKWARD * student + 2 * crop(global_size)
 
 
 def tg_matrix_flops(method: str | None, rows: int, cols: int) -> float:
@@ -228,15 +230,15 @@ def _tg_image(model_config: Any, image_size: int, channels: int) -> float:
     return tg_matrix_flops(model_config.get("token_graying"), (image_size // p) ** 2, p * p * channels)
 
 
-def tg_flops_per_example(
-    model_config: Any, image_size: int, *, trainer: str = "supervised", channels: int = 3, multicrop: Any = None,
-) -> float:
-    """Token Graying's FLOPs per training example, forward only (no gradient reaches it): once on
-    the image, or (DINO) on every crop of the student and again on the teacher's 2 global crops."""
-    if trainer == "dino":
-        _check_trainer(trainer, multicrop=multicrop)
-        global_size, local_size, num_local = _crops(image_size, multicrop)
-        return 4 * _tg_image(model_config, global_size, channels) + num_local * _tg_image(
-            model_config, local_size, channels)
-    _check_trainer(trainer)
+def tg_flops_per_example(model_config: Any, image_size: int, *, channels: int = 3) -> float:
+    """Token Graying's FLOPs per training example, forward only (no gradient reaches it): once on the image."""
     return _tg_image(model_config, image_size, channels)
+
+
+def dino_tg_flops(model_config: Any, image_size: int, multicrop: Any, *, channels: int = 3) -> float:
+    """Token Graying's FLOPs per DINO example: on every crop of the student and again on the
+    teacher's 2 global crops."""
+    _require("dino_tg_flops", multicrop=multicrop)
+    global_size, local_size, num_local = _crops(image_size, multicrop)
+    return 4 * _tg_image(model_config, global_size, channels) + num_local * _tg_image(
+        model_config, local_size, channels)

@@ -27,10 +27,20 @@ from absl import logging
 from skipless_jax import checkpoint, evaluators, losses, models, pretrained, sharding, validate
 from skipless_jax.checks import is_finite, require
 from skipless_jax.data import device_images, inputs, multicrop, sources
-from skipless_jax.models import dino_head
+from skipless_jax.models import dino_head, flops
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
-from skipless_jax.trainers import common, loop, model_ema, nonfinite, perf
+from skipless_jax.trainers import (
+    Trainer,
+    common,
+    image_evaluators,
+    image_geometry,
+    loop,
+    model_ema,
+    nonfinite,
+    one_image,
+    perf,
+)
 from skipless_jax.trainers.run import open_workdir
 
 EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca", "fewshot", "dino_linear")
@@ -521,3 +531,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
         train_iterator=multicrop.train_iterator,
         results_at=lambda step, state: evaluators.run_all(evals, ctx, state["teacher"], step, total_steps),
         results_at_start=at_start)
+
+def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
+    """(model FLOPs, Token Graying FLOPs) of one training image: every crop (models/flops.py)."""
+    size, channels, _ = image_geometry(config)
+    crops = config.input.get("multicrop")
+    return (flops.dino_train_flops(config.model, size, config.get("dino"), crops, channels=channels),
+            flops.dino_tg_flops(config.model, size, crops, channels=channels))
+
+
+TRAINER = Trainer(
+    "dino", check_config, train_and_evaluate, evaluation, *image_evaluators(EVALUATOR_TYPES),
+    flops_per_example=flops_per_example, example_unit=one_image, epoch_steps=multicrop.EPOCH_STEPS,
+    inputs="images", build_model=build_model, backbone_key="teacher", classifier=False, with_quantize=None,
+    export_forward=None, export_examples=None, analysis=None)

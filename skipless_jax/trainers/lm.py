@@ -33,8 +33,9 @@ from absl import logging
 from skipless_jax import losses, models, pretrained, sharding, validate
 from skipless_jax.checks import is_positive_int, require
 from skipless_jax.data import device_input, text
+from skipless_jax.models import flops
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, loop, nonfinite, perf
+from skipless_jax.trainers import Trainer, common, loop, nonfinite, perf
 from skipless_jax.trainers.run import every, open_workdir
 
 LN2 = math.log(2.0)
@@ -474,3 +475,19 @@ def analysis(config: ml_collections.ConfigDict, workdir: str | None, weights: st
     return {"model": model, "params": params, "step": int(step), "source": source,
             "inputs": probe[0]["tokens"][:, :-1], "probe": f"{num_windows} validation windows spread over the split",
             "measures": measures}
+
+def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
+    """(model FLOPs, 0: no Token Graying) of one training sequence (docs/method/lm.md §3)."""
+    return flops.lm_train_flops(config.model, text.tokenizer(config).vocab_size), 0.0
+
+
+def example_unit(config: ml_collections.ConfigDict) -> tuple[str, int]:
+    """An example is a sequence of `config.model.seq_len` tokens (docs/method/lm.md §3)."""
+    return "tokens", int(config.model.seq_len)
+
+
+TRAINER = Trainer(
+    "lm", check_config, train_and_evaluate, evaluation, check_evaluators, build_evaluators,
+    flops_per_example=flops_per_example, example_unit=example_unit, epoch_steps={}, inputs="tokens",
+    build_model=None, backbone_key=None, classifier=False, with_quantize=with_quantize,
+    export_forward=export_forward, export_examples=export_examples, analysis=analysis)

@@ -28,11 +28,11 @@ from absl import logging
 from skipless_jax import evaluators, models, pictures, pretrained, rng_streams, sharding, validate
 from skipless_jax.checks import is_positive_int, require
 from skipless_jax.data import device_images, inputs, sources
+from skipless_jax.models import flops, vit
 from skipless_jax.models import mae as mae_lib
-from skipless_jax.models import vit
 from skipless_jax.models.common import patchify, unpatchify
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, loop, nonfinite, perf
+from skipless_jax.trainers import Trainer, common, image_evaluators, image_geometry, loop, nonfinite, one_image, perf
 from skipless_jax.trainers.run import open_workdir
 
 EVALUATOR_TYPES = ("knn", "linear_probe", "fewshot", "dino_linear")
@@ -281,3 +281,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
         guarded=nonfinite.guarded_parts(abstract_state), train_iterator=inputs.train_iterator,
         results_at=lambda step, state: evaluators.run_all(evals, ctx, state["params"], step, total_steps),
         hooks=hooks)
+
+def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
+    """(model FLOPs, Token Graying FLOPs) of one training image (models/flops.py)."""
+    size, channels, _ = image_geometry(config)
+    return (flops.mae_train_flops(config.model, size, config.get("mae"), channels=channels),
+            flops.tg_flops_per_example(config.model, size, channels=channels))
+
+
+TRAINER = Trainer(
+    "mae", check_config, train_and_evaluate, evaluation, *image_evaluators(EVALUATOR_TYPES),
+    flops_per_example=flops_per_example, example_unit=one_image, epoch_steps={}, inputs="images",
+    build_model=build_model, backbone_key=None, classifier=False, with_quantize=None, export_forward=None,
+    export_examples=None, analysis=None)

@@ -147,31 +147,19 @@ def peak_tflops(config: ml_collections.ConfigDict, device: jax.Device) -> float 
 
 def model_flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
     """(model FLOPs, Token Graying FLOPs) of one training example of `config`'s trainer
-    (`models.flops`, docs/method/runs.md §25), from the config alone."""
-    from skipless_jax.data import inputs, sources
-    from skipless_jax.models import flops
+    (its record's `flops_per_example`: models/flops.py, docs/method/runs.md §25), from the config alone."""
+    from skipless_jax import trainers
 
-    trainer = config.get("trainer") or "supervised"
-    if trainer == "lm":  # an example is a sequence; no image, no Token Graying
-        from skipless_jax.data import text
-
-        return flops.train_flops_per_example(config.model, 0, text.tokenizer(config).vocab_size, trainer="lm"), 0.0
-    info = sources.dataset_info(config.dataset.name)
-    size, channels = inputs.image_size(config), info.image_shape[-1]
-    multicrop = config.input.get("multicrop")
-    model = flops.train_flops_per_example(
-        config.model, size, info.num_classes if trainer == "supervised" else 0, trainer=trainer, channels=channels,
-        mae=config.get("mae"), dino=config.get("dino"), multicrop=multicrop)
-    tg = flops.tg_flops_per_example(config.model, size, trainer=trainer, channels=channels, multicrop=multicrop)
-    return model, tg
+    return trainers.of_config(config).flops_per_example(config)
 
 
 def throughput_unit(config: ml_collections.ConfigDict) -> tuple[str, int]:
-    """(the name of what an example feeds, how many per example): ('tokens', config.model.seq_len)
-    for the lm trainer (an example is a sequence; docs/method/lm.md §3), else ('img', 1)."""
-    if (config.get("trainer") or "supervised") == "lm":
-        return "tokens", int(config.model.seq_len)
-    return "img", 1
+    """(the name of what an example feeds, how many per example): the trainer record's
+    `example_unit`, e.g. ('tokens', config.model.seq_len) for a language model (docs/method/lm.md §3),
+    ('img', 1) for images."""
+    from skipless_jax import trainers
+
+    return trainers.of_config(config).example_unit(config)
 
 
 class Meter:

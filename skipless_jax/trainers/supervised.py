@@ -22,9 +22,19 @@ from absl import logging
 
 from skipless_jax import checkpoint, evaluators, losses, models, pretrained, rng_streams, sharding, validate
 from skipless_jax.data import device_images, device_mix, inputs, sources
-from skipless_jax.models import roles
+from skipless_jax.models import flops, roles
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, loop, model_ema, nonfinite, perf
+from skipless_jax.trainers import (
+    Trainer,
+    common,
+    image_evaluators,
+    image_geometry,
+    loop,
+    model_ema,
+    nonfinite,
+    one_image,
+    perf,
+)
 from skipless_jax.trainers.run import open_workdir
 
 EVALUATOR_TYPES = (
@@ -276,3 +286,16 @@ def _kappa_probe(config: ml_collections.ConfigDict, model: Any, ctx: evaluators.
                 for name, vals in kappas.items() if name in ("sab", "ffn") for layer, v in enumerate(vals)}
 
     return probe
+
+def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
+    """(model FLOPs, Token Graying FLOPs) of one training image (models/flops.py)."""
+    size, channels, num_classes = image_geometry(config)
+    return (flops.train_flops_per_example(config.model, size, num_classes, channels=channels),
+            flops.tg_flops_per_example(config.model, size, channels=channels))
+
+
+TRAINER = Trainer(
+    "supervised", check_config, train_and_evaluate, evaluation, *image_evaluators(EVALUATOR_TYPES),
+    flops_per_example=flops_per_example, example_unit=one_image, epoch_steps={}, inputs="images",
+    build_model=None, backbone_key=None, classifier=True, with_quantize=None, export_forward=None,
+    export_examples=None, analysis=None)
