@@ -334,7 +334,8 @@ def analyze(
         probe, extra["measures"] = got["probe"], got["measures"]
     else:
         models.check_config(config.model, inputs.image_size(config))
-        models.apply_init_self_share(config.model, inputs.image_size(config))  # β from its target share, if set
+        config = ml_collections.ConfigDict(config)  # β from its target share, if set, in this copy
+        config.model = models.apply_init_self_share(config.model, inputs.image_size(config))[0]
         num_images = num_images or config.get("analysis", {}).get("probe_size", 32)
         model, image_shape = build(config)
         params, step, source = load_params(model, config, image_shape, workdir, weights)

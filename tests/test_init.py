@@ -326,12 +326,13 @@ def test_init_self_share_reaches_its_target(arg, num_tokens, target):
     config = load_config("quickstart", f"{arg},self_share={target}".strip(","))
     image_size = inputs.image_size(config)
     assert models.num_tokens(config.model, image_size) == num_tokens
-    beta = models.apply_init_self_share(config.model, image_size)
-    assert config.model.init_beta == beta != 0.6
-    assert abs(init.self_attention_share(config.model, num_tokens) - target) < 1e-3
-    assert abs(init.self_attention_share(config.model, num_tokens, seed=1) - target) < 0.01
+    given = config.model.init_beta
+    model_config, beta = models.apply_init_self_share(config.model, image_size)
+    assert model_config.init_beta == beta != given and config.model.init_beta == given  # the given config unchanged
+    assert abs(init.self_attention_share(model_config, num_tokens) - target) < 1e-3
+    assert abs(init.self_attention_share(model_config, num_tokens, seed=1) - target) < 0.01
 
-    model = models.build(config.model, 10)
+    model = models.build(model_config, 10)
     params = model.init(jax.random.PRNGKey(3), jnp.zeros((1, image_size, image_size, 1)), train=False)["params"]
     x = _np64(jax.random.normal(jax.random.PRNGKey(4), (32, num_tokens, 64), jnp.float32))
     shares = [_np_kernel_share(x, kernels["query"], kernels["key"], config.model.num_heads)

@@ -280,8 +280,9 @@ def test_several_evaluation_splits_report_under_their_prefixes(tmp_path):
 @pytest.mark.slow
 def test_quickstart_val_split_and_init_self_share_reach_the_final_metrics(tmp_path, caplog):
     """`val=True` adds val_accuracy (train[90%:]) beside test_accuracy; `self_share` sets β by its
-    target before the model is built: in the log, in final_metrics.json and in the saved config;
-    a rerun of the finished run finds the same β and the same config."""
+    target before the model is built: in the log and in final_metrics.json; the saved config is
+    the one given (init_beta as given, the target beside it); a rerun of the finished run finds the
+    same β and the same config."""
     from skipless_jax.models import init
 
     config = tiny_config("init=skipless,self_share=0.7,val=True", total_steps=2)
@@ -292,7 +293,8 @@ def test_quickstart_val_split_and_init_self_share_reach_the_final_metrics(tmp_pa
     final = json.loads((tmp_path / "final_metrics.json").read_text())
     assert final["init_beta"] == metrics["init_beta"] == beta != 0.6
     assert 0.0 <= final["val_accuracy"] <= 1.0 and "test_accuracy" in final
-    assert checkpoint.saved_config(str(tmp_path))["model"]["init_beta"] == beta
+    saved = checkpoint.saved_config(str(tmp_path))["model"]
+    assert (saved["init_beta"], saved["init_self_share"]) == (config.model.init_beta, 0.7) == (0.6, 0.7)
     again = supervised.train_and_evaluate(tiny_config("init=skipless,self_share=0.7,val=True", total_steps=2),
                                           str(tmp_path))
     assert again == final

@@ -15,6 +15,7 @@ sets a config's β from its target self-attention share (docs/method/papers.md �
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import importlib
@@ -135,15 +136,18 @@ def num_tokens(model_config: Any, image_size: int) -> int:
     return description.prefix_tokens + (image_size // description.patch_size) ** 2
 
 
-def apply_init_self_share(model_config: Any, image_size: int) -> float | None:
-    """With `config.model.init_self_share` set (docs/method/papers.md §3, this project's extension):
-    sets `config.model.init_beta` to the β whose self-attention share at init is that target for
-    this model's tokens on `image_size` inputs, and returns it; None (nothing changed) without."""
+def apply_init_self_share(model_config: Any, image_size: int) -> tuple[Any, float | None]:
+    """(model config, β): with `config.model.init_self_share` set (docs/method/papers.md §3, this
+    project's extension), a copy of `model_config` whose `init_beta` is the β whose self-attention
+    share at init is that target for this model's tokens on `image_size` inputs, and that β;
+    without, (`model_config`, None). `model_config` itself is never changed."""
     target = model_config.get("init_self_share")
     if target is None:
-        return None
-    model_config.init_beta = init_lib.self_share_beta(model_config, num_tokens(model_config, image_size), target)
-    return model_config.init_beta
+        return model_config, None
+    beta = init_lib.self_share_beta(model_config, num_tokens(model_config, image_size), target)
+    derived = copy.deepcopy(model_config.as_configdict() if hasattr(model_config, "as_configdict") else model_config)
+    derived.init_beta = beta
+    return derived, derived.init_beta
 
 
 def has_running_stats(model_config: Any) -> bool:

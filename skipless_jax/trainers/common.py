@@ -66,7 +66,8 @@ def init_from_loader(
     starts from the model: the source's running statistics where both keep them, the model EMA,
     DINO's teacher (= the student)."""
 
-    def load(state: dict[str, Any]) -> dict[str, Any]:
+    def load(state: dict[str, Any]) -> dict[str, Any]:  # a new state; `state` is not changed
+        state = dict(state)
         key = config.get("init_from_key") or "params"
         names = None if rename is None else rename(key)
         state["params"] = pretrained.init_from(config.init_from, state["params"], shardings["params"], key, names)

@@ -208,7 +208,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     mesh = common.setup(config, devices, check_config)
     info = sources.dataset_info(config.dataset.name)
     image_size = inputs.image_size(config)
-    init_beta = models.apply_init_self_share(config.model, image_size)  # β from its target share, if set
+    # β from its target share, if set: in the model built here, not in the config saved with the run
+    model_config, init_beta = models.apply_init_self_share(config.model, image_size)
     if init_beta is not None:
         logging.info("config.model.init_self_share=%g at %d tokens: init_beta=%g (docs/method/papers.md §3).",
                      config.model.init_self_share, models.num_tokens(config.model, image_size), init_beta)
@@ -216,11 +217,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     total_steps, warmup_steps = common.train_steps(config, steps_per_epoch)
 
     # ---- Model and optimizer, abstract first.
-    model = models.build(config.model, info.num_classes)
+    model = models.build(model_config, info.num_classes)
     tx, schedule = build_optimizer(config, total_steps, warmup_steps)
     dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
 
-    init_state = make_init_state(config.model, model, tx, dummy, ema=model_ema.enabled(config))
+    init_state = make_init_state(model_config, model, tx, dummy, ema=model_ema.enabled(config))
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("Model: %s parameters, %d train steps (%.1f per epoch), %d warm-up steps.",
                  f"{common.num_parameters(abstract_state['params']):,}", total_steps, steps_per_epoch, warmup_steps)
