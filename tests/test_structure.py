@@ -3,7 +3,8 @@
 (a) no import cycle between project modules, imports inside functions included;
 (b) no module uses another module's private (`_x`) name;
 (c) no library-internal import (`_src` and other `_`-prefixed module paths of a library);
-(d) one training loop: `jax.transfer_guard` (the guard around the step) in one module of trainers/.
+(d) one training loop: `jax.transfer_guard` (the guard around the step) in one module of trainers/,
+    and no other module of trainers/ loops over training batches.
 (e) layers point down: `skipless_jax.models` imports nothing of the packages above it;
 (f) no file outside tests/ puts tests/ on `sys.path` (scripts use the package, not the tests' helpers).
 (g) no module outside trainers/ names a trainer (`config.trainer == 'dino'`): callers read the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 import pytest
 
@@ -316,14 +318,47 @@ def attribute_uses(modules: dict[str, ast.Module], dotted: str) -> list[str]:
                   if any(isinstance(node, ast.Attribute) and ast.unparse(node) == dotted for node in ast.walk(tree)))
 
 
+TRAIN_DATA = re.compile(r"train|batches")  # what a loop over the training batches iterates
+TRAIN_STEP = re.compile(r"train_step")  # what such a loop calls each step
+
+
+def training_loops(modules: dict[str, ast.Module]) -> list[tuple[str, int]]:
+    """(module, line) of every loop over training batches: a `for` over something spelled like
+    them (`train_iter`, `device_batches(...)`, `batches`), or a `for`/`while` whose body calls a
+    train step or pulls a batch with `next(...)`. Evaluation loops (over `local`, `windows`, ...
+    calling no train step) are not."""
+    found = []
+    for name, tree in modules.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.For | ast.AsyncFor | ast.While):
+                continue
+            calls = [ast.unparse(c.func) for b in node.body for c in ast.walk(b) if isinstance(c, ast.Call)]
+            over = isinstance(node, ast.For | ast.AsyncFor) and TRAIN_DATA.search(ast.unparse(node.iter))
+            if over or any(TRAIN_STEP.search(c) or c == "next" for c in calls):
+                found.append((name, node.lineno))
+    return sorted(found)
+
+
 def test_one_training_loop(modules):
     """The step runs under `jax.transfer_guard` in one module of trainers/ (loop.py), which every
-    trainer calls; a trainer with its own copy of the loop shows up here."""
+    trainer calls, and no other module of trainers/ loops over training batches: a trainer with
+    its own (unguarded) copy of the loop shows up here."""
     trainers = {name: tree for name, tree in modules.items() if name.startswith(f"{PACKAGE}.trainers.")}
     assert attribute_uses(trainers, "jax.transfer_guard") == [f"{PACKAGE}.trainers.loop"]
     sample = {"p.a": ast.parse("import jax\nwith jax.transfer_guard('disallow'):\n    pass\n"),
               "p.b": ast.parse("transfer_guard = 1\n")}
     assert attribute_uses(sample, "jax.transfer_guard") == ["p.a"]
+    assert {name for name, _ in training_loops(trainers)} == {f"{PACKAGE}.trainers.loop"}
+    own_loops = {  # a trainer's own loop, in each shape the check must see, and loops it must not
+        "t.over_iterator": "for batch in train_iter:\n    state, m = step(state, batch)\n",
+        "t.over_batches": "for i, b in enumerate(common.device_batches(config, mesh, it, 0)):\n    pass\n",
+        "t.next_batch": "for step in range(9):\n    batch = next(data)\n    state, m = update(state, batch)\n",
+        "t.while_step": "while True:\n    state, m = self.train_step(state, x)\n",
+        "t.evaluation": "for batch in local:\n    total += sums(params, batch)\n",
+        "t.fields": "for field in ('batch_size', 'eval_batch_size'):\n    check(field)\n",
+    }
+    got = training_loops({name: ast.parse(source) for name, source in own_loops.items()})
+    assert got == [("t.next_batch", 1), ("t.over_batches", 1), ("t.over_iterator", 1), ("t.while_step", 1)]
 
 
 # ---------------------------------------------------------------- trainers by their record only
