@@ -93,6 +93,19 @@ def of_config(config: Any) -> Trainer:
     return get(name_of(config))
 
 
+def image_trainer(name: str, check_config: Callable[..., None], train_and_evaluate: Callable[..., dict],
+                  evaluation: Callable[..., tuple], evaluator_types: tuple[str, ...],
+                  flops_per_example: Callable[[Any], tuple[float, float]], *, classifier: bool = False,
+                  epoch_steps: Mapping[str, Any] | None = None, build_model: Callable[[Any], Any] | None = None,
+                  backbone_key: str | None = None) -> Trainer:
+    """The record of a trainer on images: its evaluators those of `config.evals` of
+    `evaluator_types`, an example one image, no export or analysis of its own."""
+    return Trainer(name, check_config, train_and_evaluate, evaluation, *image_evaluators(evaluator_types),
+                   flops_per_example=flops_per_example, example_unit=one_image, epoch_steps=epoch_steps or {},
+                   inputs="images", build_model=build_model, backbone_key=backbone_key, classifier=classifier,
+                   with_quantize=None, export_forward=None, export_examples=None, analysis=None)
+
+
 def image_evaluators(types: tuple[str, ...]) -> tuple[Callable, Callable]:
     """(check_evaluators, build_evaluators) of a trainer that evaluates `config.evals` (evaluators/)
     of the given `types`."""

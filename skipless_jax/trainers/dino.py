@@ -30,17 +30,7 @@ from skipless_jax.data import device_images, inputs, multicrop, sources
 from skipless_jax.models import dino_head, flops
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
-from skipless_jax.trainers import (
-    Trainer,
-    common,
-    image_evaluators,
-    image_geometry,
-    loop,
-    model_ema,
-    nonfinite,
-    one_image,
-    perf,
-)
+from skipless_jax.trainers import common, image_geometry, image_trainer, loop, model_ema, nonfinite, perf
 from skipless_jax.trainers.run import open_workdir
 
 EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca", "fewshot", "dino_linear")
@@ -540,8 +530,5 @@ def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
             flops.dino_tg_flops(config.model, size, crops, channels=channels))
 
 
-TRAINER = Trainer(
-    "dino", check_config, train_and_evaluate, evaluation, *image_evaluators(EVALUATOR_TYPES),
-    flops_per_example=flops_per_example, example_unit=one_image, epoch_steps=multicrop.EPOCH_STEPS,
-    inputs="images", build_model=build_model, backbone_key="teacher", classifier=False, with_quantize=None,
-    export_forward=None, export_examples=None, analysis=None)
+TRAINER = image_trainer("dino", check_config, train_and_evaluate, evaluation, EVALUATOR_TYPES, flops_per_example,
+                        epoch_steps=multicrop.EPOCH_STEPS, build_model=build_model, backbone_key="teacher")

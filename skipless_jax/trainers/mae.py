@@ -32,7 +32,7 @@ from skipless_jax.models import flops, vit
 from skipless_jax.models import mae as mae_lib
 from skipless_jax.models.common import patchify, unpatchify
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import Trainer, common, image_evaluators, image_geometry, loop, nonfinite, one_image, perf
+from skipless_jax.trainers import common, image_geometry, image_trainer, loop, nonfinite, perf
 from skipless_jax.trainers.run import open_workdir
 
 EVALUATOR_TYPES = ("knn", "linear_probe", "fewshot", "dino_linear")
@@ -289,8 +289,5 @@ def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
             flops.tg_flops_per_example(config.model, size, channels=channels))
 
 
-TRAINER = Trainer(
-    "mae", check_config, train_and_evaluate, evaluation, *image_evaluators(EVALUATOR_TYPES),
-    flops_per_example=flops_per_example, example_unit=one_image, epoch_steps={}, inputs="images",
-    build_model=build_model, backbone_key=None, classifier=False, with_quantize=None, export_forward=None,
-    export_examples=None, analysis=None)
+TRAINER = image_trainer("mae", check_config, train_and_evaluate, evaluation, EVALUATOR_TYPES, flops_per_example,
+                        build_model=build_model)

@@ -24,17 +24,7 @@ from skipless_jax import checkpoint, evaluators, losses, models, pretrained, rng
 from skipless_jax.data import device_images, device_mix, inputs, sources
 from skipless_jax.models import flops, roles
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import (
-    Trainer,
-    common,
-    image_evaluators,
-    image_geometry,
-    loop,
-    model_ema,
-    nonfinite,
-    one_image,
-    perf,
-)
+from skipless_jax.trainers import common, image_geometry, image_trainer, loop, model_ema, nonfinite, perf
 from skipless_jax.trainers.run import open_workdir
 
 EVALUATOR_TYPES = (
@@ -295,8 +285,5 @@ def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
             flops.tg_flops_per_example(config.model, size, channels=channels))
 
 
-TRAINER = Trainer(
-    "supervised", check_config, train_and_evaluate, evaluation, *image_evaluators(EVALUATOR_TYPES),
-    flops_per_example=flops_per_example, example_unit=one_image, epoch_steps={}, inputs="images",
-    build_model=None, backbone_key=None, classifier=True, with_quantize=None, export_forward=None,
-    export_examples=None, analysis=None)
+TRAINER = image_trainer("supervised", check_config, train_and_evaluate, evaluation, EVALUATOR_TYPES, flops_per_example,
+                        classifier=True)
