@@ -230,18 +230,14 @@ def _per_factor(fn: Callable, *factors: list[jax.Array]) -> list[Any]:
 
     out: list[Any] = [None] * len(factors[0])
     spec = jax.sharding.PartitionSpec(axes)
-
-    def local_then_gathered(*xs):  # each device's share, then all of it everywhere
-        return jax.tree.map(lambda r: jax.lax.all_gather(r, axes, tiled=True), _stacked_map(fn, xs))
-
     for idx in _groups(factors[0]):
         if len(idx) == 1:  # one factor: every device would factorize a copy of it anyway
             out[idx[0]] = fn(*(lst[idx[0]] for lst in factors))
             continue
         padded = idx + [idx[0]] * (-len(idx) % devices)
         stacks = tuple(jnp.stack([lst[i] for i in padded]) for lst in factors)
-        res = jax.shard_map(local_then_gathered, in_specs=(spec,) * len(stacks),
-                            out_specs=jax.sharding.PartitionSpec(), check_vma=False)(*stacks)
+        res = jax.shard_map(lambda *xs: _stacked_map(fn, xs), in_specs=(spec,) * len(stacks), out_specs=spec,
+                            check_vma=False)(*stacks)
         for pos, i in enumerate(idx):
             out[i] = jax.tree.map(lambda r, pos=pos: r[pos], res)
     return out
