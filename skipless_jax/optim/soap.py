@@ -208,8 +208,10 @@ def _per_factor(fn: Callable, *factors: list[jax.Array]) -> list[Any]:
     Under a mesh with D > 1 data devices the factors are distributed: the ones of equal shape and
     dtype are stacked, padded to a multiple of D (copies of the first), and each device factorizes
     its 1/D of the stack (`shard_map` over the data axes); the results are gathered where they
-    are used. Elsewhere: a loop over the factors on CPU (see `_stacked_map`), and on accelerators
-    one batched call per group of equal shape and dtype.
+    are used. A group of one factor is factorized where it is (padding it would give every
+    device a copy to factorize anyway, and D gathered copies to check). Elsewhere: a loop over
+    the factors on CPU (see `_stacked_map`), and on accelerators one batched call per group of
+    equal shape and dtype.
     """
     if not factors[0]:
         return []
