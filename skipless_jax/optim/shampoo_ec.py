@@ -15,7 +15,7 @@ refresh(t) = (t % f == 0 and t > s) or t == s, s = `start_preconditioning_step` 
 the identity before the first refresh, so steps 1..s-1 are Adam with ε inside the root (§3-§4).
 
 The eigendecompositions run inside one `lax.cond` on refresh steps and are divided over the data
-devices like SOAP's (`soap._per_factor`). State leaves are plain arrays: M and V have the
+devices like SOAP's (`soap.per_factor`). State leaves are plain arrays: M and V have the
 parameter's shape, every factor and basis is (s, s) ((L, s, s) for a `stacked` leaf of L layers),
 so the trainer's sharding rules apply to them like to the parameters.
 """
@@ -34,15 +34,15 @@ import optax
 from skipless_jax.checks import is_int, is_number
 from skipless_jax.optim.soap import (
     ScalarOrSchedule,
-    _check_mask_type,
-    _check_positive_int,
-    _check_unit_interval,
-    _per_factor,
-    _resolve_mask,
-    _state_dtype,
+    check_mask_type,
+    check_positive_int,
+    check_unit_interval,
     default_weight_decay_mask,
     mode_gram,
     mode_product,
+    per_factor,
+    resolve_mask,
+    state_dtype,
 )
 
 _WHO = "shampoo_ec"
@@ -204,14 +204,14 @@ def validate_shampoo_ec_hparams(
     start_preconditioning_step: int = -1,
 ) -> None:
     """One-line ValueError for the first bad hyperparameter (the reference's checks, in its words)."""
-    _check_unit_interval("b1", b1, _WHO)
-    _check_unit_interval("b2", b2, _WHO)
+    check_unit_interval("b1", b1, _WHO)
+    check_unit_interval("b2", b2, _WHO)
     if not is_number(eps) or not eps > 0:
         raise ValueError(f"{_WHO} eps must be a float > 0, got {eps!r}")
     if not is_number(weight_decay) or not weight_decay >= 0:
         raise ValueError(f"{_WHO} weight_decay must be a float >= 0, got {weight_decay!r}")
-    _check_positive_int("precondition_frequency", precondition_frequency, _WHO)
-    _check_positive_int("max_preconditioner_dim", max_preconditioner_dim, _WHO)
+    check_positive_int("precondition_frequency", precondition_frequency, _WHO)
+    check_positive_int("max_preconditioner_dim", max_preconditioner_dim, _WHO)
     start = start_preconditioning_step
     if not is_int(start) or not (start == -1 or start >= precondition_frequency):
         raise ValueError(
@@ -253,13 +253,13 @@ def scale_by_shampoo_ec(
     """
     validate_shampoo_ec_hparams(b1, b2, eps, 0.0, precondition_frequency, max_preconditioner_dim,
                                 start_preconditioning_step)
-    _check_mask_type(stacked, "stacked", _WHO)
+    check_mask_type(stacked, "stacked", _WHO)
     hp = _Hyper(b1, b2, eps)
 
     def flags_of(tree: Any) -> Any:
         if stacked is None:
             return jax.tree.map(lambda _: False, tree)
-        return _resolve_mask(stacked, tree, "stacked", _WHO)
+        return resolve_mask(stacked, tree, "stacked", _WHO)
 
     def layout(p: jax.Array, is_stacked: bool) -> Layout:
         return block_layout(jnp.shape(p)[1:] if is_stacked else jnp.shape(p), max_preconditioner_dim)
@@ -269,9 +269,9 @@ def scale_by_shampoo_ec(
             _, work, blocks = layout(p, is_stacked)
             lead = (p.shape[0],) if is_stacked else ()
             dims = [s for b in blocks for s in _block_dims(work, b)]
-            return tuple(jnp.broadcast_to(fill(s, _state_dtype(p.dtype)), lead + (s, s)) for s in dims)
+            return tuple(jnp.broadcast_to(fill(s, state_dtype(p.dtype)), lead + (s, s)) for s in dims)
 
-        zeros = lambda p: jnp.zeros(jnp.shape(p), _state_dtype(p.dtype))
+        zeros = lambda p: jnp.zeros(jnp.shape(p), state_dtype(p.dtype))
         flags = flags_of(params)
         return ScaleByShampooECState(
             count=jnp.zeros([], jnp.int32),
@@ -299,7 +299,7 @@ def scale_by_shampoo_ec(
         def work(x: jax.Array, i: int) -> jax.Array:
             return per_layer(lambda y: to_work(y, layouts[i]), i)(x)
 
-        gs = [work(g.astype(_state_dtype(g.dtype)), i) for i, g in enumerate(grads)]
+        gs = [work(g.astype(state_dtype(g.dtype)), i) for i, g in enumerate(grads)]
         new_factors = [
             per_layer(lambda g, f, blocks=layout.blocks: update_factors(g, f, blocks, b2), i)(gs[i], tuple(factors[i]))
             for i, layout in enumerate(layouts)
@@ -307,7 +307,7 @@ def scale_by_shampoo_ec(
         # §3.2: eigh of every factor on refresh steps only; V is left as it is.
         flat = jax.lax.cond(
             refresh_step(state.count, precondition_frequency, start_preconditioning_step),
-            lambda ops: _per_factor(_ascending_eigenbasis, ops[0]),
+            lambda ops: per_factor(_ascending_eigenbasis, ops[0]),
             lambda ops: ops[1],
             (_layers_split(new_factors, layers), _layers_split([tuple(q) for q in bases], layers)),
         )
@@ -361,7 +361,7 @@ def shampoo_ec(
     """
     validate_shampoo_ec_hparams(b1, b2, eps, weight_decay, precondition_frequency, max_preconditioner_dim,
                                 start_preconditioning_step)
-    _check_mask_type(weight_decay_mask, who=_WHO)
+    check_mask_type(weight_decay_mask, who=_WHO)
     parts = [scale_by_shampoo_ec(b1, b2, eps, precondition_frequency, max_preconditioner_dim,
                                  start_preconditioning_step, stacked)]
     if weight_decay > 0:

@@ -18,7 +18,7 @@ product stays ≤ `max_precond_dim`; axes are taken in the parameter's order (Fl
 
 Efficiency: the eigendecomposition (call 0) and the QR refresh run inside `lax.cond`s, so the
 other steps do no factorization. Under a mesh with D > 1 data devices the factorizations are
-divided over the devices (each factorizes 1/D of the factors of each shape, `_per_factor`);
+divided over the devices (each factorizes 1/D of the factors of each shape, `per_factor`);
 on one device, factors of equal size and dtype are factorized by one batched call on
 accelerators and one call per factor on CPU (it compiles faster there). Factors,
 eigenbases and moments are kept in float32 at least (float64 stays float64).
@@ -113,7 +113,7 @@ def soap_layout(
     return work, tuple(i for i, s in enumerate(work) if s <= max_precond_dim)
 
 
-def _state_dtype(dtype: Any) -> jnp.dtype:
+def state_dtype(dtype: Any) -> jnp.dtype:
     """Factors, eigenbases and moments: at least float32; float64 stays float64."""
     return jnp.promote_types(dtype, jnp.float32)
 
@@ -169,7 +169,7 @@ def power_qr_refresh(
     powers = [jnp.matmul(gg, q, precision=_PRECISION) for gg, q in zip(ggs, qs)]
     # top_k over all s entries: indices by descending value, no negation or reverse needed.
     orders = [jax.lax.top_k(jnp.sum(q * p, axis=0), q.shape[0])[1] for q, p in zip(qs, powers)]
-    q_new = _per_factor(lambda p, o: jnp.linalg.qr(p[:, o])[0], powers, orders)
+    q_new = per_factor(lambda p, o: jnp.linalg.qr(p[:, o])[0], powers, orders)
     return q_new, orders
 
 
@@ -202,7 +202,7 @@ def _data_axes() -> tuple[tuple[str, ...], int]:
     return axes, int(np.prod([mesh.shape[a] for a in axes]))
 
 
-def _per_factor(fn: Callable, *factors: list[jax.Array]) -> list[Any]:
+def per_factor(fn: Callable, *factors: list[jax.Array]) -> list[Any]:
     """[fn(*xs) for xs in zip(*factors)] (the factorizations: eigh at call 0, QR on refresh).
 
     Under a mesh with D > 1 data devices the factors are distributed: the ones of equal shape and
@@ -310,12 +310,12 @@ def tensor_rotate(
 # Validation.
 
 
-def _check_unit_interval(name: str, value: float, who: str = "SOAP") -> None:
+def check_unit_interval(name: str, value: float, who: str = "SOAP") -> None:
     if not is_number(value) or not 0.0 <= float(value) < 1.0:
         raise ValueError(f"{who} {name} must be a float in [0, 1), got {value!r}")
 
 
-def _check_positive_int(name: str, value: int, who: str = "SOAP") -> None:
+def check_positive_int(name: str, value: int, who: str = "SOAP") -> None:
     if not is_positive_int(value):
         raise ValueError(f"{who} {name} must be an integer >= 1, got {value!r}")
 
@@ -330,19 +330,19 @@ def validate_soap_hparams(
     max_precond_dim: int = 10000,
 ) -> None:
     """One-line ValueError for the first bad SOAP hyperparameter (called at construction)."""
-    _check_unit_interval("b1", b1)
-    _check_unit_interval("b2", b2)
+    check_unit_interval("b1", b1)
+    check_unit_interval("b2", b2)
     if shampoo_beta is not None:
-        _check_unit_interval("shampoo_beta", shampoo_beta)
+        check_unit_interval("shampoo_beta", shampoo_beta)
     if not is_number(eps) or eps < 0:
         raise ValueError(f"SOAP eps must be a float >= 0, got {eps!r}")
     if not is_number(weight_decay) or weight_decay < 0:
         raise ValueError(f"SOAP weight_decay must be a float >= 0, got {weight_decay!r}")
-    _check_positive_int("precondition_frequency", precondition_frequency)
-    _check_positive_int("max_precond_dim", max_precond_dim)
+    check_positive_int("precondition_frequency", precondition_frequency)
+    check_positive_int("max_precond_dim", max_precond_dim)
 
 
-def _check_mask_type(mask: Any, name: str = "weight_decay_mask", who: str = "SOAP") -> None:
+def check_mask_type(mask: Any, name: str = "weight_decay_mask", who: str = "SOAP") -> None:
     if mask is None or callable(mask):
         return
     leaves = jax.tree.leaves(mask)
@@ -353,7 +353,7 @@ def _check_mask_type(mask: Any, name: str = "weight_decay_mask", who: str = "SOA
         )
 
 
-def _resolve_mask(mask: Any, params: optax.Params, name: str = "weight_decay_mask", who: str = "SOAP") -> Any:
+def resolve_mask(mask: Any, params: optax.Params, name: str = "weight_decay_mask", who: str = "SOAP") -> Any:
     """Mask pytree of bools for `params`; one-line ValueError when its structure differs."""
     resolved = mask(params) if callable(mask) else mask
     want, got = jax.tree.structure(params), jax.tree.structure(resolved)
@@ -396,7 +396,7 @@ def scale_by_soap(
     (factors (L, s, s), its own normalization), exactly as if the layers were separate leaves.
     """
     validate_soap_hparams(b1, b2, shampoo_beta, eps, 0.0, precondition_frequency, max_precond_dim)
-    _check_mask_type(stacked, "stacked")
+    check_mask_type(stacked, "stacked")
     beta_s = b2 if shampoo_beta is None else shampoo_beta
 
     hp = _Hyper(b1, b2, beta_s, eps, normalize_grads, correct_bias)
@@ -406,16 +406,16 @@ def scale_by_soap(
         return soap_layout(shape, max_precond_dim, merge_dims, precondition_1d)
 
     def stacked_flags(tree: Any) -> Any:
-        return jax.tree.map(lambda _: False, tree) if stacked is None else _resolve_mask(stacked, tree, "stacked")
+        return jax.tree.map(lambda _: False, tree) if stacked is None else resolve_mask(stacked, tree, "stacked")
 
     def init_fn(params: optax.Params) -> ScaleBySoapState:
         def factors(p: jax.Array, is_stacked: bool, fill: Callable) -> tuple[jax.Array, ...]:
             work, axes = layout(p, is_stacked)
-            dtype = _state_dtype(p.dtype)
+            dtype = state_dtype(p.dtype)
             lead = (p.shape[0],) if is_stacked else ()
             return tuple(jnp.broadcast_to(fill(work[a], dtype), lead + (work[a],) * 2) for a in axes)
 
-        zeros = lambda p: jnp.zeros(jnp.shape(p), _state_dtype(p.dtype))
+        zeros = lambda p: jnp.zeros(jnp.shape(p), state_dtype(p.dtype))
         flags = stacked_flags(params)
         return ScaleBySoapState(
             count=jnp.zeros([], jnp.int32),
@@ -446,7 +446,7 @@ def scale_by_soap(
 
         directions, new_mu, new_nu, new_gg = [], [], [], []
         for i, (g, mu, nu, gg, q) in enumerate(zip(grads, mus, nus, ggs, qs)):
-            dtype, axes, work = _state_dtype(g.dtype), layouts[i][1], work_shape(i)
+            dtype, axes, work = state_dtype(g.dtype), layouts[i][1], work_shape(i)
             step = lambda g, mu, nu, gg, q, axes=axes: tensor_step(g, mu, nu, gg, q, count, axes, hp)
             d, m, v, f = per_layer(step, i)(
                 g.astype(dtype).reshape(work), mu.reshape(work), nu.reshape(work), tuple(gg), tuple(q)
@@ -481,7 +481,7 @@ def scale_by_soap(
 
         def eigh_init(ops):
             gg_flat, q_flat, mu_l, nu_l = ops
-            return _per_factor(_descending_eigenbasis, gg_flat), mu_l, nu_l
+            return per_factor(_descending_eigenbasis, gg_flat), mu_l, nu_l
 
         def qr_refresh(ops):
             gg_flat, q_flat, mu_l, nu_l = ops
@@ -532,11 +532,11 @@ def add_decayed_weights_after_step(
     `optax.scale_by_learning_rate`); call 0 (SOAP's zero step) applies no decay. `mask`: None
     (all leaves), a bool pytree matching the parameters, or a callable params -> bool pytree.
     """
-    _check_mask_type(mask)
+    check_mask_type(mask)
 
     def init_fn(params: optax.Params) -> DecoupledDecayState:
         if mask is not None:
-            _resolve_mask(mask, params)
+            resolve_mask(mask, params)
         return DecoupledDecayState(count=jnp.zeros([], jnp.int32))
 
     def update_fn(
@@ -546,7 +546,7 @@ def add_decayed_weights_after_step(
             raise ValueError("SOAP weight decay needs params: call update(grads, state, params)")
         lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
         active = state.count > 0
-        masks = _resolve_mask(mask, params) if mask is not None else jax.tree.map(lambda _: True, params)
+        masks = resolve_mask(mask, params) if mask is not None else jax.tree.map(lambda _: True, params)
 
         def decay(u: jax.Array, p: jax.Array, on: bool) -> jax.Array:
             if not on:
@@ -586,7 +586,7 @@ def soap(
     validate_soap_hparams(
         b1, b2, shampoo_beta, eps, weight_decay, precondition_frequency, max_precond_dim
     )
-    _check_mask_type(weight_decay_mask)
+    check_mask_type(weight_decay_mask)
     parts = [
         scale_by_soap(
             b1=b1,
