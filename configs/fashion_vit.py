@@ -39,7 +39,7 @@ gradient clipping 1.0, label smoothing 0, no augmentation (the images as stored,
 the train split's mean 0.2860 and std 0.3530, data/sources.py). The study uses no augmentation
 (aug=none, the default) at 10 epochs.
 
-The study (issue #53; pre-registered before any of its runs): `GRIDS['table1']` ("Always Skip
+The study (pre-registered before any of its runs): `GRIDS['table1']` ("Always Skip
 Attention", Table 1: the four skip settings of the ViT, AdamW, depth 8, and ConvMixer with and
 without its skip), `GRIDS['cutting']` ("Cutting the Skip": with skips, skipless + default init,
 skipless + skipless init, each under AdamW and SOAP, and shampoo_ec with the init, depth 8)
@@ -78,7 +78,7 @@ _PAD_CROP = dict(randaug=None, scale=(0.08, 1.0), flip=False, reprob=0.0, mixup=
                  mixup_switch_prob=0.5, crop="pad", crop_padding=2)
 AUGS = {"none": None, "pad_crop": _PAD_CROP, "pad_crop_flip": dict(_PAD_CROP, flip=True)}
 
-# The study's grids (issue #53), for `python -m skipless_jax.sweep --config=configs/fashion_vit.py
+# The study's grids, for `python -m skipless_jax.sweep --config=configs/fashion_vit.py
 # --grid=NAME --root=ROOT` (one root holds them all: a run two grids share is one folder, so the
 # axes are always in this order: model, skip_sab, skip_ffn, init, opt, depth, lr, val, seed).
 # Each cell's lr grid: three neighbours on the ladder LADDER (steps of about 3×) around the lr its

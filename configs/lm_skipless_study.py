@@ -1,4 +1,4 @@
-r"""Deep skipless language models, the field's methods side by side (issue #55; pre-registered).
+r"""Deep skipless language models, the field's methods side by side (pre-registered).
 
     python -m skipless_jax.main --config=configs/lm_skipless_study.py:attention_shape=sas,opt=muon \
         --workdir=/tmp/lm_sas_muon
