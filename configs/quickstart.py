@@ -42,6 +42,10 @@ grid was seen: `:depth=8,opt=adamw,lr=2e-3,val=True` (82.5 ± 4.2 %, 5 seeds) ag
 p 0.044. With each cell at the lr it chooses on validation the skipless init leads by 9.7
 points (Holm p 0.008; the default init's choice, 3e-4, is the end of the lr grid); "init + SOAP
 within 1 point of the skips" is reversed at depths 12 and 16 and not shown at depth 8.
+Pre-registered, not run yet: the grid `fork_recipe` (that ordering with shampoo_ec and the authors'
+init at depths 8 and 12, each cell choosing its lr on validation; claims
+`init_shampoo_ec_matches_skips_pf100`, `_pf10`, `init_soap_matches_skips_best_lr`) and the grid
+`bimodal_seeds` (seeds 5-9 of each cell where some seeds of 0-4 trained and some did not).
 
 Args (same names in every config): skip_sab, skip_ffn, depth, seed, init, opt, tg, eps, e.g.
     --config=configs/quickstart.py:skip_sab=False,depth=8,seed=1
@@ -52,7 +56,9 @@ set so that a token's attention on itself at init is that share, docs/method/pap
 project's extension, not the paper's), val=True (train on train[:90%], report val_accuracy on
 train[90%:] beside test_accuracy), aug (none, or pad_crop: a ±1-pixel pad-and-crop, see AUGS),
 repeats (repeated augmentation's r, docs/method/recipes.md §21), ema (the model EMA's decay, 0: off;
-docs/method/recipes.md §22).
+docs/method/recipes.md §22),
+init_source (paper: the text's skipless-init settings, as without it; fork: config_blocks.MAE_FORK_INIT),
+pf (precondition_frequency of opt=soap or shampoo_ec; unset: the optimizer's own, 10 or 100).
 """
 
 import ml_collections
@@ -67,6 +73,10 @@ from skipless_jax import config_args, config_blocks
 # number and a rank-1 patch matrix; only the number of tokens changes.
 TOKENS = {16: None, 64: 16}
 VAL_TRAIN, VAL = "train[:90%]", "train[90%:]"  # val=True: the train split's last 10 % held out
+# init_source -> the skipless init's settings: the paper's text (Q/K Gaussian, V/O polar with c = 3,
+# SUO MLP) or the authors' MAE fork (Q/K uniform, V/O U Vᵀ with c = 1, default MLP;
+# docs/method/authors_init.md §3); α = 2, β = 0.6 in both.
+INIT_SOURCES = {"paper": config_blocks.VITB_SUPERVISED_INIT, "fork": config_blocks.MAE_FORK_INIT}
 # aug -> config.input.aug (None: images as stored). The digits are 8×8 single-channel: pad_crop
 # shifts by up to one pixel (pad 1, random 8×8 crop), no flip (digits are not mirror-symmetric),
 # nothing else; eval images as stored (crop_pct 1).
@@ -82,6 +92,8 @@ AUGS = {
 
 _SKIPLESS = "skip_sab=False skip_ffn=False"
 _SEEDS = "0,1,2,3,4"
+_SEEDS_MORE = "5,6,7,8,9"
+_LRS_2ND = "7.5e-4,1.5e-3,3e-3,6e-3"  # the fork_recipe grid's lrs of SOAP and shampoo_ec
 # Label smoothing 0.1 on the cells of ordering (ii) (the claims grid's priority 4).
 _LABEL_SMOOTHING = [
     f"{_SKIPLESS} init=skipless opt=soap depth=8,12,16 label_smoothing=0.1 seed={_SEEDS}",
@@ -146,6 +158,42 @@ GRIDS = {
     ],
     # Priority 4 of the claims grid alone, to judge ordering (ii) under label smoothing by itself.
     "claims_label_smoothing": _LABEL_SMOOTHING,
+    # Written before its runs: ordering (ii) with the authors' recipe, each cell at the lr it
+    # chooses on validation (claims `init_shampoo_ec_matches_skips_pf*`, `init_soap_matches_skips_best_lr`).
+    # The second-order cells share a 4-lr grid, 8× wide around SOAP's 3e-3 (AdamW's choices:
+    # skipless + init 1e-3 at depth 8 and 3e-4 at 12; with skips 2e-3, the top of its grid, at both):
+    # shampoo_ec with the fork's init, refreshing every 100 steps (the fork's) and every 10 (a digits
+    # run is 809 steps); SOAP with the paper's init. With skips, AdamW: the claims grid's 3e-4, 1e-3
+    # (unwritten) and 2e-3 (30 runs already there), and 4e-3, 8e-3 above them.
+    # 170 runs, 140 new: 80 shampoo_ec, 40 SOAP, 20 AdamW. Cost, from 55-70 CPU-s per 899-step run at
+    # depth 4 (14-17.5 CPU-s per block) × 809/899 steps, the second-order steps taken as 1-1.2× AdamW's:
+    # 101-151 CPU-s per run at depth 8, 151-227 at depth 12; the 140 new runs 4.9-7.2 CPU-hours,
+    # 6.0-8.5 with the 30 AdamW runs on a root that lacks them.
+    "fork_recipe": [
+        f"{_SKIPLESS} init=skipless opt=shampoo_ec depth=8,12 init_source=fork pf=100,10 lr={_LRS_2ND} val=True "
+        f"seed={_SEEDS}",
+        f"{_SKIPLESS} init=skipless opt=soap depth=8,12 lr={_LRS_2ND} val=True seed={_SEEDS}",
+        f"skip_sab=True skip_ffn=True init=default opt=adamw depth=8,12 lr=3e-4,2e-3,4e-3,8e-3 val=True seed={_SEEDS}",
+        f"skip_sab=True skip_ffn=True init=default opt=adamw depth=8,12 val=True seed={_SEEDS}",
+    ],
+    # Seeds 5-9 on each committed cell whose trained count k/n (final train loss below
+    # ½ ln 10) is strictly between 0 and n, in the folders of its grid (seeds 0-4 are committed):
+    #   no skips, default init, AdamW, depth 8                    4/5  (quickstart_runs.csv)
+    #   no skips, skipless init, AdamW, depth 12                  4/5  (quickstart_runs.csv)
+    #   no skips, default init, AdamW, depth 12, lr 3e-4, val     3/5  (claims_runs.csv)
+    #   no skips, skipless init, AdamW, depth 12, lr 1e-3, val    3/5  (claims_runs.csv)
+    #   no skips, default init, AdamW, depth 8, 64 tokens         1/5  (claims_runs.csv)
+    #   no skips, default init, SOAP, depth 16                    2/5  (claims_runs.csv)
+    # Their partner cells (e.g. the skipless init at 5/5) keep 5 seeds. 30 runs; at 14-17.5 CPU-s
+    # per block (×0.9 with val, ×4 at 64 tokens): 1.7-2.2 CPU-hours.
+    "bimodal_seeds": [
+        f"{_SKIPLESS} init=default opt=adamw depth=8 seed={_SEEDS_MORE}",
+        f"{_SKIPLESS} init=skipless opt=adamw depth=12 seed={_SEEDS_MORE}",
+        f"{_SKIPLESS} init=default opt=adamw depth=12 lr=3e-4 val=True seed={_SEEDS_MORE}",
+        f"{_SKIPLESS} init=skipless opt=adamw depth=12 val=True seed={_SEEDS_MORE}",
+        f"{_SKIPLESS} init=default opt=adamw depth=8 tokens=64 seed={_SEEDS_MORE}",
+        f"{_SKIPLESS} init=default opt=soap depth=16 seed={_SEEDS_MORE}",
+    ],
 }
 
 # The papers' claims, judged over seeds by `python -m skipless_jax.report SRC --claims=configs/quickstart.py`
@@ -156,12 +204,31 @@ GRIDS = {
 _NO_SKIPS = {"skip_sab": "False", "skip_ffn": "False"}
 _WITH_SKIPS = {"skip_sab": "True", "skip_ffn": "True", "init": "default"}
 _PER = ("depth", "lr", "tokens", "label_smoothing", "self_share", "val")
+_PER_BEST_LR = tuple(k for k in _PER if k not in ("lr", "val"))
+
+
+def _matches_skips_best_lr(what: str, a: dict[str, str], family: str) -> dict:
+    """Ordering (ii) with validation: skipless-init cell A (no skips, `a`'s optimizer and init
+    settings) ≥ with skips under AdamW within 1 point, each cell at the lr it chooses on val."""
+    return dict(
+        text=f"{what} ≥ with skips under AdamW, within 1 point, each at the lr it chooses on validation",
+        a={**_NO_SKIPS, "init": "skipless", **a, "val": "True"},
+        b={**_WITH_SKIPS, "opt": "adamw", "val": "True"},
+        margin=0.01,
+        per=_PER_BEST_LR,
+        select="lr",
+        select_field="optimizer.lr",
+        family=family,
+    )
+
+
 CLAIMS = {
     "init_beats_default_adamw": dict(
         text="Cutting the Skip: the skipless init > the default init under AdamW, no skips",
         a={**_NO_SKIPS, "init": "skipless", "opt": "adamw"},
         b={**_NO_SKIPS, "init": "default", "opt": "adamw"},
         per=_PER,
+        family="init_beats_default_adamw",
     ),
     "init_soap_matches_skips": dict(
         text="Cutting the Skip: no skips + skipless init + SOAP ≥ with skips under AdamW, within 1 point",
@@ -169,26 +236,30 @@ CLAIMS = {
         b={**_WITH_SKIPS, "opt": "adamw"},
         margin=0.01,
         per=_PER,
+        family="init_soap_matches_skips",
     ),
     "soap_beats_adamw_init": dict(
         text="Cutting the Skip: SOAP > AdamW, no skips, skipless init",
         a={**_NO_SKIPS, "init": "skipless", "opt": "soap"},
         b={**_NO_SKIPS, "init": "skipless", "opt": "adamw"},
         per=_PER,
+        family="soap_beats_adamw_init",
     ),
     "soap_beats_adamw_default": dict(
         text="Cutting the Skip: SOAP > AdamW, no skips, default init",
         a={**_NO_SKIPS, "init": "default", "opt": "soap"},
         b={**_NO_SKIPS, "init": "default", "opt": "adamw"},
         per=_PER,
+        family="soap_beats_adamw_default",
     ),
     "sab_skip_matters_more": dict(
         text="Always Skip Attention: without the FFN skip > without the SAB skip (default init, AdamW)",
         a={"skip_sab": "True", "skip_ffn": "False", "init": "default", "opt": "adamw"},
         b={"skip_sab": "False", "skip_ffn": "True", "init": "default", "opt": "adamw"},
         per=_PER,
+        family="sab_skip_matters_more",
     ),
-    # #52 item 4, written before its runs: the failure rate, not the mean. A run trained when its
+    # Written before its runs: the failure rate, not the mean. A run trained when its
     # final train loss is below ½ ln 10 (docs/method/reports.md §19); Fisher's exact test on k/n per cell
     # (docs/method/verdicts.md §3), its own Holm family.
     "init_trains_more_often": dict(
@@ -200,17 +271,42 @@ CLAIMS = {
         family="init_trains_more_often",
     ),
     # Written after the claims grid's lr runs were seen: the comparison docs/results.md had made
-    # by hand, now made by code (#52 item 3): each cell takes the lr of its best mean
+    # by hand, now made by code: each cell takes the lr of its best mean
     # val_accuracy, then test decides; a choice at an end of the lr grid is marked not interior.
     "init_beats_default_adamw_best_lr": dict(
         text="the skipless init > the default init under AdamW, no skips, each at the lr it chooses on validation",
         a={**_NO_SKIPS, "init": "skipless", "opt": "adamw", "val": "True"},
         b={**_NO_SKIPS, "init": "default", "opt": "adamw", "val": "True"},
-        per=tuple(k for k in _PER if k not in ("lr", "val")),
+        per=_PER_BEST_LR,
         select="lr",
         select_field="optimizer.lr",
+        family="init_beats_default_adamw_best_lr",
+    ),
+    # Written before the fork_recipe grid's runs: ordering (ii) with the authors'
+    # optimizer and init, one claim per refresh frequency (the with-skips cell has none), the two in
+    # one Holm family; and with today's SOAP, both at the lr each cell chooses on validation.
+    **{f"init_shampoo_ec_matches_skips_pf{pf}": _matches_skips_best_lr(
+        f"no skips + the fork's init + shampoo_ec (eigh every {pf} steps)",
+        dict(opt="shampoo_ec", init_source="fork", pf=str(pf)), "init_shampoo_ec_matches_skips",
+    ) for pf in (100, 10)},
+    "init_soap_matches_skips_best_lr": _matches_skips_best_lr(
+        "no skips + skipless init + SOAP", dict(opt="soap", init_source="paper", pf="None"),
+        "init_soap_matches_skips_best_lr",
     ),
 }
+
+
+def _refresh_frequency(a: dict) -> int | None:
+    """The `pf` arg as an int >= 1 (None: unset); a one-line error for a bad value or an optimizer
+    without a preconditioner refresh."""
+    pf = config_args.optional_number(a, "pf")
+    if pf is None:
+        return None
+    if a["opt"] not in ("soap", "shampoo_ec"):
+        raise ValueError(f"config arg pf={a['pf']!r} applies to opt=soap | shampoo_ec only, not opt={a['opt']!r}")
+    if pf != int(pf) or pf < 1:
+        raise ValueError(f"config arg pf={a['pf']!r} must be an integer >= 1")
+    return int(pf)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -233,7 +329,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         aug="none",
         repeats=1,
         ema=0.0,
+        init_source="paper",
+        pf=None,
     )
+    if a["init_source"] not in INIT_SOURCES:
+        raise ValueError(f"config arg init_source={a['init_source']!r} is not allowed; allowed: "
+                         f"{' | '.join(INIT_SOURCES)}")
     if a["aug"] not in AUGS:
         raise ValueError(f"config arg aug={a['aug']!r} is not allowed; allowed: {' | '.join(AUGS)}")
     if a["tokens"] not in TOKENS:
@@ -260,7 +361,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Skips, init (the ViT-B/16 constants of Cutting the Skip) and Token Graying from the args.
     c.model = config_blocks.vit_model(
         a,
-        config_blocks.VITB_SUPERVISED_INIT,
+        INIT_SOURCES[a["init_source"]],
         variant=placeholder(str),
         width=64,
         depth=a["depth"],
@@ -279,6 +380,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     lr = config_args.optional_number(a, "lr")
     lr = lr if lr is not None else 3e-3 if a["opt"] == "soap" else 1e-3
     c.optimizer = config_blocks.optimizer(a["opt"], lr=lr, weight_decay=0.05)
+    pf = _refresh_frequency(a)
+    if pf is not None:
+        c.optimizer.precondition_frequency = pf
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=5, end_lr=1e-5))
     c.total_epochs = a["epochs"]
     c.grad_clip_norm = 1.0

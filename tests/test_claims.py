@@ -248,19 +248,91 @@ def test_report_claims_reads_a_sweep_root_with_failed_runs(tmp_path, capsys):
 def test_the_quickstart_claims_name_cells_of_its_grids():
     """Every cell of every quickstart claim is a set of runs of the quickstart's named grids."""
     module = sweep.load_config_module(QUICKSTART)
-    names = set()
-    for grid in ("table1", "skip_ablation", "depth", "claims"):
-        names |= {r.name for r in sweep.expand(QUICKSTART, grid, module)}
-    runs = [report.run_args(n) for n in names]
+    runs = _grid_runs(module, "table1", "skip_ablation", "depth", "claims")
     qs = claims.from_module(module, path=QUICKSTART)
     assert [c.name for c in qs] == ["init_beats_default_adamw", "init_soap_matches_skips", "soap_beats_adamw_init",
                                    "soap_beats_adamw_default", "sab_skip_matters_more",
-                                   "init_trains_more_often", "init_beats_default_adamw_best_lr"]
-    for c in qs:
+                                   "init_trains_more_often", "init_beats_default_adamw_best_lr",
+                                   "init_shampoo_ec_matches_skips_pf100", "init_shampoo_ec_matches_skips_pf10",
+                                   "init_soap_matches_skips_best_lr"]
+    assert all(c.family == c.name for c in qs[:7])  # the claims before the fork recipe's: each its own family
+    for c in qs[:7]:
         for cell in (c.a, c.b):
             matching = [r for r in runs if all(r.get(k) == v for k, v in cell.items())]
             assert len(matching) >= 5, (c.name, cell)
     assert next(c for c in qs if c.name == "init_soap_matches_skips").margin == 0.01
+
+
+def _grid_runs(module, *grids: str, metrics=None) -> list[dict]:
+    """report's rows of the runs of the quickstart's `grids` (their folder args), with the
+    final metrics `metrics(args)` (none: args only)."""
+    names = {r.name for g in grids for r in sweep.expand(QUICKSTART, g, module)}
+    runs = [{"run": n, **report.run_args(n)} for n in sorted(names)]
+    for r in runs:
+        r.update(metrics(r) if metrics else {})
+    return runs
+
+
+def test_the_fork_recipe_claims_name_their_grids_runs_and_choose_among_four_lrs():
+    """Each cell of the fork recipe's claims, at depths 8 and 12, is 5 seeds at each of at least 4
+    lrs of the `fork_recipe` grid; judged with report's defaults and lr choice, the shampoo_ec
+    family has the 4 rows (2 depths × 2 refresh frequencies) and SOAP's its 2, each lr chosen
+    on validation (here: peaked at the grid's second value, so interior)."""
+    module = sweep.load_config_module(QUICKSTART)
+    spec = report.load_claims(f"{QUICKSTART}:init_shampoo_ec_matches_skips_pf100,"
+                              "init_shampoo_ec_matches_skips_pf10,init_soap_matches_skips_best_lr")
+    assert {c.family for c in spec.judged} == {"init_shampoo_ec_matches_skips", "init_soap_matches_skips_best_lr"}
+    assert [c.name for c in spec.judged] == [c.name for c in spec.printed]  # nothing else in their families
+    value = report.select_value(spec)
+    runs = _grid_runs(module, "fork_recipe")
+    for c in spec.printed:
+        assert (c.margin, c.select, c.per) == (0.01, "lr", ("depth", "tokens", "label_smoothing", "self_share"))
+        for cell in (c.a, c.b):
+            for depth in ("8", "12"):
+                members = [r for r in runs if r["depth"] == depth and claims._matches(r, cell, spec.defaults)]
+                lrs = sorted({value(r, c) for r in members})
+                assert len(lrs) >= 4 and len(members) == 5 * len(lrs), (c.name, cell, depth, lrs)
+                assert {r["seed"] for r in members} == set("01234")
+
+    def metrics(r):
+        second = value(r, spec.printed[0]) in (1.5e-3, 1e-3)  # the second lr of each cell's grid
+        return dict(test_accuracy=0.9 + 0.05 * second + 0.001 * int(r["seed"]), val_accuracy=0.8 + 0.1 * second,
+                    train_loss=0.1)
+
+    table = _grid_runs(module, "fork_recipe", metrics=metrics)
+    rows, notes = report.judge_claims(spec, table, 0.05, None, None)
+    assert notes == []
+    assert [(r["claim"], r["setting"]) for r in rows] == [(c.name, f"depth={d}") for c in spec.printed
+                                                          for d in (8, 12)]
+    assert [r["family_size"] for r in rows] == [4, 4, 4, 4, 2, 2]
+    assert all((r["n_a"], r["n_b"], r["interior_a"], r["interior_b"]) == (5, 5, True, True) for r in rows)
+
+
+def test_bimodal_seeds_has_seeds_5_to_9_of_every_committed_cell_that_trained_sometimes():
+    """The `bimodal_seeds` grid is seeds 5-9 of exactly the committed cells whose trained count
+    k/n (final train loss below ½ ln 10, claims.py's rule) is strictly between 0 and n, in the
+    folders their seeds 0-4 have; the failure-rate claim covers each of its AdamW cells."""
+    cells: dict[tuple, list[float]] = {}
+    for name in ("quickstart_runs.csv", "claims_runs.csv"):
+        with open(os.path.join(ROOT, "docs", "figures", name)) as f:
+            for row in csv.DictReader(f):
+                args = report.run_args(row["run"])
+                assert args.pop("seed") in set("01234")
+                cells.setdefault(tuple(args.items()), []).append(float(row["train_loss"]))
+    bimodal = {cell for cell, losses in cells.items() if 0 < sum(x < CHANCE / 2 for x in losses) < len(losses)}
+    module = sweep.load_config_module(QUICKSTART)
+    grid: dict[tuple, set[str]] = {}
+    for r in _grid_runs(module, "bimodal_seeds"):
+        del r["run"]
+        seed = r.pop("seed")
+        grid.setdefault(tuple(r.items()), set()).add(seed)
+    assert set(grid) == bimodal and len(bimodal) == 6
+    assert all(seeds == set("56789") for seeds in grid.values())
+    fisher = next(c for c in claims.from_module(module) if c.name == "init_trains_more_often")
+    defaults = report.config_defaults(module)
+    adamw = [dict(cell) for cell in bimodal if dict(cell)["opt"] == "adamw"]
+    assert len(adamw) == 5 and all(any(claims._matches(r, getattr(fisher, c), defaults) for c in "ab")
+                                   for r in adamw)
 
 
 def test_the_forest_plot_draws_each_tested_row(tmp_path, capsys):

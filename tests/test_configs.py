@@ -502,6 +502,46 @@ def test_quickstart_knobs_resolve_and_bad_values_are_one_line_errors():
             validate.validate_config(module.get_config(arg))
 
 
+def _leaves(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def test_quickstart_init_source_and_pf_change_only_their_fields():
+    """init_source=fork sets the fork's init settings (config_blocks.MAE_FORK_INIT) and nothing else;
+    pf sets the refresh frequency of SOAP or shampoo_ec and nothing else; their defaults are the
+    config without them; a bad value is a one-line error."""
+    from skipless_jax import config_blocks, validate
+
+    module = _module("quickstart")
+    for base in ("", "opt=adamw,depth=8", "opt=shampoo_ec,init=default,val=True"):
+        plain = module.get_config(base or None).to_dict()
+        same = module.get_config(",".join(filter(None, (base, "init_source=paper,pf=None"))))
+        assert same.to_dict() == plain, base
+        fork = _leaves(module.get_config(",".join(filter(None, (base, "init_source=fork")))).to_dict())
+        changed = {k: v for k, v in fork.items() if _leaves(plain).get(k, "absent") != v}
+        assert changed == {f"model.{k}": v for k, v in config_blocks.MAE_FORK_INIT.items()
+                           if config_blocks.VITB_SUPERVISED_INIT.get(k) != v}, base
+        assert changed == {"model.init_c": 1.0, "model.init_qk_dist": "uniform", "model.init_vo": "fork",
+                           "model.init_mlp": "default"}
+    for opt, own in (("soap", 10), ("shampoo_ec", 100)):
+        plain = _leaves(module.get_config(f"opt={opt}").to_dict())
+        assert plain["optimizer.precondition_frequency"] == own
+        c = module.get_config(f"opt={opt},pf=7")
+        assert _leaves(c.to_dict()) == {**plain, "optimizer.precondition_frequency": 7}
+        validate.validate_config(c)
+    validate.validate_config(module.get_config("opt=shampoo_ec,init_source=fork,pf=10,lr=1.5e-3,val=True"))
+    for arg, match in [("init_source=mae", r"config arg init_source='mae' is not allowed; allowed: paper \| fork"),
+                       ("opt=adamw,pf=10", r"config arg pf='10' applies to opt=soap \| shampoo_ec only, "
+                                           r"not opt='adamw'"),
+                       ("pf=2.5", r"config arg pf='2.5' must be an integer >= 1"),
+                       ("pf=0", r"config arg pf='0' must be an integer >= 1")]:
+        with pytest.raises(ValueError, match=f"^{match}$"):
+            module.get_config(arg)
+
+
 def test_config_blocks_and_step_counts_leave_their_arguments_as_they_are():
     """imagenet_recipe sets bfloat16 on its own copy of the model config; train_steps returns the
     warm-up steps (for the optimizer) instead of writing them into the config."""
