@@ -354,7 +354,7 @@ def test_checkpoint_resume_continues_teacher_centre_and_schedules_exactly(tmp_pa
         ({"evals.linear.type": "linear"}, r"config\.evals\.linear\.type='linear' is unknown for the dino trainer"),
         ({"grad_accum_steps": 2}, r"config\.grad_accum_steps=2: the dino trainer does not accumulate"),
         ({"grad_clip_norm": 1.0}, r"config\.grad_clip_norm=1\.0: the dino trainer clips per tensor"),
-        ({"model.init": "orthogonal"}, r"model\.init='orthogonal' is unknown"),
+        ({"model.init": "glorot"}, r"model\.init='glorot' is unknown"),
     ],
 )
 def test_bad_config_is_a_one_line_error_before_compiling(overrides, match, tmp_path):
