@@ -13,7 +13,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 def test_no_two_streams_share_a_tag():
     values = list(rng_streams.TAGS.values())
-    assert len(rng_streams.TAGS) == 7 and len(set(values)) == len(values), rng_streams.TAGS
+    assert len(rng_streams.TAGS) == 8 and len(set(values)) == len(values), rng_streams.TAGS
     assert min(values) > 1024  # above any micro-batch index folded into the same step key
 
 

@@ -172,8 +172,10 @@ def test_vit_outputs_and_intermediates(pool, posemb):
     tokens = 16 + (pool == "tok")
     for block in out["blocks"]:
         # keys: TokenCut's features; output / normed (through the final norm): the dense probes'
-        assert set(block) == {"sab", "sab_skip", "ffn", "ffn_skip", "keys", "output", "normed"}
-        assert all(v.shape == (4, tokens, 16) for v in block.values())
+        # pre_logits: the pooled feature of the model cut after this block (per-layer evaluation)
+        assert set(block) == {"sab", "sab_skip", "ffn", "ffn_skip", "keys", "output", "normed", "pre_logits"}
+        assert all(v.shape == (4, tokens, 16) for k, v in block.items() if k != "pre_logits")
+        assert block["pre_logits"].shape == (4, 16)
 
 
 @pytest.mark.slow

@@ -291,7 +291,7 @@ def bucket_keys(outputs: Any, block: int, params: Any, images: jax.Array, grid: 
         if isinstance(context.module, MultiHeadAttention) and context.method_name == "__call__":
             extra = args[0].shape[1] - gh_c * gw_c
             keep = jnp.concatenate([jnp.ones((valid.shape[0], extra), bool), valid], axis=1)
-            return next_fun(*args, key_mask=keep, **kwargs)
+            return next_fun(*args, **{**kwargs, "key_mask": keep})  # the block passes key_mask=None
         return next_fun(*args, **kwargs)
 
     with nn.intercept_methods(intercept):
