@@ -533,6 +533,9 @@ def test_quickstart_init_source_and_pf_change_only_their_fields():
         assert _leaves(c.to_dict()) == {**plain, "optimizer.precondition_frequency": 7}
         validate.validate_config(c)
     validate.validate_config(module.get_config("opt=shampoo_ec,init_source=fork,pf=10,lr=1.5e-3,val=True"))
+    # shampoo_ec's factors as at ViT-B with 8192: no weight matrix merged (8192 would merge the
+    # 64×128 MLP kernels into 8192×8192 factors), every 1-D parameter (at most 3 × width) one factor
+    assert module.get_config("opt=shampoo_ec").optimizer.max_preconditioner_dim == 192 < 64 * 128
     for arg, match in [("init_source=mae", r"config arg init_source='mae' is not allowed; allowed: paper \| fork"),
                        ("opt=adamw,pf=10", r"config arg pf='10' applies to opt=soap \| shampoo_ec only, "
                                            r"not opt='adamw'"),
