@@ -238,6 +238,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     lr = config_args.optional_number(a, "lr")
     lr = lr if lr is not None else 1e-3 if a["opt"] == "adamw" else 3e-3
     c.optimizer = config_blocks.optimizer(a["opt"], lr=lr, weight_decay=0.05)
+    c.optimizer.update(config_blocks.small_model_shampoo(a["opt"], c.model.width))
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=1, warmup_steps=placeholder(int), end_lr=1e-5))
     c.total_epochs = a["epochs"]
     c.total_steps = placeholder(int)  # set (with schedule.warmup_steps) to override the epochs: a short run

@@ -383,11 +383,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     pf = _refresh_frequency(a)
     if pf is not None:
         c.optimizer.precondition_frequency = pf
-    if a["opt"] == "shampoo_ec":
-        # The regime of the fork's ViT-B at max_preconditioner_dim 8192, scaled to this model: no
-        # weight matrix merged into one vector (8192 merges a 64×128 MLP kernel into one 8192×8192
-        # factor: 18 GB at depth 8), every 1-D parameter one full factor, no block split (3 × width).
-        c.optimizer.max_preconditioner_dim = 3 * c.model.width
+    c.optimizer.update(config_blocks.small_model_shampoo(a["opt"], c.model.width))
     c.schedule = ml_collections.ConfigDict(dict(warmup_epochs=5, end_lr=1e-5))
     c.total_epochs = a["epochs"]
     c.grad_clip_norm = 1.0

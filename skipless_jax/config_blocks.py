@@ -71,6 +71,15 @@ def vit_model(a: dict[str, Any], init_constants: dict[str, float], **fields: Any
     return ml_collections.ConfigDict(model)
 
 
+def small_model_shampoo(opt: str, width: int) -> dict[str, Any]:
+    """`shampoo_ec`'s block size for a model of `width` (update the optimizer block with it): 3 ×
+    width keeps the regime of the fork's ViT-B at 8192 (docs/method/shampoo_ec.md): no weight
+    matrix merged into one vector, every 1-D parameter one full factor, no block split. At 8192 a
+    width-64 model's 64×128 kernels merge into 8192×8192 factors (18 GB at depth 8). Other
+    optimizers: nothing."""
+    return {"max_preconditioner_dim": 3 * width} if opt == "shampoo_ec" else {}
+
+
 def optimizer(name: str, **fields: Any) -> ml_collections.ConfigDict:
     """`config.optimizer`: AdamW with b2 0.999, SOAP with Cutting the Skip's b1 0.9, b2 0.95
     and preconditioner refresh every 10 steps, or eigenvalue-corrected Shampoo with the authors'
