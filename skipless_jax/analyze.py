@@ -403,7 +403,7 @@ def main(argv: Sequence[str]) -> None:
                 params=flags.FLAGS.params,
             )
     except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
-        raise SystemExit(f"error: {err}") from None
+        cli.fail(err)  # a bad value: status 2; a missing file or a damaged checkpoint: 1
 
 
 if __name__ == "__main__":

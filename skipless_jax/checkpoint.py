@@ -61,9 +61,13 @@ _SEEDS = (0x9E3779B9, 0x7F4A7C15)
 class IncompatibleCheckpointError(ValueError):
     """A readable checkpoint whose parameters do not match the model this config builds."""
 
+    exit_status = 1  # the run cannot go on (cli.exit_status), not a bad value on the command line
+
 
 class CorruptCheckpointError(ValueError):
     """A checkpoint whose restored values differ from the ones saved (their checksums)."""
+
+    exit_status = 1
 
 
 class DiskFullError(OSError):

@@ -39,6 +39,22 @@ EXIT_DISK_FULL = 1  # a write that found the disk full (main: a save that failed
 _HELP_FLAGS = ("--help", "-help", "--helpshort", "-helpshort", "--helpfull", "-helpfull", "--helpxml", "-helpxml", "-?")
 
 
+def exit_status(err: BaseException) -> int:
+    """The exit status of a one-line error: 2 for a bad value the user gave (a ValueError: a flag,
+    a config arg, an override, a config field; as for a bad command line), 1 for what failed
+    (missing data, a damaged or foreign checkpoint, a busy workdir); an error class may set its own
+    `exit_status`."""
+    return getattr(err, "exit_status", EXIT_USAGE if isinstance(err, ValueError) else 1)
+
+
+def fail(err: BaseException) -> NoReturn:
+    """One `error: ...` line on stderr (copied to the console log when one is open), then exit with
+    `exit_status(err)`."""
+    print(f"error: {err}", file=sys.stderr, flush=True)
+    copy_line(f"error: {err}")
+    sys.exit(exit_status(err))
+
+
 def usage_error(message: str) -> NoReturn:
     """One `error: ...` line on stderr, exit status 2."""
     print(f"error: {message}", file=sys.stderr, flush=True)

@@ -182,7 +182,7 @@ def main(argv: Sequence[str]) -> None:
             evaluate(flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.step, only=flags.FLAGS.only,
                      params=flags.FLAGS.params, quantize=flags.FLAGS.quantize, announce=True)
     except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
-        raise SystemExit(f"error: {err}") from None
+        cli.fail(err)  # a bad value: status 2; a missing file or a damaged checkpoint: 1
 
 
 def summary_line(results: dict[str, Any]) -> str:

@@ -235,7 +235,7 @@ def main(argv: Sequence[str]) -> None:
         with cli.writing("--output", out):
             meta = export(f.workdir, f.examples, parse_platforms(f.platforms), f.params, f.weights_dtype, out)
     except (ValueError, FileNotFoundError) as err:  # one line for the user, not a traceback
-        raise SystemExit(f"error: {err}") from None
+        cli.fail(err)  # a bad value: status 2; a missing file or a damaged checkpoint: 1
     extra = f", {meta['examples']} examples" if "examples" in meta else ""
     shape = ", ".join(["B", *map(str, meta["input"]["shape"][1:])])
     print(f"wrote {out}: step {meta['step']}, {meta['output']} "

@@ -7,10 +7,11 @@ SLURM, Cloud TPU VMs).
 A workdir resumes from its newest checkpoint, which must have been written by the same config;
 `--allow_config_change` resumes it under a deliberately changed config (e.g. a longer schedule).
 
-Exit status: 0 finished; 1 a bad config or data, a checkpoint written by another config, or a
-workdir another run holds (one line naming its host, pid and start time; a lock whose holder is
+Exit status: 0 finished; 1 missing data, a failed run, a checkpoint written by another config, or
+a workdir another run holds (one line naming its host, pid and start time; a lock whose holder is
 gone is taken over, skipless_jax/workdir_lock.py);
-2 a bad command line (flags, config file, `:args`, overrides), one `error: ...` line each;
+2 a bad command line or config value (flags, config file, `:args`, overrides, a value the
+config checks refuse), one `error: ...` line each (cli.exit_status);
 75 preempted (SIGTERM or a preemption notice): the step was saved, rerun the same command;
 130 interrupted (Ctrl-C): the first saves the step it is at and exits 130 (rerun to resume), a
 second exits at once. A --workdir that is a file or not writable, a missing `config.init_from`,
@@ -131,7 +132,7 @@ def main(argv: list[str]) -> None:
         distributed.check_shared_workdir(flags.FLAGS.workdir)  # multi-process: one line, not a hang
         lock_workdir(flags.FLAGS.workdir)
     except (ValueError, FileNotFoundError, workdir_lock.WorkdirBusy) as err:
-        sys.exit(f"error: {err}")
+        cli.fail(err)  # a bad config value: status 2; missing data or a busy workdir: 1
     if jax.process_index() == 0:  # the console from here on, also in the workdir
         cli.copy_console(os.path.join(flags.FLAGS.workdir, cli.CONSOLE_LOG))
     try:

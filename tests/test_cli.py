@@ -133,14 +133,14 @@ def test_check_processes_accepts_single_and_explicit_multi_process(monkeypatch):
 @pytest.mark.slow
 def test_mesh_fsdp_override_that_does_not_divide_the_devices_is_one_line(tmp_path):
     result = cli(f"--config={TINY}", "--config.mesh.fsdp=3", f"--workdir={tmp_path}")
-    assert_one_line_error(result, 1, "config.mesh.fsdp=3 does not divide the 8 devices")
+    assert_one_line_error(result, 2, "config.mesh.fsdp=3 does not divide the 8 devices")
     assert not (tmp_path / "checkpoints").exists()
 
 
 @pytest.mark.slow
 def test_bad_config_value_on_the_command_line_is_one_line(tmp_path):
     result = cli(f"--config={TINY}", "--config.optimizer.lr=inf", f"--workdir={tmp_path}")
-    assert_one_line_error(result, 1, "config.optimizer.lr=inf must be a finite number > 0")
+    assert_one_line_error(result, 2, "config.optimizer.lr=inf must be a finite number > 0")
 
 
 # ---------------------------------------------------------------------------------------------

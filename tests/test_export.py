@@ -101,7 +101,7 @@ def test_one_line_errors(tmp_path):
         export.parse_platforms("cpu,gpu")
     result = subprocess.run([sys.executable, "-m", "skipless_jax.export", f"--workdir={tmp_path}"],
                             capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
         f"error: --workdir={str(tmp_path)!r} has no checkpoint with a saved config")
 
 
@@ -163,7 +163,7 @@ def test_a_cudnn_remat_run_exports_with_xla_attention_and_reproduces_its_accurac
         result = subprocess.run([sys.executable, "-m", module, f"--workdir={folder}", "--params=ema"],
                                 capture_output=True, text=True, timeout=300)
         last = result.stderr.strip().splitlines()[-1]
-        assert result.returncode == 1 and last.startswith(f"error: --params=ema: the checkpoint at {folder!r} keeps "
+        assert result.returncode == 2 and last.startswith(f"error: --params=ema: the checkpoint at {folder!r} keeps "
                                                           "no model EMA"), (module, result.stderr[-2000:])
 
 

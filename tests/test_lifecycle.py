@@ -82,12 +82,12 @@ def test_unwritable_workdir_is_one_line(tmp_path):
 def test_missing_init_from_is_one_line_and_leaves_no_workdir(tmp_path):
     workdir, missing = tmp_path / "run", tmp_path / "no_such_pretraining"
     result = _cli(f"--config=configs/mae_digits_finetune.py:init_from={missing}", f"--workdir={workdir}")
-    _one_error_line(result, 1, f"config.init_from='{missing}'", "no such file or directory")
+    _one_error_line(result, 2, f"config.init_from='{missing}'", "no such file or directory")
     assert not workdir.exists()
     empty = tmp_path / "empty"  # a folder without a checkpoint
     empty.mkdir()
     result = _cli(f"--config=configs/mae_digits_finetune.py:init_from={empty}", f"--workdir={workdir}")
-    _one_error_line(result, 1, f"config.init_from='{empty}'", "no checkpoint")
+    _one_error_line(result, 2, f"config.init_from='{empty}'", "no checkpoint")
     assert not workdir.exists()
 
 

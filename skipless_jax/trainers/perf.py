@@ -61,6 +61,8 @@ PEAK_TFLOPS = {
 class DoesNotFit(ValueError):
     """The compiled train step needs more memory than a device has (one line: bytes and knobs)."""
 
+    exit_status = 1  # cli.exit_status: the run does not fit, whatever the command line
+
 
 class StepCost(NamedTuple):
     """Per-device figures of the compiled step (XLA's cost and memory analyses)."""
