@@ -167,7 +167,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path, tmp_p
 @pytest.mark.multiprocess
 def test_unshared_workdirs_are_a_one_line_error_in_every_process(tmp_path, tmp_path_factory):
     """Each process gets its own --workdir: process 1 does not see process 0's token, and both
-    exit 1 with the same one-line error naming process 1, before anything compiles (no hang)."""
+    exit 2 (a bad --workdir) with the same one-line error naming process 1, before anything compiles (no hang)."""
     address = f"127.0.0.1:{sr.free_port()}"
     environ = _environ(tmp_path_factory, JAX_HEARTBEAT_TIMEOUT=str(HEARTBEAT), SKIPLESS_TOKEN_WAIT_S="1")
     workdirs = [str(tmp_path / f"workdir_{index}") for index in range(2)]
@@ -179,7 +179,7 @@ def test_unshared_workdirs_are_a_one_line_error_in_every_process(tmp_path, tmp_p
         codes = [sr.finish(proc, log, TIMEOUT) for proc, log in zip(procs, logs)]
     finally:
         _reap(procs)
-    assert codes == [1, 1], [sr.tail(log, 2000) for log in logs]
+    assert codes == [2, 2], [sr.tail(log, 2000) for log in logs]
     for index, log in enumerate(logs):
         errors = [line for line in sr.tail(log, 10**6).splitlines() if line.startswith("error: ")]
         assert errors == [
