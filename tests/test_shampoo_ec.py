@@ -13,7 +13,7 @@ from skipless_jax.optim import OPTIMIZERS, shampoo_ec
 from skipless_jax.optim.shampoo_ec import block_layout
 from skipless_jax.trainers import supervised
 
-from util import one_device, tiny_config
+from util import one_device, single_and_fsdp_start, tiny_config
 
 # --------------------------------------------------------------------------------------------
 # The reference, written from docs/method/shampoo_ec.md on torch-layout tensors: a Flax Dense
@@ -274,20 +274,7 @@ def test_fsdp_sharded_matches_single_device():
     tx = shampoo_ec(0.01, weight_decay=0.1, precondition_frequency=10, max_preconditioner_dim=32,
                     start_preconditioning_step=30)
 
-    def step(params, state, g):
-        g = jax.tree.map(lambda gi, p: gi + 0.3 * p, g, params)
-        u, state = tx.update(g, state, params)
-        return optax.apply_updates(params, u), state
-
-    p1, s1 = params, tx.init(params)
-    single = jax.jit(step)
-    for g in grads:
-        p1, s1 = single(p1, s1, g)
-
-    p_sh = sharding.tree_shardings(params, mesh, rules, prefix="params")
-    s_sh = sharding.tree_shardings(jax.eval_shape(tx.init, params), mesh, rules, prefix="opt_state")
-    p8 = jax.device_put(params, p_sh)
-    s8 = jax.jit(tx.init, out_shardings=s_sh)(p8)
+    step, (p1, s1), (p8, s8), (p_sh, s_sh) = single_and_fsdp_start(tx, params, grads, mesh, rules)
     big = s8[0].factors["up"][1]  # (32, 32) factor of `up`'s first block: sharded
     assert big.shape == (32, 32) and not big.sharding.is_fully_replicated
     sharded = jax.jit(step, donate_argnums=(0, 1), out_shardings=(p_sh, s_sh))  # as the trainers jit it

@@ -9,6 +9,8 @@ import pytest
 from skipless_jax import sharding
 from skipless_jax.optim.soap import merged_shape, scale_by_soap, soap, soap_layout
 
+from util import single_and_fsdp_start
+
 MAX_DIM = 16  # small so the mixed tree has an axis above the limit and merging does something
 
 
@@ -328,22 +330,8 @@ def test_fsdp_sharded_matches_single_device():
              for _ in range(5)]
     tx = soap(0.01, precondition_frequency=2, max_precond_dim=32)
 
-    def step(params, state, g):
-        g = jax.tree.map(lambda gi, p: gi + 0.3 * p, g, params)
-        u, state = tx.update(g, state, params)
-        return optax.apply_updates(params, u), state
-
-    # Single device.
-    p1, s1 = params, tx.init(params)
-    single = jax.jit(step)
-    for g in grads:
-        p1, s1 = single(p1, s1, g)
-
-    # FSDP: params, grads and every state leaf sharded by the same rule.
-    p_sh = sharding.tree_shardings(params, mesh, rules, prefix="params")
-    s_sh = sharding.tree_shardings(jax.eval_shape(tx.init, params), mesh, rules, prefix="opt_state")
-    p8 = jax.device_put(params, p_sh)
-    s8 = jax.jit(tx.init, out_shardings=s_sh)(p8)
+    # One device, and FSDP: params, grads and every state leaf sharded by the same rule.
+    step, (p1, s1), (p8, s8), (p_sh, s_sh) = single_and_fsdp_start(tx, params, grads, mesh, rules)
     big = s8[0].gg["up"][0]  # (24, 24) factor: sharded, not replicated on every device
     assert big.shape == (24, 24) and not big.sharding.is_fully_replicated
     sharded = jax.jit(step, donate_argnums=(0, 1))

@@ -98,3 +98,28 @@ def init_params(model: Any, rngs: Any, *args: Any, **kwargs: Any) -> Any:
     import jax
 
     return jax.jit(lambda r, *a: model.init(r, *a, **kwargs))(rngs, *args)["params"]
+
+
+def single_and_fsdp_start(tx: Any, params: Any, grads: list, mesh: Any, rules: Any) -> tuple:
+    """The optimizer tests' step (the gradient g + 0.3·params, then `tx`) run on one device over
+    `grads`, and the sharded start of the same run: (step, (params, state) after `grads` on one
+    device, (params, state) placed by `rules` over `mesh`, (their shardings))."""
+    import jax
+    import optax
+
+    from skipless_jax import sharding
+
+    def step(params, state, g):
+        g = jax.tree.map(lambda gi, p: gi + 0.3 * p, g, params)
+        u, state = tx.update(g, state, params)
+        return optax.apply_updates(params, u), state
+
+    p1, s1 = params, tx.init(params)
+    single = jax.jit(step)
+    for g in grads:
+        p1, s1 = single(p1, s1, g)
+    p_sh = sharding.tree_shardings(params, mesh, rules, prefix="params")
+    s_sh = sharding.tree_shardings(jax.eval_shape(tx.init, params), mesh, rules, prefix="opt_state")
+    p8 = jax.device_put(params, p_sh)
+    s8 = jax.jit(tx.init, out_shardings=s_sh)(p8)
+    return step, (p1, s1), (p8, s8), (p_sh, s_sh)
