@@ -377,6 +377,26 @@ def test_config_args_round_trip_and_sibling_recipes_agree():
     assert _module("cifar100_vit_tiny").get_config().dataset.name == "cifar100"
 
 
+# Configs of the ViT-B baseline file configs/vitb_i1k_300ep.py, by its args, as that file resolved
+# them; its recipe is configs/vitb_skipless.py with VITB_BASELINE's args in front of the same args.
+VITB_BASELINE_CONFIGS = os.path.join(ROOT, "tests", "configs", "vitb_i1k_300ep_configs.json")
+VITB_BASELINE = "skip_sab=True,skip_ffn=True,init=default,opt=adamw"
+
+
+def test_vitb_baseline_is_vitb_skipless_with_args():
+    import json
+
+    with open(VITB_BASELINE_CONFIGS) as f:
+        before = json.load(f)
+    assert len(before) == 8
+    module = _module("vitb_skipless")
+    for arg, saved in before.items():
+        config = module.get_config(",".join(filter(None, (VITB_BASELINE, arg))))
+        assert json.loads(config.to_json()) == saved, arg
+        if os.path.exists(os.path.join(ROOT, "configs", "vitb_i1k_300ep.py")):
+            assert config.to_dict() == _module("vitb_i1k_300ep").get_config(arg or None).to_dict(), arg
+
+
 @pytest.mark.slow
 def test_dino_vits_dense_evaluations_run_on_its_checkpoint(tmp_path, monkeypatch):
     """configs/dino_vits_skipless.py:dense=all on a (tiny) trained checkpoint through the evaluate
