@@ -35,13 +35,14 @@ ROWS = {
 
 
 def vitb_config(opt: str = "adamw", **model_fields: Any):
-    """configs/vitb_i1k_300ep.py (ViT-B/16, 224, float32 here) with `opt` and model fields."""
+    """The ViT-B/16 baseline (configs/vitb_skipless.py with both skips and the default init; 224,
+    float32 here) with `opt` and model fields."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("configs_vitb", os.path.join(ROOT, "configs", "vitb_i1k_300ep.py"))
+    spec = importlib.util.spec_from_file_location("configs_vitb", os.path.join(ROOT, "configs", "vitb_skipless.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config(f"opt={opt}")
+    config = module.get_config(f"skip_sab=True,skip_ffn=True,init=default,opt={opt}")
     config.model.update({"dtype": "float32", **model_fields})
     config.schedule.warmup_steps = 10
     return config

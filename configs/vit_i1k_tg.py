@@ -31,7 +31,7 @@ The ε ablation (ViT-B/16, SVD-TG; top-1, then log κ_in of the token matrix aft
 `tg=svd_fast` computes the same function as `tg=svd` (to ≤ 3e-5 relative on photo patches)
 from symmetric eigendecompositions instead of an SVD.
 
-Schedule (ViT-B 300 epochs, as configs/vitb_i1k_300ep.py): batch 1024, lr 1e-3, weight decay
+Schedule (ViT-B 300 epochs, as configs/vitb_skipless.py): batch 1024, lr 1e-3, weight decay
 0.3 (the ViT/big_vision AdamW value; DeiT uses 0.05), not on biases, norms, position embedding
 or class token (docs/method/recipes.md §14), 5 warm-up epochs, cosine to 1e-5, gradient clipping 1.0,
 label smoothing 0.1, DeiT's augmentation (RandAugment m9, mixup 0.8 / cutmix 1.0, random

@@ -1,14 +1,23 @@
-r"""ImageNet-1k ViT-B/16 without skips, skipless init, SOAP: the "Cutting the Skip" recipe.
+r"""ImageNet-1k ViT-B/16, 300 epochs: the "Cutting the Skip" recipe (no skips, skipless init,
+SOAP) by default, and with args every cell of the paper's ViT-B table, the standard ViT-B
+baseline of both papers included.
 
     python -m skipless_jax.main --config=configs/vitb_skipless.py \
         --workdir=gs://BUCKET/vitb_skipless --config.dataset.data_dir=gs://BUCKET/tfds
+    python -m skipless_jax.main \
+        --config=configs/vitb_skipless.py:skip_sab=True,skip_ffn=True,init=default,opt=adamw \
+        --workdir=gs://BUCKET/vitb_i1k_300ep --config.dataset.data_dir=gs://BUCKET/tfds
 
-Hardware: sized for a TPU v4-64 pod slice or 4× 8-GPU H100 nodes (global batch 1024,
-bfloat16 compute). Wall-clock: not measured (300 epochs ≈ 372k steps of train[:99%]).
+Args: skip_sab, skip_ffn, init, opt, seed, tg, eps, variant, epochs (docs/recipes.md).
+Hardware: sized for a TPU v4-64 pod slice or 4× 8-GPU H100 nodes (global batch 1024, bfloat16
+compute); the augmentation needs ≈ 47 worker processes (`input.num_workers`) per 6,150 images/s
+(docs/data.md). Wall-clock: not measured (300 epochs ≈ 372k steps of train[:99%]); Always Skip
+Attention reports 0.723 days for its ViT-B baseline (docs/method/papers.md §4).
 Data: imagenet2012 prepared by tensorflow-datasets (docs/data.md); the run fails at start,
 in one line, if it is absent.
 
-Expected ImageNet-1k top-1 (Cutting the Skip, 300 epochs), one cell per args:
+Expected ImageNet-1k top-1, the paper's (Cutting the Skip, 300 epochs; docs/method/papers.md §1),
+one cell per args:
     :skip_sab=True,skip_ffn=True,init=default,opt=adamw     80.3   (standard ViT-B)
     :skip_sab=True,skip_ffn=True,init=default,opt=soap      80.1
     :init=default,opt=adamw                                 61.4   (skipless, default init)
