@@ -36,6 +36,9 @@ from ml_collections.config_dict import placeholder
 
 from skipless_jax import config_args, config_blocks
 
+# MAE pre-training augmentation: random-resized crop (0.2-1) and flip only.
+AUG = dict(randaug=None, scale=(0.2, 1.0), flip=True, reprob=0.0, mixup=0.0, cutmix=0.0, mixup_switch_prob=0.5)
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     a = config_args.parse(
@@ -50,7 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     )
     c.input = ml_collections.ConfigDict(
         dict(batch_size=4096, eval_batch_size=1024, image_size=224, crop_pct=0.875, num_workers=32, drop_last=True,
-             aug=config_blocks.MAE_AUG)
+             aug=AUG)
     )
     c.model = config_blocks.vit_model(
         a, config_blocks.MAE_FORK_INIT, variant="B/16", patch_size=placeholder(int),

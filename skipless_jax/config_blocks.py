@@ -256,10 +256,6 @@ def mae(**overrides: Any) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(block)
 
 
-# MAE pre-training augmentation: random-resized crop (0.2-1) and flip only.
-MAE_AUG = dict(randaug=None, scale=(0.2, 1.0), flip=True, reprob=0.0, mixup=0.0, cutmix=0.0, mixup_switch_prob=0.5)
-
-
 def mae_optimizer(base_lr: float, batch_size: int, name: str = "adamw", **fields: Any) -> ml_collections.ConfigDict:
     """AdamW (0.9, 0.95), weight decay 0.05, lr = base_lr × batch / 256 (MAE's scaling rule); another
     `name` (e.g. 'shampoo_ec', the authors' fork's `--opt soap` call) takes `optimizer`'s settings of
@@ -372,8 +368,8 @@ def cifar_vit_tiny(a: dict[str, Any]) -> ml_collections.ConfigDict:
 
 
 def imagenet_vit(a: dict[str, Any]) -> ml_collections.ConfigDict:
-    """The ImageNet-1k ViT recipe of configs/vitb_skipless.py for the config args `a` (the baseline
-    and Token Graying ViT configs set other args)."""
+    """The ImageNet-1k ViT recipe of configs/vitb_skipless.py for the config args `a`
+    (configs/vit_i1k_tg.py sets other args)."""
     # The papers' recipe: no repeated augmentation, no model EMA, the plain stream; the fields are
     # present so DeiT's settings are one override away (docs/recipes.md).
     c = recipe(a, "supervised", "imagenet2012", "train", "validation", **IMAGENET_INPUT, aug=deit_aug(),
