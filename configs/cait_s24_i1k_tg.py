@@ -12,7 +12,7 @@ blocks keep their skips (`config.model.skip_class_sab`, `skip_class_ffn` switch 
 
 Hardware: sized for one 8-GPU node (A100/H100) or a TPU v4-32 slice (global batch 1024,
 bfloat16 compute); the augmentation needs ≈ 47 worker processes (`input.num_workers`) per
-6,150 images/s (estimate from the measured 134 images per worker CPU second, docs/data.md).
+6,150 images/s (docs/data.md).
 Wall-clock: not measured (400 epochs ≈ 495k steps of train[:99%]).
 Data: imagenet2012 prepared by tensorflow-datasets (docs/data.md); the run fails at start, in
 one line, if it is absent.

@@ -7,16 +7,11 @@ patch features (docs/method/dense.md §7-8), the miniature of "Cutting the Skip"
         --workdir=/tmp/dino_scenes_skipless
     python -m skipless_jax.evaluate --workdir=/tmp/dino_scenes   # again, on the saved teacher
 
-Hardware: any CPU. Wall-clock (measured, shared 2-core CPU, two runs at a time): 23 min for the
-20-epoch AdamW run (≈ 11 min of process CPU), ≈ 8 min for a 6-epoch SOAP run; evaluation 20-30 s.
+Hardware: any CPU (2 cores: ≈ 11 min of CPU time for the 20-epoch AdamW run; evaluation 20-30 s).
 Data: 2,874 train / 720 test scenes (skipless_jax/data/digit_scenes.py); per-pixel classes
 (background + 10 digits) and boxes are used only by the evaluation.
-Expected (measured, 3 seeds, experiments/dino_digit_scenes.py, docs/results.md): `lin` mIoU
-12.6 ± 0.6 % with skips vs 10.4 ± 1.0 % skipless + skipless init (AdamW, 20 epochs); TokenCut
-CorLoc 5.8 ± 3.5 vs 6.0 ± 7.9 % (SOAP, `:opt=soap,epochs=6`); kNN 19.4 ± 1.5 vs 18.3 ± 2.2 %.
-The paper's numbers (DINO ViT-S/16 on ImageNet), quoted, not measured here (their 300-epoch
-runs): VOC12 `lin` mIoU 56.3 with skips → 62.3 skipless; TokenCut CorLoc (SOAP) VOC12 49.4 →
-63.2, COCO20k 27.5 → 46.7 (docs/method/ssl.md §6, docs/method/dense.md §7).
+Expected: `lin` mIoU 12.6 ± 0.6 % with skips, 10.4 ± 1.0 % skipless + skipless init (AdamW, 20
+epochs, 3 seeds; docs/results/dense.md).
 
 The DINO recipe of configs/dino_digits.py on 32×32 images: 2 global 32×32 crops (scale 0.4–1)
 and 4 local 16×16 crops (scale 0.1–0.4), 4×4 patches (64 tokens), no flips, head 256–256–32 →

@@ -4,14 +4,11 @@ r"""DINO on scikit-learn's bundled 8×8 digits (no download): the quick path of 
     python -m skipless_jax.main --config=configs/dino_digits.py:skip_sab=False,skip_ffn=False,init=skipless \
         --workdir=/tmp/dino_digits_skipless
 
-Hardware: any CPU (70–180 s of wall-clock per run for the 2,640 steps, including compilation
-and the evaluations, measured on the shared 2-core machine, docs/dino.md). Labels are used only
-by the evaluation: weighted kNN (k = 20, T = 0.07) and a linear probe on the teacher's CLS
-features, at initialization and at the end (docs/method/evals.md §11). Expected (mean ± std
-over seeds 0-2, docs/dino.md; `experiments/dino_digits.py` reruns them): teacher kNN
-86.6 ± 3.0% at initialization → 90.5 ± 1.0% with both skips, and 72.2 ± 1.6% → 79.1 ± 0.6%
-without skips with the skipless init; the teacher entropy stays below log 256 = 5.55 nats
-(peak 4.92 with skips, 5.26 without: no collapse).
+Hardware: any CPU (2 cores: 70–180 s a run of 2,640 steps, compilation and evaluations included).
+Labels are used only by the evaluation: weighted kNN (k = 20, T = 0.07) and a linear probe on
+the teacher's CLS features, at initialization and at the end (docs/method/evals.md §11).
+Expected: teacher kNN 90.5 ± 1.0 % with both skips, 79.1 ± 0.6 % without skips with the
+skipless init (seeds 0-2; docs/dino.md).
 
 The DINO recipe (docs/method/ssl.md §6) with 8×8 crops: 2 global 8×8 crops (scale 0.5–1) and 2 local
 4×4 crops (scale 0.3–0.6), 4×4 patches (4 tokens; 1 for a local crop), no flips (digits are

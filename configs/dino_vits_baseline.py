@@ -6,9 +6,8 @@ r"""DINO ViT-S/16 on ImageNet-1k with both skips: the baseline of the Cutting th
 
 Hardware: sized for 16 accelerators (two 8-GPU H100 nodes or a TPU v4-32 slice; global batch
 1024, bfloat16 compute) and ≈ 59 worker processes for the 10-crop augmentation at DINO's
-reported pace (1,710 images/s; estimate from the measured 29 images per worker CPU second of
-multi-crop, docs/data.md). Wall-clock: not
-measured; facebookresearch/dino reports 2.6 days on 16 GPUs for its ViT-S/16 300-epoch run of
+reported pace (1,710 images/s; docs/data.md). Wall-clock: not measured; facebookresearch/dino
+reports 2.6 days on 16 GPUs for its ViT-S/16 300-epoch run of
 this recipe (DINO's figure, not this project's). Data: imagenet2012 prepared by
 tensorflow-datasets (docs/data.md); the run fails at start, in one line, if it is absent.
 

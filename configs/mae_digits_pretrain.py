@@ -11,8 +11,9 @@ this tiny model), wd 0.05, warm-up 10 % of the 100 epochs, cosine; images as sto
 (8×8, no crop: a random-resized crop of an 8-pixel digit destroys it), no flip (digits are not
 mirror-symmetric). The reconstruction picture goes to <workdir>/reconstruction.png, and to
 <workdir>/reconstructions/step_N.png at every evaluation (every 1,000 steps, with a kNN monitor).
-Hardware: any CPU (2 cores: about 3 minutes, more when loaded). Expected: the encoder's kNN
-accuracy and the fine-tuned accuracies of docs/results/mae_digits.md (3 seeds).
+Hardware: any CPU (2 cores: about 3 minutes a run).
+Expected: kNN accuracy of the encoder's class token 79.3 ± 0.7 % (seeds 0-2;
+docs/results/mae_digits.md).
 
 Args: tg / eps (Token Graying in pre-training), target ('raw' | 'grayed'), skip_sab, skip_ffn,
 init, seed, epochs, norm_pix (norm_pix_loss), evals ('default', or 'fewshot_linear': the few-shot

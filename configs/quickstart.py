@@ -2,50 +2,11 @@ r"""Quickstart: a tiny ViT on scikit-learn's bundled handwritten digits (no down
 
     python -m skipless_jax.main --config=configs/quickstart.py --workdir=/tmp/quickstart
 
-The default is the "Cutting the Skip" recipe in miniature: no skips, skipless init, SOAP.
-Hardware: any CPU (2 cores: 39 s for the default including compilation, measured on an idle
-2-core CPU, docs/results/quickstart.md). Data: 1,437 train / 360 test 8×8 images (the fixed split of
-skipless_jax/data/sources.py). Expected test accuracy (%), mean ± std over seeds 0-4, from the
-docs/results/table1.md and skip_ablation.md (the per-run CSV docs/figures/quickstart_runs.csv;
-"n/m": not measured over 5 seeds; ³ over seeds 0-2):
-    args                                                 variant                       depth 4      depth 8
-    (no args)                                            skipless + init + SOAP        95.9 ± 1.4³  93.9 ± 1.5
-    :init=default                                        skipless, default init, SOAP  n/m          95.0 ± 1.3
-    :opt=adamw                                           skipless + init, AdamW        91.5 ± 1.4   89.3 ± 1.7
-    :init=default,opt=adamw                              skipless, default init        92.1 ± 2.1   72.4 ± 29.8
-    :skip_sab=True,skip_ffn=True,init=default,opt=adamw  standard ViT, AdamW           96.1 ± 0.6   96.4 ± 0.6
-    :skip_sab=True,skip_ffn=True,init=default            standard ViT, SOAP            n/m          98.2 ± 0.3
-Depth 4 is the default; add `depth=8` to the args for the other column. The default gave 93.6,
-95.8 and 94.7 for seeds 0-2 on this project's 2-core CPU machine with one BLAS thread (what every
-command sets unless the user does, skipless_jax/__init__.py); one seed differs between CPUs and
-BLAS thread counts (seed 0: 93.1 with one thread, 95.3 with OpenBLAS's default on another 2-core
-CPU; each deterministic), so a run is checked against the spread, not against one seed's number.
-In bf16 (`--config.model.dtype=bfloat16`) the default gave 95.6 ± 0.7 against 95.0 ± 0.7 in
-float32 in the same 3-seed run (sample std) (docs/results/quickstart.md). The papers' claims (`CLAIMS`
-below), judged over 5 seeds by `python -m
-skipless_jax.report docs/figures/quickstart_runs.csv docs/figures/claims_runs.csv
---claims=configs/quickstart.py` (docs/method/reports.md §19: Welch and permutation tests, the larger p
-deciding; Holm within each claim's family over both CSVs, whatever is printed,
-docs/method/verdicts.md): at depth 8, SOAP > AdamW with the skipless init holds (93.9 against
-89.3, Holm p 0.016; compare `:depth=8` with `:depth=8,opt=adamw`); the skipless init > the
-default init under AdamW is not shown at 5 seeds (89.3 ± 1.7 against 72.4 ± 29.8: one
-default-init seed of five collapses to 19 %, the permutation p is 0.008 but Welch's is 0.14);
-at depth 4, removing the SAB skip costs more than removing the FFN skip (Holm p 0.016), at
-depth 8 the reverse holds (Holm p 0.040). At depth 12 (the `depth` grid) SOAP > AdamW with the
-default init holds (93.9 against 10.4: AdamW never trains; `:depth=12,init=default` against
-`:depth=12,init=default,opt=adamw`), and the skipless init against the default init under
-AdamW is not shown (59.1 ± 27.7 against 10.4 ± 0.7: 4 of 5 seeds train against 0 of 5; Holm p
-0.127). The largest gap between the inits (the `claims` grid,
-docs/results/claims.md) is AdamW at a learning rate of 2e-3, depth 8, an lr picked after the lr
-grid was seen: `:depth=8,opt=adamw,lr=2e-3,val=True` (82.5 ± 4.2 %, 5 seeds) against
-`:depth=8,init=default,opt=adamw,lr=2e-3,val=True` (10.0 %: every seed at chance); holds, Holm
-p 0.044. With each cell at the lr it chooses on validation the skipless init leads by 9.7
-points (Holm p 0.008; the default init's choice, 3e-4, is the end of the lr grid); "init + SOAP
-within 1 point of the skips" is reversed at depths 12 and 16 and not shown at depth 8.
-Pre-registered, not run yet: the grid `fork_recipe` (that ordering with shampoo_ec and the authors'
-init at depths 8 and 12, each cell choosing its lr on validation; claims
-`init_shampoo_ec_matches_skips_pf100`, `_pf10`, `init_soap_matches_skips_best_lr`) and the grid
-`bimodal_seeds` (seeds 5-9 of each cell where some seeds of 0-4 trained and some did not).
+The default is the "Cutting the Skip" recipe in miniature: no skips, skipless init, SOAP; a
+4-layer, width-64 ViT on 2×2-pixel patches, 40 epochs (899 steps, batch 64).
+Hardware: any CPU (2 cores: 39 s for the default including compilation). Data: 1,437 train /
+360 test 8×8 images (the fixed split of skipless_jax/data/sources.py).
+Expected: test accuracy 95.9 ± 1.4 % over seeds 0-2 (docs/results/quickstart.md).
 
 Args (same names in every config): skip_sab, skip_ffn, depth, seed, init, opt, tg, eps, e.g.
     --config=configs/quickstart.py:skip_sab=False,depth=8,seed=1

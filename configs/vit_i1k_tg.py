@@ -9,7 +9,7 @@ at train and eval. Args: variant=S/16|B/16, tg=dct|svd|svd_fast|none, eps ∈ (0
 
 Hardware: sized for one 8-GPU node (A100/H100) or a TPU v4-32 slice (global batch 1024,
 bfloat16 compute); the augmentation needs ≈ 47 worker processes (`input.num_workers`) per
-6,150 images/s (estimate from the measured 134 images per worker CPU second, docs/data.md).
+6,150 images/s (docs/data.md).
 Wall-clock: not measured (300 epochs ≈ 372k steps of train[:99%]). The paper's figures for
 ViT-B (Always Skip Attention): 0.723 days for the baseline, 0.732 with DCT-TG (+1.2%), 4.552
 with SVD-TG (6.3×); benchmarks/token_graying.py measures the TG cost itself (DCT, SVD and the
