@@ -13,6 +13,12 @@ e.g.
         ),
     }
 
+A run's value is its final `metric`, or what the claim derives from the run's row: `metric`
+minus another final metric (`minus`, e.g. the loss a quantization adds), the largest or smallest
+of the metrics a pattern matches (`reduce`, e.g. 'val_kurtosis_layer_*'), or for `kind='steps'`
+the log2 of the first step its `metric` curve reaches a target (columns `<metric>@<step>`, that
+`report --history` reads from each run's history; docs/method/verdicts.md).
+
 `judge` gives one row per claim × setting (the values of its `per` args among the runs of
 either cell, as the runs give them: "" where a run does not, so runs that differ in any `per` arg
 are never pooled): the two cells' values, `stats.compare` (or `stats.fisher_exact` on the trained
@@ -24,6 +30,7 @@ verdict (docs/method/reports.md §19). With `select='lr'` each cell chooses its 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -31,7 +38,9 @@ from typing import Any
 from skipless_jax import stats
 
 VERDICTS = ("holds", "not shown", "reversed", "untested")
-KINDS = ("mean", "trained")
+KINDS = ("mean", "trained", "steps")
+REDUCE = ("max", "min")
+REACH = ("below", "above")
 FAILED = "no final metrics"  # a run folder whose run failed, stopped non-finite or has not finished
 OPPOSITE = {"greater": "less", "less": "greater"}
 
@@ -45,7 +54,11 @@ class Claim:
     family (default: the claim's name). `select`: an arg each cell chooses per setting, the
     value whose runs' mean `select_by` is the largest (`select_max`; the smallest otherwise);
     `select_field` is the config field that gives it where a run leaves the arg unset
-    (docs/method/verdicts.md)."""
+    (docs/method/verdicts.md). `minus`, `reduce`: the run's value derived as the module says;
+    `kind='steps'`: the value is log2 of the first step at which the run's `metric` is at or
+    `reach` ('below' | 'above') the target, cell A's mean `metric` at `target_step` in the same
+    setting; a run that never reaches it counts log2 of twice its last recorded step (a margin
+    of log2(r) then reads "B takes under r× A's steps")."""
 
     name: str
     a: Mapping[str, str]
@@ -63,6 +76,10 @@ class Claim:
     select_by: str = "val_accuracy"
     select_max: bool = True
     select_field: str = ""
+    minus: str = ""
+    reduce: str = ""
+    target_step: int = 0
+    reach: str = "below"
 
     def __post_init__(self):
         where = f"claim {self.name!r}"
@@ -84,6 +101,17 @@ class Claim:
         if self.kind == "trained" and (self.margin or self.select):
             raise ValueError(f"{where}: kind='trained' (Fisher's exact test on trained counts) takes no margin or "
                              f"select; got margin={self.margin}, select={self.select!r}")
+        if ("*" in self.metric) != bool(self.reduce) or self.reduce not in ("", *REDUCE):
+            raise ValueError(f"{where}: metric={self.metric!r} with reduce={self.reduce!r}; a metric pattern "
+                             f"(with '*') takes reduce= {' | '.join(REDUCE)}, a metric name none")
+        if self.kind == "steps":
+            if not (isinstance(self.target_step, int) and self.target_step > 0) or self.reach not in REACH:
+                raise ValueError(f"{where}: kind='steps' needs target_step > 0 and reach in {', '.join(REACH)}; got "
+                                 f"target_step={self.target_step!r}, reach={self.reach!r}")
+            if self.select or self.minus or self.reduce:
+                raise ValueError(f"{where}: kind='steps' reads one metric's curve; it takes no select, minus or reduce")
+        elif self.target_step:
+            raise ValueError(f"{where}: target_step={self.target_step} is for kind='steps', not kind={self.kind!r}")
         if self.select and self.select in self.per:
             raise ValueError(f"{where}: select={self.select!r} is also in per={self.per}; an arg is chosen "
                              "per cell or judged per setting, not both")
@@ -144,19 +172,68 @@ def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _cell_values(runs: Sequence[Mapping[str, Any]], claim: Claim, threshold: float, failed_as: float | None):
-    """(values for the test, trained count, the runs without final metrics (folders): left out
-    of the test, or counted as `failed_as`)."""
+def run_value(run: Mapping[str, Any], claim: Claim) -> float | None:
+    """The run's value of a `kind='mean'` claim: its final `metric`, less `minus`, or the `reduce`
+    of the metrics `metric` matches (None: the run lacks one)."""
+    if claim.reduce:
+        found = [float(v) for k, v in run.items() if fnmatch.fnmatchcase(k, claim.metric) and _finite(v)]
+        return (max if claim.reduce == "max" else min)(found) if found else None
+    value = run.get(claim.metric)
+    if not _finite(value):
+        return None
+    if claim.minus:
+        other = run.get(claim.minus)
+        return float(value) - float(other) if _finite(other) else None
+    return float(value)
+
+
+def curve(run: Mapping[str, Any], metric: str) -> list[tuple[int, float]]:
+    """The run's (step, value) pairs of `metric` from its `<metric>@<step>` columns, by step."""
+    head = metric + "@"
+    return sorted((int(k[len(head):]), float(v)) for k, v in run.items()
+                  if k.startswith(head) and k[len(head):].isdigit() and _finite(v))
+
+
+def steps_to_target(run: Mapping[str, Any], claim: Claim, target: float | None) -> float | None:
+    """log2 of the first step at which the run's curve reaches `target` (`claim.reach`), log2 of
+    twice its last step where it never does; None without a curve or a target."""
+    points = curve(run, claim.metric)
+    if not points or target is None:
+        return None
+    for step, value in points:
+        if step > 0 and (value <= target if claim.reach == "below" else value >= target):
+            return math.log2(step)
+    return math.log2(2 * max(points[-1][0], 1))
+
+
+def target_of(runs: Sequence[Mapping[str, Any]], claim: Claim) -> float | None:
+    """Cell A's mean `metric` at `claim.target_step` over its runs that recorded it."""
+    at = [float(r[key]) for r in runs if _finite(r.get(key := f"{claim.metric}@{claim.target_step}"))]
+    return sum(at) / len(at) if at else None
+
+
+def value_function(claim: Claim, target: float | None = None) -> Callable[[Mapping[str, Any]], float | None]:
+    """run -> the value `claim` tests (`run_value`, or `steps_to_target` of `target`)."""
+    if claim.kind == "steps":
+        return lambda run: steps_to_target(run, claim, target)
+    return lambda run: run_value(run, claim)
+
+
+def _cell_values(runs: Sequence[Mapping[str, Any]], claim: Claim, threshold: float, failed_as: float | None,
+                 value_of: Callable[[Mapping[str, Any]], float | None]):
+    """(values for the test, trained count, the runs without a value (folders): left out of the
+    test, or counted as `failed_as`)."""
     values, trained, failed = [], 0, []
     for r in runs:
         loss = r.get(claim.trained_metric)
         trained += bool(_finite(loss) and loss < threshold)
-        if r.get("status") == FAILED or not _finite(r.get(claim.metric)):
+        value = None if r.get("status") == FAILED else value_of(r)
+        if value is None:
             failed.append(r["run"])
             if failed_as is not None:
                 values.append(failed_as)
         else:
-            values.append(float(r[claim.metric]))
+            values.append(value)
     return values, trained, failed
 
 
@@ -230,13 +307,18 @@ def judge(
             row: dict[str, Any] = {"claim": claim.name, "setting": named or "all", "margin": claim.margin,
                                    "family": claim.family, "kind": claim.kind, "_runs": set()}
             failed = []
+            members_of = {c: [r for r in cells[c] if tuple(str(r.get(k, "")) for k in claim.per) == setting]
+                          for c in ("a", "b")}
+            if claim.kind == "steps":
+                row["target"] = target_of(members_of["a"], claim)
+            value_of = value_function(claim, row.get("target"))
             for c in ("a", "b"):
-                members = [r for r in cells[c] if tuple(str(r.get(k, "")) for k in claim.per) == setting]
+                members = members_of[c]
                 row["_runs"] |= {r["run"] for r in members}
                 if claim.select:
                     members, chosen, grid = choose(members, claim, select_value)
                     row[f"chosen_{c}"], row[f"interior_{c}"] = chosen, interior(chosen, grid)
-                values, trained, failed_runs = _cell_values(members, claim, threshold, failed_as)
+                values, trained, failed_runs = _cell_values(members, claim, threshold, failed_as, value_of)
                 if claim.kind == "trained":
                     row[f"n_{c}"], row[f"_k_{c}"] = len(members), trained
                     row[f"mean_{c}"], row[f"std_{c}"] = trained / len(members) if members else math.nan, math.nan
@@ -305,7 +387,7 @@ def _deciding(c: stats.Comparison) -> float:
 
 PUBLIC = ("claim", "setting", "family", "kind", "n_a", "n_b", "mean_a", "std_a", "mean_b", "std_b", "gap",
           "ci_low", "ci_high", "p_welch", "p_permutation", "p_mannwhitney", "p_fisher", "p_holm", "family_size",
-          "prob_superiority", "chosen_a", "interior_a", "chosen_b", "interior_b", "trained_a", "trained_b",
+          "prob_superiority", "target", "chosen_a", "interior_a", "chosen_b", "interior_b", "trained_a", "trained_b",
           "left_out", "failed_runs", "verdict")
 
 
@@ -363,7 +445,7 @@ def markdown(rows: Sequence[Mapping[str, Any]], claims: Sequence[Claim], alpha: 
         margin = f", margin {c.margin:g}" if c.margin else ""
         what = f"{c.text}: " if c.text else ""
         test = (f"runs trained (k/n), Fisher's exact test, H1 A {_SYMBOL[c.alternative]} B" if c.kind == "trained"
-                else f"{c.metric}, H1 A {_SYMBOL[c.alternative]} B{margin}")
+                else f"{_measured(c, rows)}, H1 A {_SYMBOL[c.alternative]} B{margin}")
         select = (f"; each cell's {c.select} chosen by the {'largest' if c.select_max else 'smallest'} mean "
                   f"{c.select_by}" if c.select else "")
         lines.append(f"- `{c.name}`: {what}A = {_filter(c.a)} vs B = {_filter(c.b)}; "
@@ -387,6 +469,17 @@ def markdown(rows: Sequence[Mapping[str, Any]], claims: Sequence[Claim], alpha: 
 
 
 _SYMBOL = {"greater": ">", "less": "<", "two-sided": "≠"}
+
+
+def _measured(c: Claim, rows: Sequence[Mapping[str, Any]]) -> str:
+    """What a claim's values are, in words (with each setting's target for `kind='steps'`)."""
+    if c.kind == "steps":
+        targets = ", ".join(f"{r['setting']} {_g(r.get('target'), 4) or '-'}" for r in rows if r["claim"] == c.name)
+        return (f"log2 of the steps until {c.metric} is {c.reach} the target, A's mean at step {c.target_step} "
+                f"({targets}; never reached: log2 of twice the last step)")
+    if c.reduce:
+        return f"the {c.reduce} of {c.metric}"
+    return f"{c.metric} − {c.minus}" if c.minus else c.metric
 
 
 def _filter(cell: Mapping[str, str]) -> str:

@@ -38,6 +38,9 @@ A Markdown file's report blocks — `<!-- report: ARGS -->`, the output of `repo
 `<!-- /report -->` — are rewritten from their args by `--refresh=FILE.md` (or `--refresh=DIR`: each
 `.md` file in it), which says how many changed (tests/test_results_docs.py checks that the blocks of
 docs/results/*.md equal their commands' output).
+`--history=KEY[,KEY]` adds each run's `KEY` values of its `history.jsonl` as columns `KEY@STEP`
+(a `kind='steps'` claim adds its metric's own), so that a committed CSV keeps the curves the
+claims read.
 `--plot` draws each run's `--plot_metric` from its `history.jsonl` against the step (matplotlib,
 saved; with --mean_over, one colour per group). With `--plot_x=ARG` it draws instead the final
 `--plot_metric` (from `final_metrics.json`) against that numeric arg: each run a dot, and per
@@ -105,12 +108,13 @@ def record_args(folder: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
 
-def rows(roots: Sequence[str], metrics: Sequence[str] | None = None, recorded: bool = False
-         ) -> tuple[list[dict[str, Any]], list[str]]:
+def rows(roots: Sequence[str], metrics: Sequence[str] | None = None, recorded: bool = False,
+         curves: Sequence[str] = ()) -> tuple[list[dict[str, Any]], list[str]]:
     """(one dict per run: run, its args (strings), its final metrics as in the file, or `status`
     for a run without final metrics; its folders, None for a CSV's rows). A root is a folder or
     a CSV file that `--format=csv` wrote. `recorded`: a folder's args start from those of its
-    `sweep_run.json` (`record_args`), its folder's args winning."""
+    `sweep_run.json` (`record_args`), its folder's args winning. `curves`: history.jsonl keys
+    added to a folder's row as `<key>@<step>` columns (a CSV's rows have them as written)."""
     out, folders, args_of = [], [], []  # args_of: each row's arg names
     for root in roots:
         if os.path.isfile(root) and root.endswith(".csv"):
@@ -128,7 +132,9 @@ def rows(roots: Sequence[str], metrics: Sequence[str] | None = None, recorded: b
             else:
                 final = {"status": claims_lib.FAILED}
             args = {**record_args(folder), **run_args(run)} if recorded else run_args(run)
-            out.append({"run": run, **args, **final})
+            points = {f"{key}@{r['step']}": r[key] for r in (history(folder) if curves else []) for key in curves
+                      if key in r}
+            out.append({"run": run, **args, **final, **points})
             args_of.append(set(args))
             folders.append(folder)
     if metrics is not None:
@@ -140,7 +146,9 @@ def rows(roots: Sequence[str], metrics: Sequence[str] | None = None, recorded: b
             raise ValueError(f"--metrics: {', '.join(map(repr, unknown))} is in no run's {FINAL_METRICS}; "
                              f"the runs have: {known}")
         out = [{**{k: v for k, v in r.items() if k in ("run", "status") or k in names},
-                **{m: r[m] for m in metrics if m in r}} for r, names in zip(out, args_of)]  # --metrics' order
+                **{m: r[m] for m in metrics if m in r},
+                **{k: v for k, v in r.items() if k.partition("@")[0] in curves}}
+               for r, names in zip(out, args_of)]  # --metrics' order
     return out, folders
 
 
@@ -489,6 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--alpha", default="0.05", help="--claims: the family-wise level (Holm)")
     parser.add_argument("--failed_as", default=None, metavar="VALUE",
                         help="--claims: the value of a run without final metrics (default: left out)")
+    parser.add_argument("--history", default=None, metavar="KEY[,KEY]",
+                        help="add each run's history.jsonl values of these keys as <key>@<step> columns")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the runs' curves from history.jsonl")
     parser.add_argument("--plot_metric", default="train_loss", help="the history.jsonl key --plot draws")
     parser.add_argument("--plot_x", default=None, metavar="ARG",
@@ -515,7 +525,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         failed_as = None if args.failed_as is None else _flag_number("--failed_as", args.failed_as)
         spec = load_claims(args.claims) if args.claims else None
         metrics = args.metrics.split(",") if args.metrics else None
-        table, folders = rows(args.dirs, metrics, recorded=spec is not None)
+        curves = [k for k in (args.history or "").split(",") if k]
+        if spec is not None:  # a steps-to-target claim reads its metric's curve
+            curves += [c.metric for c in spec.judged if c.kind == "steps" and c.metric not in curves]
+        table, folders = rows(args.dirs, metrics, recorded=spec is not None, curves=curves)
         names = grid_runs(args.config, args.grid) if args.grid else None
         if spec is not None:  # the families are judged over every run; --grid chooses the rows printed
             if not table:

@@ -474,7 +474,13 @@ def test_each_cell_chooses_its_lr_on_validation_and_is_judged_on_test(tmp_path, 
 
 
 @pytest.mark.parametrize("spec,message", [
-    (dict(kind="rate"), "kind='rate'; allowed: mean, trained"),
+    (dict(kind="rate"), "kind='rate'; allowed: mean, trained, steps"),
+    (dict(metric="val_kurtosis_layer_*"), "a metric pattern .* takes reduce= max | min"),
+    (dict(reduce="max"), "metric='test_accuracy' with reduce='max'"),
+    (dict(kind="steps"), "kind='steps' needs target_step > 0"),
+    (dict(kind="steps", target_step=4, reach="under"), "reach='under'"),
+    (dict(kind="steps", target_step=4, minus="x"), "kind='steps' reads one metric's curve"),
+    (dict(target_step=4), "target_step=4 is for kind='steps'"),
     (dict(kind="trained", margin=0.01), "kind='trained' .* takes no margin or select"),
     (dict(select="depth", per=("depth",)), "select='depth' is also in per"),
 ])
@@ -492,3 +498,91 @@ def test_an_empty_filter_matches_runs_that_do_not_give_the_arg_whatever_its_defa
     assert (row["n_a"], row["n_b"], row["mean_b"]) == (2, 2, pytest.approx(0.8))
     vit = claims.Claim("v", a={"model": "vit"}, b={"model": "convmixer"}, trained_below=1.0)
     assert claims.judge([vit], table, defaults={"model": "vit"})[0]["n_a"] == 2  # the default fills in
+
+
+def _lm_run(arm: str, seed: int, curve: list[float], **final) -> dict:
+    """An LM run whose val_bits_per_byte was recorded at steps 100, 200, ... (`curve`)."""
+    row = {"run": f"arm={arm},seed={seed}", "arm": arm, "seed": str(seed), "train_loss": 1.0, **final}
+    row.update({f"val_bits_per_byte@{100 * (i + 1)}": v for i, v in enumerate(curve)})
+    return row
+
+
+def test_derived_values_are_a_difference_or_a_reduction_of_the_runs_final_metrics():
+    rng = np.random.default_rng(1)
+    table = []
+    for arm, gap, kurt in (("skips", 0.30, 9.0), ("none", 0.05, 1.0)):
+        for seed in range(4):
+            layers = {f"val_kurtosis_layer_{i}": float(kurt * rng.uniform(0.2, 1.0)) for i in range(6)}
+            base = 2.0 + rng.normal(0, 0.02)
+            table.append(_lm_run(arm, seed, [], val_bits_per_byte=base, val_int4_bits_per_byte=base + gap
+                                 + rng.normal(0, 0.01), **layers))
+    loss = claims.Claim("int4", a={"arm": "skips"}, b={"arm": "none"}, metric="val_int4_bits_per_byte",
+                        minus="val_bits_per_byte", trained_below=2.0)
+    kurtosis = claims.Claim("kurt", a={"arm": "skips"}, b={"arm": "none"}, metric="val_kurtosis_layer_*",
+                            reduce="max", trained_below=2.0)
+    for claim, expected in (
+        (loss, {a: [r["val_int4_bits_per_byte"] - r["val_bits_per_byte"] for r in table if r["arm"] == a]
+                for a in ("skips", "none")}),
+        (kurtosis, {a: [max(v for k, v in r.items() if k.startswith("val_kurtosis_layer_")) for r in table
+                        if r["arm"] == a] for a in ("skips", "none")}),
+    ):
+        (row,) = claims.judge([claim], table)
+        assert row["_values_a"] == expected["skips"] and row["_values_b"] == expected["none"]
+        assert row["verdict"] == "holds"
+    short = [dict(r) for r in table]
+    del short[0]["val_int4_bits_per_byte"]
+    (row,) = claims.judge([loss], short)
+    assert row["n_a"] == 3 and row["failed_runs"] == "arm=skips,seed=0"
+
+
+def test_steps_to_target_is_the_first_crossing_of_cell_as_mean_at_the_target_step():
+    baseline = [[3.0, 2.6, 2.4, 2.3, 2.2, 2.1], [3.1, 2.7, 2.5, 2.3, 2.2, 2.1], [3.0, 2.5, 2.45, 2.3, 2.2, 2.0]]
+    slow = [[3.5, 3.2, 3.0, 2.8, 2.6, 2.5], [3.4, 3.1, 2.9, 2.7, 2.55, 2.4], [3.6, 3.3, 3.1, 3.0, 2.9, 2.8]]
+    table = [_lm_run("skips", s, c) for s, c in enumerate(baseline)]
+    table += [_lm_run("none", s, c) for s, c in enumerate(slow)]
+    claim = claims.Claim("steps", a={"arm": "skips"}, b={"arm": "none"}, kind="steps", metric="val_bits_per_byte",
+                         target_step=200, margin=math.log2(3), trained_below=2.0)
+    (row,) = claims.judge([claim], table)
+    target = np.mean([c[1] for c in baseline], dtype=np.float64)  # 2.6
+    assert row["target"] == pytest.approx(target, abs=1e-12)
+
+    def first(c):  # an independent restatement: steps 100, 200, ...; never reached: 2 × the last step
+        hits = [100 * (i + 1) for i, v in enumerate(c) if v <= target]
+        return math.log2(hits[0] if hits else 2 * 100 * len(c))
+
+    assert row["_values_a"] == [first(c) for c in baseline] == [math.log2(s) for s in (200, 300, 200)]
+    assert row["_values_b"] == [first(c) for c in slow] == [math.log2(s) for s in (500, 500, 1200)]
+    assert row["gap"] == pytest.approx(np.mean(row["_values_a"]) - np.mean(row["_values_b"]))
+    assert row["verdict"] == "not shown"  # 3× the steps is not shown: one run never reaches the target
+    md = claims.markdown([row], [claim], 0.05, None)
+    assert "log2 of the steps until val_bits_per_byte is below the target, A's mean at step 200 (all 2.6;" in md
+
+
+def test_report_history_keeps_the_curves_a_committed_csv_needs(tmp_path, capsys):
+    for arm, start in (("skips", 2.0), ("none", 3.0)):
+        for seed in range(2):
+            folder = tmp_path / "root" / f"arm={arm},seed={seed}"
+            folder.mkdir(parents=True)
+            (folder / "final_metrics.json").write_text(json.dumps({"val_bits_per_byte": start - 0.5, "train_loss": 1}))
+            (folder / "history.jsonl").write_text("".join(
+                json.dumps({"step": step, "train_loss": 1.0}) + "\n" + json.dumps(
+                    {"step": step, "val_bits_per_byte": start - step / 1000 - seed / 100}) + "\n"
+                for step in (100, 200, 300)))
+    assert report.main([str(tmp_path / "root"), "--format=csv", "--history=val_bits_per_byte"]) == 0
+    out = capsys.readouterr().out
+    (tmp_path / "runs.csv").write_text(out)
+    rows = {r["run"]: r for r in csv.DictReader(io.StringIO(out))}
+    assert float(rows["arm=skips,seed=1"]["val_bits_per_byte@200"]) == pytest.approx(2.0 - 0.2 - 0.01)
+    assert "train_loss@100" not in rows["arm=skips,seed=1"]
+    config = tmp_path / "config.py"
+    config.write_text(
+        "import math, ml_collections\n"
+        "CLAIMS = {'steps': dict(a={'arm': 'skips'}, b={'arm': 'none'}, kind='steps', metric='val_bits_per_byte',"
+        " target_step=100, margin=math.log2(5), trained_below=2.0)}\n"
+        "def get_config(arg=None):\n"
+        "    c = ml_collections.ConfigDict(); c.dataset = ml_collections.ConfigDict(dict(name='stdlib')); return c\n")
+    outputs = []
+    for src in (str(tmp_path / "root"), str(tmp_path / "runs.csv")):  # the folders' curves, or the CSV's
+        assert report.main([src, f"--claims={config}", "--format=csv"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and "steps" in outputs[0]
