@@ -4,7 +4,7 @@ r"""ViT-Tiny on CIFAR-10 with each residual a switch: the Always Skip Attention 
         --workdir=/tmp/cifar10_vit_tiny_nosab
 
 Hardware: one GPU or TPU chip and ≥ 8 host cores for the augmentation (≈ 0.5 ms per image
-per core, docs/data.md). Wall-clock: not measured (200 epochs ≈ 78k steps; the host
+per core, docs/results/performance.md). Wall-clock: not measured (200 epochs ≈ 78k steps; the host
 augmentation, not the chip, is expected to set the pace).
 Data: cifar10 from tensorflow-datasets (docs/data.md, a few minutes to prepare); the run fails
 at start, in one line, if it is absent.

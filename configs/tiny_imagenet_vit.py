@@ -4,7 +4,7 @@ r"""ViT-Tiny on Tiny-ImageNet-200 (64×64, 200 classes) with each residual a swi
         --workdir=/tmp/tiny_imagenet_nosab --config.dataset.data_dir=/data/tiny-imagenet-200
 
 Hardware: one GPU or TPU chip and ≥ 8 host cores for the augmentation (≈ 1 ms per image per
-core, docs/data.md). Wall-clock: not measured (100 epochs ≈ 39k steps; the host augmentation,
+core, docs/results/performance.md). Wall-clock: not measured (100 epochs ≈ 39k steps; the host augmentation,
 not the chip, is expected to set the pace).
 Data: the unpacked tiny-imagenet-200 folder (docs/data.md); config.dataset.data_dir must point
 at it, and the run fails at start, in one line, if it does not. Evaluation is on the 10,000

@@ -13,7 +13,7 @@ bfloat16 compute); the augmentation needs ≈ 47 worker processes (`input.num_wo
 Wall-clock: not measured (300 epochs ≈ 372k steps of train[:99%]). The paper's figures for
 ViT-B (Always Skip Attention): 0.723 days for the baseline, 0.732 with DCT-TG (+1.2%), 4.552
 with SVD-TG (6.3×); benchmarks/token_graying.py measures the TG cost itself (DCT, SVD and the
-fast SVD-TG) on the machine at hand (docs/token_graying.md).
+fast SVD-TG) on the machine at hand (docs/results/performance.md).
 Data: imagenet2012 prepared by tensorflow-datasets (docs/data.md); the run fails at start, in
 one line, if it is absent.
 
