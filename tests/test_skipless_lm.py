@@ -367,22 +367,26 @@ def test_a_killed_sas_muon_run_resumes_to_the_uninterrupted_state(tmp_path):
 STUDY = os.path.join(ROOT, "configs", "lm_skipless_study.py")
 
 
-def test_the_study_screens_every_arm_and_optimizer_and_its_claims_name_those_cells():
-    """189 screening runs (21 cells × 3 lrs × 3 seeds) whose configs pass the model's check; every
+def test_the_study_screens_seven_cells_and_its_claims_name_those_cells():
+    """42 screening runs (7 cells × 3 lrs × 2 seeds) whose configs pass the model's check; every
     claim's cell is one of them but for val (the claims read the confirmation, val=False)."""
     from skipless_jax import claims, report, sweep
 
     module = sweep.load_config_module(STUDY)
     runs = [report.run_args(r.name) for r in sweep.expand(STUDY, "screen", module)]
-    assert len(runs) == 189 and {r["val"] for r in runs} == {"True"} and {r["depth"] for r in runs} == {"8"}
+    assert len(runs) == 42 and {r["val"] for r in runs} == {"True"} and {r["depth"] for r in runs} == {"8"}
     for cell in {tuple((k, v) for k, v in r.items() if k not in ("lr", "seed")) for r in runs}:
         c = module.get_config(",".join(f"{k}={v}" for k, v in cell))
         models.check_config(c.model, None)
+        assert c.input.batch_size == 8 and c.total_steps == 2000 and c.eval_every_steps == 100
     qs = claims.from_module(module, path=STUDY)
-    assert {c.family for c in qs} == {"noninferior", "head_to_head"} and len(qs) == 22
+    families = {"noninferior", "steps_5x", "steps_2x", "int4_loss", "int8_loss", "kurtosis", "head_to_head"}
+    assert {c.family for c in qs} == families and len(qs) == 6 * 6 + 2
     for c in qs:
-        assert (c.metric, c.alternative, c.margin, c.per) == ("val_bits_per_byte", "greater", 0.05, ("depth",))
+        assert (c.alternative, c.per) == ("greater", ("depth",))
         for cell in (c.a, c.b):
             assert cell["val"] == "False"
             screened = [r for r in runs if all(r.get(k) == v for k, v in {**cell, "val": "True"}.items())]
-            assert len(screened) == 9, (c.name, cell)
+            assert len(screened) == 6, (c.name, cell)
+    steps = [c for c in qs if c.kind == "steps"]
+    assert {(c.target_step, round(2 ** c.margin, 9)) for c in steps} == {(400, 5.0), (400, 2.0)}
