@@ -9,10 +9,10 @@ then fine-tune with configs/mae_vitb_finetune.py:init_from=gs://BUCKET/mae_vitb_
 Paper's numbers (Always Skip Attention, ImageNet-1k top-1 after pre-training + fine-tuning
 ViT-B/16): 83.0 without, 83.2 with DCT Token Graying (its Table; TG in pre-training). MAE's own
 ViT-B figure: 83.6 after its 1,600-epoch schedule. Expected: those figures after fine-tuning
-(configs/mae_vitb_finetune.py); not reproduced here (no ImageNet on the project's machines); the
-digits pair (configs/mae_digits_pretrain.py, mae_digits_finetune.py) is measured in
-docs/results.md. During pre-training a kNN monitor (k 20 on the class token, bank: the first
-10 % of the train split) runs every 10,000 steps.
+(configs/mae_vitb_finetune.py), not reproduced here; the digits pair
+(configs/mae_digits_pretrain.py, mae_digits_finetune.py) is measured in docs/results/mae_digits.md.
+During pre-training a kNN monitor (k 20 on the class token, bank: the first 10 % of the train
+split) runs every 10,000 steps.
 
 Recipe: global batch 4096, base learning rate 1.5e-4 (lr 2.4e-3 = 1.5e-4 × 4096 / 256), AdamW
 (0.9, 0.95), weight decay 0.05 on kernels and the class and mask tokens (MAE main_pretrain), 40

@@ -6,7 +6,7 @@ baseline of both papers included.
         --workdir=gs://BUCKET/vitb_skipless --config.dataset.data_dir=gs://BUCKET/tfds
     python -m skipless_jax.main \
         --config=configs/vitb_skipless.py:skip_sab=True,skip_ffn=True,init=default,opt=adamw \
-        --workdir=gs://BUCKET/vitb_i1k_300ep --config.dataset.data_dir=gs://BUCKET/tfds
+        --workdir=gs://BUCKET/vitb_baseline --config.dataset.data_dir=gs://BUCKET/tfds
 
 Args: skip_sab, skip_ffn, init, opt, seed, tg, eps, variant, epochs (docs/recipes.md).
 Hardware: sized for a TPU v4-64 pod slice or 4× 8-GPU H100 nodes (global batch 1024, bfloat16
