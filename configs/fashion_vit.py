@@ -11,55 +11,46 @@ Skip Attention"; its one skip is skip_sab), aug (none | pad_crop | pad_crop_flip
 pilot=True (with val=True: train on train[:10000] only, the study's pilot), e.g.
     --config=configs/fashion_vit.py:skip_sab=False,skip_ffn=False,init=skipless,opt=soap,val=True
 
-Hardware: any CPU; the default run is 4,688 steps (469 per epoch; 430 with val=True). Measured
-on this project's 2-core CPU machine while other jobs shared it (load average 9-14):
-    python -m skipless_jax.main --config=configs/fashion_vit.py --workdir=/tmp/fv \
-        --config.total_steps=80 --config.schedule.warmup_steps=3 --config.log_every_steps=20
-prints progress lines with an ETA and trains (test accuracy 33.4 % after 20 steps, 47.7 % after
-80, each a whole cosine schedule). One step
-takes 0.75 CPU-seconds (the process CPU time of an 80-step run minus a 20-step run's, both with
-compilation and the final evaluation of 10,000 test images): 5.9 CPU-minutes per epoch, 59 for
-the default 10 epochs (54 with val=True). Under that load the steps ran at 0.4-0.7 steps/s, i.e.
-12-20 minutes of wall-clock per epoch; each run is one process on both cores. SOAP adds its
-preconditioner's work, ConvMixer-64/8 is smaller (neither measured).
+Hardware: any CPU; the default run is 4,688 steps (469 per epoch; 430 with val=True). One step
+of the default ViT takes 0.75 CPU-seconds on this project's CPU (docs/results/fashion_mnist.md):
+5.9 CPU-minutes per epoch, 59 for the default 10 epochs. Each run is one process on every core.
 Data: the four IDX files of the Debian package dataset-fashion-mnist in
 /usr/share/datasets/fashion-mnist (`apt-get install -y dataset-fashion-mnist`), or tfds's
 `fashion_mnist` prepared in the tfds data dir set as config.dataset.data_dir (docs/data.md); the
 run fails at start, in one line naming the file, if they are absent or damaged.
 
-Expected test accuracy: to be measured (docs/results.md §Fashion-MNIST), as mean ± std over
-seeds 0-4 of the `table1` and `cutting` grids.
+Expected test accuracy: to be measured (docs/results/fashion_mnist.md).
 
 Model: a ViT of width 64, depth 8, 4 heads, MLP 128 on 28×28 images with patch 4 (49 tokens of
-16 features, global average pooling), drop-path 0 with skips and 0
-without; the skipless init's constants are Cutting the Skip's ViT-B/16 ones (docs/method/papers.md §3).
-Schedule: 10 epochs, batch 128, lr 1e-3 (AdamW b2 0.999; SOAP: b1 0.9, b2 0.95,
-preconditioning every 10 steps), weight decay 0.05, a warm-up of one epoch then cosine to 1e-5,
-gradient clipping 1.0, label smoothing 0, no augmentation (the images as stored, normalized by
-the train split's mean 0.2860 and std 0.3530, data/sources.py). The study uses no augmentation
-(aug=none, the default) at 10 epochs.
+16 features, global average pooling), drop-path 0; the skipless init's constants are Cutting the
+Skip's ViT-B/16 ones (docs/method/papers.md §3).
+Schedule: 10 epochs, batch 128, lr 1e-3 (AdamW b2 0.999; SOAP: b1 0.9, b2 0.95, preconditioning
+every 10 steps), weight decay 0.05, a warm-up of one epoch then cosine to 1e-5, gradient clipping
+1.0, label smoothing 0, no augmentation (the images as stored, normalized by the train split's
+mean 0.2860 and std 0.3530, data/sources.py).
 
-The study (pre-registered before any of its runs): `GRIDS['table1']` ("Always Skip
-Attention", Table 1: the four skip settings of the ViT, AdamW, depth 8, and ConvMixer with and
-without its skip), `GRIDS['cutting']` ("Cutting the Skip": with skips, skipless + default init,
-skipless + skipless init, each under AdamW and SOAP, and shampoo_ec with the init, depth 8)
-and `GRIDS['cutting_depth12']` (the same at depth 12, if the budget allows);
-every run with val=True, 5 seeds, at each of the 3 values of its cell's lr grid (`LRS`). Each
-cell's lr is the grid value of highest mean val_accuracy over its seeds, and its test_accuracy
-at that lr is what `CLAIMS` judge (`select='lr'`, docs/method/verdicts.md §5), per depth; a best
-value at an edge of its grid (`not interior` in the report) has the grid extended by one ladder
-value on that side, 5 seeds, before the claims are judged. `GRIDS['pilot']` (one seed,
-train[:10000], epochs=3, every depth-8 grid widened by one value on each side) may be run first
-to check that the grids' ranges hold their best values; it chooses nothing else.
-Cost: a run with val=True is 4,297 steps, about 54 CPU-minutes at the 0.75 CPU-seconds per
-step measured above (ViT, AdamW, depth 8), so table1 + cutting (165 runs) need about 150
-CPU-hours and cutting_depth12 (105 runs, 1.5× deeper) about 140 more, the pilot about 3: beyond
-a 40 CPU-hour budget, so the grids are for an accelerator or a longer CPU budget (docs/results.md
-says which hardware ran which runs).
+The study, pre-registered before any of its runs, sized to the issue's 40 CPU-hours. Its 11 cells
+(`CELLS`), all at depth 8 and without augmentation: Table 1 of "Always Skip Attention" (the four
+skip settings of the ViT under AdamW, ConvMixer with and without its skip) and Cutting the Skip's
+(with skips, no skips + default init, no skips + skipless init, under AdamW and SOAP, and
+shampoo_ec with the init).
+1. `GRIDS['pilot']` chooses each cell's lr: the 5 values of its lr grid (`lr_grid(kind, 1)`),
+   seeds 0-1, the first 10,000 train images, 3 epochs, validated on train[55000:]; 110 runs.
+   A cell's lr is the value of highest mean val_accuracy; a best value at an edge of the 5 has the
+   grid extended by one ladder value on that side (2 seeds) before anything is chosen.
+2. `GRIDS['study']`, written after the pilot and before its runs: each cell at its chosen lr,
+   val=True (train[:55000]), 5 epochs, seeds 0-4; 55 runs. A cell whose trained count is bimodal
+   (some seeds trained, some not) gets seeds 5-9. `CLAIMS` read these runs (pilot=False, epochs=5).
+Departures from the issue, to fit the budget: 5 epochs, not 8-10; the lr chosen by the pilot on
+10,000 images, not by full-size runs at 3 lrs; depth 12 left out.
+Cost at 0.75 CPU-seconds a step (SOAP and shampoo_ec taken at 1.3×): a pilot run about 4
+CPU-minutes with its evaluations (110 runs: about 7 CPU-hours), a study run 28-36 (55 runs: about
+28), leaving about 5 for grid extensions and bimodal seeds.
 
-    python -m skipless_jax.sweep --config=configs/fashion_vit.py --grid=table1 --root=/tmp/fashion
-    python -m skipless_jax.report /tmp/fashion --config=configs/fashion_vit.py --grid=table1 \
-        --claims=configs/fashion_vit.py
+    python -m skipless_jax.sweep --config=configs/fashion_vit.py --grid=pilot --root=/tmp/fashion
+    python -m skipless_jax.report /tmp/fashion --config=configs/fashion_vit.py --grid=pilot --mean_over=seed \
+        --metrics=val_accuracy
+    python -m skipless_jax.report /tmp/fashion --claims=configs/fashion_vit.py
 """
 
 import ml_collections
@@ -84,13 +75,13 @@ AUGS = {"none": None, "pad_crop": _PAD_CROP, "pad_crop_flip": dict(_PAD_CROP, fl
 # Each cell's lr grid: three neighbours on the ladder LADDER (steps of about 3×) around the lr its
 # recipe expects: AdamW lower without skips (the digits study's best lr fell 3× from depth 8 to 12),
 # SOAP's, shampoo_ec's and ConvMixer's higher.
-_SEEDS = "0,1,2,3,4"
 LADDER = ("1e-5", "3e-5", "1e-4", "3e-4", "1e-3", "3e-3", "1e-2", "3e-2", "1e-1")
 LRS = {"adamw_skips": "3e-4", "adamw_skipless": "1e-4", "second_order": "1e-3", "convmixer": "1e-3"}  # lowest
+STUDY_EPOCHS = 5  # the study's runs (the pilot's: 3, on train[:10000])
 
 
 def lr_grid(kind: str, widen: int = 0) -> str:
-    """The lr axis of a cell: 3 ladder values from LRS[kind], `widen` more on each side (the pilot)."""
+    """The lr axis of a cell: 3 ladder values from LRS[kind], `widen` more on each side (the pilot's 5)."""
     start = LADDER.index(LRS[kind])
     return ",".join(LADDER[max(start - widen, 0):start + 3 + widen])
 
@@ -98,69 +89,61 @@ def lr_grid(kind: str, widen: int = 0) -> str:
 OPTS = ("adamw", "soap", "shampoo_ec")
 _SKIPS = "skip_sab=True skip_ffn=True init=default"
 _NO_SKIPS = "skip_sab=False skip_ffn=False"
+# The study's 11 cells at depth 8 (each: its args, its lr grid's kind): Table 1's six (the four skip
+# settings of the ViT under AdamW, ConvMixer with and without its skip) and Cutting the Skip's five
+# more (with skips + SOAP, no skips + default init + SOAP, no skips + skipless init with AdamW, SOAP
+# and shampoo_ec; its with-skips and default-init AdamW cells are Table 1's).
+CELLS = (
+    ("skip_sab=True skip_ffn=True init=default opt=adamw", "adamw_skips"),
+    ("skip_sab=True skip_ffn=False init=default opt=adamw", "adamw_skips"),
+    ("skip_sab=False skip_ffn=True init=default opt=adamw", "adamw_skips"),
+    (f"{_NO_SKIPS} init=default opt=adamw", "adamw_skipless"),
+    ("model=convmixer skip_sab=True init=default opt=adamw", "convmixer"),
+    ("model=convmixer skip_sab=False init=default opt=adamw", "convmixer"),
+    (f"{_SKIPS} opt=soap", "second_order"),
+    (f"{_NO_SKIPS} init=default opt=soap", "second_order"),
+    (f"{_NO_SKIPS} init=skipless opt=adamw", "adamw_skipless"),
+    (f"{_NO_SKIPS} init=skipless opt=soap", "second_order"),
+    (f"{_NO_SKIPS} init=skipless opt=shampoo_ec", "second_order"),
+)
 
 
-def _cells(depths: str, widen: int = 0, tail: str = f"val=True seed={_SEEDS}") -> dict[str, list[str]]:
-    """The study's cells as grid strings, each at its lr grid: Table 1's at depth 8, Cutting the
-    Skip's at `depths`."""
-    return {
-        "table1": [  # no skips at all: the lr grid of the skipless AdamW cells, as in "cutting"
-            f"skip_sab=True skip_ffn=True,False init=default opt=adamw depth=8 lr={lr_grid('adamw_skips', widen)} "
-            f"{tail}",
-            f"skip_sab=False skip_ffn=True init=default opt=adamw depth=8 lr={lr_grid('adamw_skips', widen)} "
-            f"{tail}",
-            f"{_NO_SKIPS} init=default opt=adamw depth=8 lr={lr_grid('adamw_skipless', widen)} {tail}",
-            f"model=convmixer skip_sab=True,False init=default opt=adamw depth=8 lr={lr_grid('convmixer', widen)} "
-            f"{tail}",
-        ],
-        "cutting": [
-            f"{_SKIPS} opt=adamw depth={depths} lr={lr_grid('adamw_skips', widen)} {tail}",
-            f"{_SKIPS} opt=soap depth={depths} lr={lr_grid('second_order', widen)} {tail}",
-            f"{_NO_SKIPS} init=default,skipless opt=adamw depth={depths} lr={lr_grid('adamw_skipless', widen)} {tail}",
-            f"{_NO_SKIPS} init=default opt=soap depth={depths} lr={lr_grid('second_order', widen)} {tail}",
-            f"{_NO_SKIPS} init=skipless opt=soap,shampoo_ec depth={depths} lr={lr_grid('second_order', widen)} {tail}",
-        ],
-    }
+def _grid(args: str, tail: str) -> str:
+    """A cell's grid string, its axes in the root's order: model, skip_sab, skip_ffn, init, opt, depth, lr, ..."""
+    head, _, rest = args.partition(" ") if args.startswith("model=") else ("", "", args)
+    return " ".join(x for x in (head, rest, "depth=8", tail) if x)
 
 
-_STUDY, _DEEPER = _cells("8"), _cells("12")
 GRIDS = {
-    # Always Skip Attention, Table 1: both skips / no SAB skip / no FFN skip / no skips under
-    # AdamW (default init) at depth 8; ConvMixer with and without its skip. 6 cells × 3 lrs × 5
-    # seeds = 90 runs.
-    "table1": _STUDY["table1"],
-    # Cutting the Skip: with skips (AdamW, SOAP), skipless + default init and skipless + init
-    # (AdamW, SOAP; shampoo_ec with the init only) at depth 8: 7 cells × 3 lrs × 5 seeds = 105
-    # runs, 30 of them table1's.
-    "cutting": _STUDY["cutting"],
-    # The same cells at depth 12, if the budget allows: 105 runs.
-    "cutting_depth12": _DEEPER["cutting"],
-    # Does each cell's lr grid hold its best value? Every cell at depth 8, one seed, the first
-    # 10,000 train images, epochs=3, its grid widened by one ladder value on each side: 55 runs
-    # of 235 steps; it chooses no lr (the grids above do, on 5 seeds).
-    "pilot": [g for gs in _cells("8", widen=1, tail="val=True pilot=True epochs=3 seed=0").values() for g in gs],
+    # The pilot, which chooses each cell's lr: every cell at depth 8 at the 5 values of its lr grid,
+    # seeds 0-1, the first 10,000 train images, 3 epochs, validated on train[55000:]: 110 runs.
+    "pilot": [_grid(args, f"lr={lr_grid(kind, widen=1)} val=True pilot=True epochs=3 seed=0,1")
+              for args, kind in CELLS],
+    # "study": each cell at the lr the pilot chose, val=True, epochs=5, seeds 0-4 (55 runs), written
+    # here after the pilot and before its runs.
 }
 
 
-# The claims the study judges (`report --claims=configs/fashion_vit.py`; docs/method/reports.md §19),
-# each cell at its own lr: `select='lr'` keeps, per cell and depth, the runs of the lr of highest
-# mean val_accuracy (docs/method/verdicts.md §5). ViT cells: model=vit, the arg's default, which
-# `report` gives the runs whose folders leave it out.
-_VIT_NO_SKIPS = {"model": "vit", "skip_sab": "False", "skip_ffn": "False"}
-_VIT_SKIPS = {"model": "vit", "skip_sab": "True", "skip_ffn": "True", "init": "default"}
-_CHOSEN = dict(per=("depth",), select="lr", select_by="val_accuracy")
+# The claims the study judges (`report --claims=configs/fashion_vit.py`; docs/method/reports.md §19)
+# on the runs of GRIDS['study'] (pilot=False, epochs=5), each cell at the lr the pilot chose, per
+# depth. ViT cells: model=vit, the arg's default, which `report` gives the runs whose folders leave
+# it out.
+_STUDY_RUNS = {"pilot": "False", "epochs": str(STUDY_EPOCHS)}
+_VIT_NO_SKIPS = {"model": "vit", "skip_sab": "False", "skip_ffn": "False", **_STUDY_RUNS}
+_VIT_SKIPS = {"model": "vit", "skip_sab": "True", "skip_ffn": "True", "init": "default", **_STUDY_RUNS}
+_CHOSEN = dict(per=("depth",))
 CLAIMS = {
     # Study item 1: Always Skip Attention, Table 1 (the paper: about 22 against 2 points on CIFAR-10).
     "sab_skip_matters_more": dict(
         text="Always Skip Attention: without the FFN skip > without the SAB skip (ViT, default init, AdamW)",
-        a={"model": "vit", "skip_sab": "True", "skip_ffn": "False", "init": "default", "opt": "adamw"},
-        b={"model": "vit", "skip_sab": "False", "skip_ffn": "True", "init": "default", "opt": "adamw"},
+        a={"model": "vit", "skip_sab": "True", "skip_ffn": "False", "init": "default", "opt": "adamw", **_STUDY_RUNS},
+        b={"model": "vit", "skip_sab": "False", "skip_ffn": "True", "init": "default", "opt": "adamw", **_STUDY_RUNS},
         **_CHOSEN,
     ),
     "convmixer_skip_costs_little": dict(
         text="Always Skip Attention: ConvMixer without its skip ≥ with it, within 1 point",
-        a={"model": "convmixer", "skip_sab": "False", "opt": "adamw"},
-        b={"model": "convmixer", "skip_sab": "True", "opt": "adamw"},
+        a={"model": "convmixer", "skip_sab": "False", "opt": "adamw", **_STUDY_RUNS},
+        b={"model": "convmixer", "skip_sab": "True", "opt": "adamw", **_STUDY_RUNS},
         margin=0.01,
         **_CHOSEN,
     ),
