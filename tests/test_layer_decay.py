@@ -40,10 +40,15 @@ def expected_scale(path):
     "path, layer_id",
     [("cls", 0), ("pos_embedding", 0), ("embedding/kernel", 0), ("params/embedding/bias", 0),
      ("block_0/MlpBlock_0/Dense_0/kernel", 1), ("block_11/LayerNorm_0/scale", 12),
-     ("encoder_norm/scale", 13), ("fc_norm/bias", 13), ("head/kernel", 13), ("embedding_extra/kernel", 13)],
+     ("encoder_norm/scale", 13), ("fc_norm/bias", 13), ("head/kernel", 13)],
 )
 def test_vit_layer_id(path, layer_id):
     assert vit_layer_id(path, 12) == layer_id
+
+
+def test_a_vit_layer_id_reads_the_role_not_a_name_prefix():
+    with pytest.raises(ValueError, match="'embedding_extra/kernel' has no role"):  # not the stem's, nor any
+        vit_layer_id("embedding_extra/kernel", 12)
 
 
 def test_scales_for_every_leaf_of_a_depth_3_vit():

@@ -1,17 +1,22 @@
 """Parameter roles (skipless_jax/models/roles.py): every parameter of every family, of MAE's
-pre-training model and of the causal decoder has a role, read from its own model's `ROLES`;
-the roles that the init schemes, decay masks, layer decay and init_from act on are the ones
-their names say (the names written out here, independently of the tables)."""
+pre-training model, of DINO's head and of the causal decoder has a role, read from its own
+model's `ROLES`; the roles that the init schemes, decay masks, layer decay and init_from act on
+are the ones their names say (the names written out here, independently of the tables). Roles
+fail closed: no pattern is a catch-all, every pattern names a parameter that exists, and a model
+with an unlabelled parameter fails to build."""
 
 from __future__ import annotations
 
+import re
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import pytest
 
 from skipless_jax import models
-from skipless_jax.models import gpt, mae, roles, vit
+from skipless_jax.models import dino_head, gpt, mae, roles, vit
 from skipless_jax.nested import flatten
 
 from util import tiny_model
@@ -88,8 +93,6 @@ def test_mae_and_the_causal_decoder_have_roles():
 
 
 def test_a_dino_model_has_roles_under_its_backbone_prefix():
-    from skipless_jax.models import dino_head
-
     model = dino_head.DINO(models.build(ml_collections.ConfigDict(VIT), 0, SIZE),
                            dino_head.DINOHead(out_dim=16, hidden_dim=8, bottleneck_dim=4))
     paths = param_paths(model, (jnp.zeros((1, SIZE, SIZE, 3)),))
@@ -103,3 +106,58 @@ def test_a_parameter_without_a_role_is_an_error_naming_it():
         roles.role_of("block_0/extra", vit.ROLES)
     with pytest.raises(ValueError, match="has no role"):
         models.describe(ml_collections.ConfigDict(VIT)).role_of("cls_token")
+
+
+GPT = dict(name="gpt", width=16, depth=1, mlp_dim=32, num_heads=2, seq_len=8)
+
+
+def every_model() -> dict[str, tuple[nn.Module, tuple]]:
+    """name -> (model, init inputs): every family (the ViT's poolings, GPT's attention shapes and
+    heads), DINO on every image family, MAE."""
+    image = jnp.zeros((1, SIZE, SIZE, 3))
+    out = {}
+    for family in FAMILIES:
+        out[family] = (models.build(family_config(family), 10, SIZE), (image,))
+        head = dino_head.DINOHead(out_dim=16, hidden_dim=8, bottleneck_dim=4, norm_last_layer=family != "vit")
+        out[f"dino_{family}"] = (dino_head.DINO(models.build(family_config(family), 0, SIZE), head), ((image,),))
+    out["vit_gap_fc_norm"] = (models.build(ml_collections.ConfigDict({**VIT, "pool": "gap_fc_norm"}), 10, SIZE),
+                              (image,))
+    out["vit_scan"] = (models.build(ml_collections.ConfigDict({**VIT, "scan": True}), 10, SIZE), (image,))
+    for shape in ("softmax", "value_skip", "sas", "sas_p"):
+        config = ml_collections.ConfigDict({**GPT, "attention_shape": shape, "tied_head": shape != "sas"})
+        out[f"gpt_{shape}"] = (gpt.build(config, 11), (jnp.zeros((1, 8), jnp.int32),))
+    out["mae"] = (mae.MAE(patch_size=4, width=16, depth=1, mlp_dim=32, num_heads=2, decoder_width=8, decoder_depth=1,
+                          decoder_num_heads=2), (jnp.zeros((1, 16, 16, 3)),))
+    return out
+
+
+def test_no_unlabelled_parameter_in_any_model():
+    """Every leaf of every model has a role in its own table (`models.role_table`), and every
+    pattern of every table names a leaf that exists (no catch-all, no stale name)."""
+    used = set()
+    for name, (model, args) in every_model().items():
+        table = models.role_table(model)
+        for path in flatten(param_shapes(model, *args)):
+            assert roles.role_of(path, table) in roles.ROLES, (name, path)
+            used.add(next(p for p, _ in (*table, *roles.SHARED) if re.search(p, path)))
+    patterns = {p for module in models.ROLE_MODULES for p, _ in roles.table_of(module)} | {p for p, _ in roles.SHARED}
+    assert patterns - used == set()
+    for leaf in ("kernel", "bias", "block_0/extra/kernel", "block_0/Dense_0/bias", "head/extra/kernel"):
+        assert models.find_role(leaf) is None  # no catch-all
+
+
+class ExtraDense(vit.ViT):
+    """A ViT with one Dense layer that no table names."""
+
+    @nn.compact
+    def __call__(self, images, train=False):
+        logits, out = super().__call__(images, train)
+        return nn.Dense(3, name="extra")(logits), out
+
+
+def test_a_model_with_an_unlabelled_dense_fails_to_build():
+    config = ml_collections.ConfigDict(VIT)
+    model = ExtraDense(**vit.model_kwargs(config, 10))
+    with pytest.raises(ValueError) as error:
+        models.init_variables(config, model, jax.random.PRNGKey(0), jnp.zeros((1, SIZE, SIZE, 3)))
+    assert "'extra/kernel' has no role" in str(error.value) and "\n" not in str(error.value)

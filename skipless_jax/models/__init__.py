@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import functools
 import importlib
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -105,6 +106,18 @@ def find_role(path: str) -> str | None:
     return roles.find_role(path, _every_role_table())
 
 
+def role_table(model: nn.Module) -> roles.Table:
+    """The role table of a built model: the `ROLES` of the module defining its class (or the
+    nearest base class whose module declares one); DINO's: its backbone's, then its head's."""
+    if type(model).__name__ == "DINO":
+        return (*role_table(model.backbone), *roles.table_of("dino_head"))
+    for cls in type(model).__mro__:
+        table = getattr(sys.modules.get(cls.__module__), "ROLES", None)
+        if table is not None:
+            return table
+    raise ValueError(f"a {type(model).__name__} model has no role table; its module needs ROLES (models/roles.py)")
+
+
 def build(model_config: Any, num_classes: int, image_size: int | None = None) -> nn.Module:
     """The model `config.model` describes; num_classes=0: a backbone returning pooled features."""
     return family(model_config).build(model_config, num_classes, image_size)
@@ -118,8 +131,10 @@ def init_variables(
     module's own init with `rng` as its 'params' stream (`rngs`: other streams its init draws,
     e.g. MAE's 'masking'), then, for a reference scheme ('timm', 'mae'), every parameter redrawn
     by its family's table with the same key (`init_schemes.reinitialize`, docs/method/families.md §24), as
-    for the `gpt` family's default, GPT-2's (docs/method/lm.md §4)."""
+    for the `gpt` family's default, GPT-2's (docs/method/lm.md §4). A parameter without a role in
+    the model's table (`role_table`) is a ValueError naming it."""
     variables = model.init({"params": rng, **rngs}, dummy, train=False)
+    roles.check(variables["params"], role_table(model))  # every parameter has a role (models/roles.py)
     if init_schemes.redraws(model_config):
         variables = init_schemes.reinitialize(model, variables, rng)
     return variables

@@ -39,7 +39,9 @@ RUNNING_STATS = True  # BatchNorm: `batch_stats` kept and updated by the supervi
 ACTIVATIONS = ("gelu", "relu")
 # The roles of the names this module spells (models/roles.py).
 ROLES = ((r"(^|/)block_\d+_depthwise/kernel$", roles.DEPTHWISE_KERNEL),
-         (r"(^|/)block_\d+_depthwise/bias$", roles.DEPTHWISE_BIAS), *STEM_ROLES)
+         (r"(^|/)block_\d+_depthwise/bias$", roles.DEPTHWISE_BIAS),
+         (r"(^|/)block_\d+_pointwise/kernel$", roles.KERNEL), (r"(^|/)block_\d+_pointwise/bias$", roles.BIAS),
+         *STEM_ROLES)
 FIELDS: dict[str, Any] = dict(width=None, depth=None, kernel_size=9, patch_size=7, activation="gelu")
 # timm's convmixer_768_32 / convmixer_1536_20 and the CIFAR-10 reference ConvMixer-256/8.
 VARIANTS: dict[str, dict[str, Any]] = {

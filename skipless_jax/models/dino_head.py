@@ -21,9 +21,10 @@ import jax.numpy as jnp
 from skipless_jax.models import roles
 
 LAST_LAYER = "last_layer"  # the module name that last-layer freezing matches
-# The roles of the names this module spells (models/roles.py): the weight-normalized last layer's
-# direction v is its kernel, g its per-output scale; the MLP's Dense layers are shared names.
-ROLES = ((rf"(^|/){LAST_LAYER}_v$", roles.KERNEL), (rf"(^|/){LAST_LAYER}_g$", roles.WEIGHT_NORM_SCALE))
+# The roles of the names this module spells (models/roles.py): the MLP's Dense layers `mlp_i` and
+# the weight-normalized last layer's direction v are kernels, g its per-output scale.
+ROLES = ((r"(^|/)mlp_\d+/kernel$", roles.KERNEL), (r"(^|/)mlp_\d+/bias$", roles.BIAS),
+         (rf"(^|/){LAST_LAYER}_v$", roles.KERNEL), (rf"(^|/){LAST_LAYER}_g$", roles.WEIGHT_NORM_SCALE))
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:

@@ -43,7 +43,9 @@ from skipless_jax.models.common import posemb_sincos_2d, posemb_sincos_2d_cls, r
 from skipless_jax.models.stem import PatchStem
 
 # The roles of the names this module spells (models/roles.py), after the encoder's (the ViT's).
-ROLES = (*vit.ROLES, (r"(^|/)decoder/mask_token$", roles.MASK_TOKEN))
+ROLES = (*vit.ROLES, (r"(^|/)decoder/mask_token$", roles.MASK_TOKEN),
+         (r"(^|/)decoder/decoder_(embed|pred)/kernel$", roles.KERNEL),
+         (r"(^|/)decoder/decoder_(embed|pred)/bias$", roles.BIAS))
 
 
 def num_kept(length: int, mask_ratio: float) -> int:

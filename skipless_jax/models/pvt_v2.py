@@ -47,7 +47,8 @@ BLOCK_EPS, EMBED_EPS = 1e-6, 1e-5
 # embedding, the downsampling and spatial-reduction convs are convolutions.
 ROLES = ((r"(^|/)embedding/proj/kernel$", roles.PATCH_KERNEL), (r"(^|/)embedding/proj/bias$", roles.PATCH_BIAS),
          (r"/dwconv/kernel$", roles.DEPTHWISE_KERNEL), (r"/dwconv/bias$", roles.DEPTHWISE_BIAS),
-         (r"/(proj|sr)/kernel$", roles.CONV_KERNEL), (r"/(proj|sr)/bias$", roles.CONV_BIAS))
+         (r"/(proj|sr)/kernel$", roles.CONV_KERNEL), (r"/(proj|sr)/bias$", roles.CONV_BIAS),
+         (r"/mlp/fc[12]/kernel$", roles.KERNEL), (r"/mlp/fc[12]/bias$", roles.BIAS))
 FIELDS: dict[str, Any] = dict(
     widths=None, depths=None, num_heads=None, sr_ratios=(8, 4, 2, 1), mlp_ratios=(8, 8, 4, 4), patch_size=4,
 )

@@ -4,16 +4,21 @@ A role says what a parameter is for, whatever module spells its name: the class 
 position table, the patch embedding's kernel, a norm's scale, a query kernel, ... Each model
 module declares the roles of the names it spells, `ROLES`: (regex searched in the '/'-joined
 path, role) pairs, the first match deciding, read before `SHARED` (the names of the shared parts:
-attention, norms, Dense layers, the classifier `head`). Patterns start at a name boundary
-`(^|/)`, so a model's tree nested under a prefix (DINO's `backbone/`) reads alike. `role_of(path,
-table)` raises on a path no pattern knows, so a new parameter needs a role before anything reads it.
+attention, norms, `common.MlpBlock`, the classifier `head`). Patterns start at a name boundary
+`(^|/)`, so a model's tree nested under a prefix (DINO's `backbone/`) reads alike. Every pattern
+names a parameter that exists: there is no catch-all for `kernel` or `bias`, so a new Dense or
+conv has no role until its module declares one. `role_of(path, table)` raises on a path no
+pattern knows, and `models.init_variables` reads the role of every parameter it initializes
+(`check`), so a model with an unlabelled parameter fails to build.
 
 Who reads roles (never names): the reference inits (`init_schemes.RULES`: role -> rule), the
-weight-decay masks (`optim.decay_mask`), layer decay's stem (`vit.layer_id`, `cait.layer_id`,
-`gpt.layer_id`), `init_from`'s position-table resize (`pretrained`) and the MAE -> classifier
-renames (`trainers/supervised.init_from_rename`), the official converters' position tables.
-`models.describe(config.model).role_of(path)` answers for one family, `models.role_of(path)`
-for a path of any model here (a family, MAE's decoder, DINO's head).
+weight-decay masks (`optim.decay_mask`, DINO's `dino_decay_mask`), Muon's matrices
+(`optim.muon_labels`), layer decay's stem (`vit.layer_id`, `cait.layer_id`, `gpt.layer_id`),
+`init_from`'s position-table resize (`pretrained`) and the MAE -> classifier renames
+(`trainers/supervised.init_from_rename`), the official converters' position tables.
+`models.describe(config.model).role_of(path)` answers for one family, `models.role_table(model)`
+gives a built model's table, `models.role_of(path)` answers for a path of any model here (a
+family, MAE's decoder, DINO's head).
 """
 
 from __future__ import annotations
@@ -48,8 +53,11 @@ HEAD_BIAS = "head_bias"
 WEIGHT_NORM_SCALE = "weight_norm_scale"  # g of a weight-normalized layer (DINO's head)
 GAIN = "gain"  # a trainable scalar or per-head gain (Value-SkipInit, SAS: docs/method/skipless_lm.md)
 MLP_OUT = "mlp_out"  # the second kernel of a block's MLP, its branch's output (GPT-2 scales it)
-KERNEL = "kernel"  # any other Dense layer (MLPs, patch merging, MAE's decoder projections)
-BIAS = "bias"
+# The Dense kernels no role above names, each by an explicit pattern: the MLP's first layer (and
+# PVTv2's second), ConvMixer's pointwise conv, Swin's patch merging, MAE's decoder projections, the
+# hidden layers of DINO's head and its weight-normalized direction.
+KERNEL = "kernel"
+BIAS = "bias"  # the biases of those layers
 
 ROLES = (CLASS_TOKEN, MASK_TOKEN, POSITION_TABLE, TOKEN_TABLE, RELATIVE_POSITION_TABLE, LAYER_SCALE, PATCH_KERNEL,
          PATCH_BIAS, NORM_SCALE, NORM_BIAS, ATTENTION_QKV, ATTENTION_OUT, ATTENTION_BIAS, TALKING_HEADS, CONV_KERNEL,
@@ -57,12 +65,16 @@ ROLES = (CLASS_TOKEN, MASK_TOKEN, POSITION_TABLE, TOKEN_TABLE, RELATIVE_POSITION
          KERNEL, BIAS)
 # Layer 0 of layer-wise lr decay (docs/method/ssl.md §9): the tokens' embedding before the first block.
 EMBEDDING_ROLES = frozenset({CLASS_TOKEN, POSITION_TABLE, TOKEN_TABLE, PATCH_KERNEL, PATCH_BIAS})
+# Every layer's bias (an additive (out,) vector); DINO's decay groups leave them out.
+BIASES = frozenset({PATCH_BIAS, NORM_BIAS, ATTENTION_BIAS, CONV_BIAS, DEPTHWISE_BIAS, HEAD_BIAS, BIAS})
 
 Table = Sequence[tuple[str, str]]
 
 _NORM = r"(^|/)(LayerNorm_\d+|norm\d?|\w*_norm)"
 # The shared parts' names: attention.py's kernels and mixings, the norms (flax's LayerNorm_i,
-# the families' norm1/norm2/*_norm), the classifier `head`, any other Dense layer.
+# the families' norm1/norm2/*_norm), the classifier `head`, common.MlpBlock's two Dense layers
+# (`MlpBlock_0` in the ViT's blocks, `mlp` in CaiT's and Swin's).
+_MLP = r"(^|/)(MlpBlock_0|mlp)/"
 SHARED: Table = (
     (r"(^|/)\w+_gain$", GAIN),
     (_NORM + "/scale$", NORM_SCALE),
@@ -73,9 +85,9 @@ SHARED: Table = (
     (r"/(proj_l|proj_w)$", TALKING_HEADS),
     (r"(^|/)head/kernel$", HEAD_KERNEL),
     (r"(^|/)head/bias$", HEAD_BIAS),
-    (r"(^|/)(MlpBlock_0|mlp)/Dense_1/kernel$", MLP_OUT),  # common.MlpBlock's second kernel
-    (r"(^|/)kernel$", KERNEL),
-    (r"(^|/)bias$", BIAS),
+    (_MLP + "Dense_1/kernel$", MLP_OUT),
+    (_MLP + "Dense_0/kernel$", KERNEL),
+    (_MLP + "Dense_[01]/bias$", BIAS),
 )
 
 
@@ -92,6 +104,13 @@ def role_of(path: str, table: Table) -> str:
     if role is None:
         raise ValueError(f"the parameter {path!r} has no role; declare one in its model's ROLES (models/roles.py)")
     return role
+
+
+def check(params: Any, table: Table) -> None:
+    """A one-line ValueError naming the first leaf of a parameter tree that no pattern of `table`
+    (then SHARED) knows."""
+    for path in flatten(params):
+        role_of(path, table)
 
 
 def table_of(model: str) -> Table:

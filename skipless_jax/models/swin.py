@@ -41,7 +41,8 @@ from skipless_jax.models.stem import STEM_ROLES, PatchStem
 FAMILY = "swin"
 LN_EPS = 1e-5
 # The roles of the names this module spells (models/roles.py).
-ROLES = ((r"/relative_position_bias$", roles.RELATIVE_POSITION_TABLE), *STEM_ROLES)
+ROLES = ((r"/relative_position_bias$", roles.RELATIVE_POSITION_TABLE), (r"(^|/)stage_\d+_merge/kernel$", roles.KERNEL),
+         *STEM_ROLES)
 MASK_VALUE = -100.0
 FIELDS: dict[str, Any] = dict(width=None, depths=None, num_heads=None, window_size=7, patch_size=4, mlp_ratio=4)
 # timm's swin_{tiny,small,base}_patch4_window7_224.
