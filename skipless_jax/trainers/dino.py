@@ -27,7 +27,7 @@ from absl import logging
 from skipless_jax import checkpoint, evaluators, losses, models, pretrained, sharding, validate
 from skipless_jax.checks import is_finite, require
 from skipless_jax.data import device_images, inputs, multicrop, sources
-from skipless_jax.models import dino_head, flops
+from skipless_jax.models import dino_head, flops, roles
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
 from skipless_jax.trainers import common, image_geometry, image_trainer, loop, model_ema, nonfinite, perf
@@ -226,12 +226,19 @@ def is_last_layer(tree: Any) -> Any:
     )
 
 
+# Left out of DINO's regularized group by role (models/roles.py): the biases, and Swin's
+# relative-position tables (Swin's `no_weight_decay_keywords`, as optim.NO_DECAY).
+DINO_UNDECAYED = roles.BIASES | {roles.RELATIVE_POSITION_TABLE}
+
+
 def dino_decay_mask(params: Any) -> Any:
-    """DINO's regularized group: every tensor but biases and 1-D ones (pos_embedding and cls are decayed)."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, p: layer_ndim(sharding.path_str(path), p) >= 2 and not sharding.path_str(path).endswith("bias"),
-        params
-    )
+    """DINO's regularized group: every tensor of ≥ 2 dims per layer whose role (`models.find_role`)
+    is not in DINO_UNDECAYED (pos_embedding and cls are decayed)."""
+    def leaf(path: tuple[Any, ...], p: Any) -> bool:
+        name = sharding.path_str(path)
+        return layer_ndim(name, p) >= 2 and models.find_role(name) not in DINO_UNDECAYED
+
+    return jax.tree_util.tree_map_with_path(leaf, params)
 
 
 def build_dino_optimizer(config: ml_collections.ConfigDict, sched: Schedules) -> optax.GradientTransformation:
