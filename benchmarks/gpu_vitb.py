@@ -37,7 +37,7 @@ def measure(batch: int, steps: int, opt: str, attention_impl: str | None) -> dic
     from skipless_jax import models
     from skipless_jax.models import flops
     from skipless_jax.optim import build_optimizer
-    from skipless_jax.trainers import nonfinite, supervised
+    from skipless_jax.trainers import common, nonfinite, supervised
 
     config = vitb_config(opt, dtype="bfloat16", attention_impl=attention_impl)
     model = models.build(config.model, 1000)
@@ -45,8 +45,8 @@ def measure(batch: int, steps: int, opt: str, attention_impl: str | None) -> dic
 
     def init_state(rng):
         params = models.init_variables(config.model, model, rng, jnp.zeros((1, 224, 224, 3)))["params"]
-        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params), "rng": rng,
-                "nonfinite": nonfinite.init_nonfinite()}
+        return common.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=rng,
+                                 nonfinite=nonfinite.init_nonfinite())
 
     state = jax.jit(init_state)(jax.random.PRNGKey(0))
     key = jax.random.PRNGKey(1)

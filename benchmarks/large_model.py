@@ -52,7 +52,7 @@ def compiled_vitb_step(batch: int, opt: str = "adamw", **model_fields: Any):
     """(compiled supervised train step of ViT-B/16 at 224 for one device, compile seconds)."""
     from skipless_jax import models
     from skipless_jax.optim import build_optimizer
-    from skipless_jax.trainers import nonfinite, supervised
+    from skipless_jax.trainers import common, nonfinite, supervised
 
     config = vitb_config(opt, **model_fields)
     model = models.build(config.model, 1000)
@@ -60,8 +60,8 @@ def compiled_vitb_step(batch: int, opt: str = "adamw", **model_fields: Any):
 
     def init_state(rng):
         params = models.init_variables(config.model, model, rng, jnp.zeros((1, 224, 224, 3)))["params"]
-        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params), "rng": rng,
-                "nonfinite": nonfinite.init_nonfinite()}
+        return common.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=rng,
+                                 nonfinite=nonfinite.init_nonfinite())
 
     state = jax.eval_shape(init_state, jax.random.PRNGKey(0))
     batch_shapes = {"image": jax.ShapeDtypeStruct((batch, 224, 224, 3), jnp.float32),

@@ -274,7 +274,7 @@ def state_bytes_per_device(program: Program, keys: Sequence[str] = ("params", "o
     """Bytes of `keys` of the state that one device holds (its shard of every leaf)."""
     total = 0
     for key in keys:
-        for x in jax.tree.leaves(program.abstract_state[key]):
+        for x in jax.tree.leaves(getattr(program.abstract_state, key)):
             shard = x.sharding.shard_shape(x.shape)
             total += math.prod(shard) * np.dtype(x.dtype).itemsize
     return total

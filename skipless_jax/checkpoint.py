@@ -35,6 +35,7 @@ verified either.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import json
@@ -200,6 +201,21 @@ def manager(workdir: str, keep: int = 3, async_save: bool = True) -> ocp.Checkpo
     )
 
 
+def entries(state: Any) -> Any:
+    """What a checkpoint keeps of a train state: a trainer's state (a flax.struct dataclass,
+    trainers/) as the mapping of its fields that are set, by name (a None field, e.g. no model
+    EMA, is not an entry); a mapping (a converter's state) as it is. A checkpoint's layout is
+    therefore that of the mapping, and `load_raw` reads any checkpoint as one."""
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        return {f.name: getattr(state, f.name) for f in dataclasses.fields(state) if getattr(state, f.name) is not None}
+    return state
+
+
+def _like(restored: Any, target: Any) -> Any:
+    """A restored mapping of `entries(target)` as the type of `target` (a train state's dataclass)."""
+    return target.replace(**restored) if dataclasses.is_dataclass(target) else restored
+
+
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any], *, announce: bool = True) -> None:
     """Starts an (async) save of `state` at `step`; a step already saved is skipped.
 
@@ -209,6 +225,7 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any
     """
     if step in mngr.all_steps():
         return
+    state = entries(state)
     meta = dict(meta, **{CHECKSUMS: {"algorithm": _ALGORITHM, "leaves": checksums(state)}})
     if announce:
         logging.info("Saving the checkpoint of step %d in %s.", step, mngr.directory)
@@ -493,16 +510,16 @@ def restore_latest(
     A readable checkpoint written for other parameters raises IncompatibleCheckpointError and
     is left in place.
     """
-    skipped = []
+    skipped, target = [], entries(abstract_state)
     for step in sorted(mngr.all_steps(), reverse=True):
-        _check_compatible(mngr, step, abstract_state)
-        error, restored = _restore_verified(mngr, step, _full_args(abstract_state), _verify_full)
+        _check_compatible(mngr, step, target)
+        error, restored = _restore_verified(mngr, step, _full_args(target), _verify_full)
         if error is None:
             if skipped:
                 logging.warning(
                     "Using the checkpoint of step %d (unreadable: step %s).", step, ", ".join(map(str, skipped))
                 )
-            return step, restored[STATE], _split_meta(restored[META])[0]
+            return step, _like(restored[STATE], abstract_state), _split_meta(restored[META])[0]
         logging.error("Checkpoint at step %d is unreadable (%s); trying the previous one.", step, error)
         skipped.append(step)
         if set_aside:
@@ -569,12 +586,12 @@ def restore_from_path(path: str, abstract_state: Any) -> tuple[int, Any, dict[st
     parent, name = os.path.split(path)
     if name.isdigit() and _is_dir(parent):
         mngr = _reader(parent)
-        restored = mngr.restore(int(name), args=ocp.args.Composite(**_full_args(abstract_state)))
+        restored = mngr.restore(int(name), args=ocp.args.Composite(**_full_args(entries(abstract_state))))
         mngr.close()
         error = _verify_full(int(name), restored)
         if error is not None:
             raise CorruptCheckpointError(f"the checkpoint at {path} is unusable: {error}")
-        return int(name), restored[STATE], _split_meta(restored[META])[0]
+        return int(name), _like(restored[STATE], abstract_state), _split_meta(restored[META])[0]
     raise FileNotFoundError(f"no readable checkpoint at {path!r}")
 
 

@@ -383,3 +383,43 @@ def test_a_full_disk_names_the_file_in_the_librarys_words(tmp_path, text, named)
     os.makedirs(os.path.join(w, "checkpoints", "12"))
     assert "the last good checkpoint is step 12, kept" in str(checkpoint.disk_full_write(err, w))
     assert checkpoint.disk_full_write(RuntimeError("RESOURCE_EXHAUSTED: out of memory"), w) is None
+
+
+def test_a_dataclass_state_is_saved_as_the_mapping_of_its_fields(tmp_path):
+    """A trainer's state (a flax.struct dataclass) writes the checkpoint a mapping of the same
+    entries writes (same metadata, same checksums; a None field, e.g. no model EMA, is no entry);
+    `load_raw` reads it as that mapping, and either checkpoint restores into the dataclass."""
+    from skipless_jax.trainers import common, nonfinite
+
+    def state(as_dict: bool):
+        fields = dict(step=jnp.int32(3), params={"w": jnp.arange(6.0).reshape(2, 3)}, opt_state=({"mu": jnp.ones(3)},),
+                      rng=jax.random.PRNGKey(5), nonfinite=nonfinite.init_nonfinite())
+        if as_dict:
+            return {**fields, "nonfinite": {"count": jnp.int32(0), "first_step": jnp.int32(-1),
+                                            "first_leaf": jnp.int32(-1)}}
+        return common.TrainState(**fields)
+
+    folders = {}
+    for as_dict in (False, True):
+        folders[as_dict] = str(tmp_path / ("dict" if as_dict else "dataclass"))
+        mngr = checkpoint.manager(folders[as_dict], async_save=False)
+        checkpoint.save(mngr, 3, state(as_dict), {"step": 3})
+        mngr.close()
+    metadata = []
+    for as_dict in (False, True):
+        with open(os.path.join(folders[as_dict], "checkpoints", "3", "state", "_METADATA")) as f:
+            metadata.append(f.read())
+    assert metadata[0] == metadata[1]
+    assert checkpoint.state_entries(folders[False]) == ["nonfinite", "opt_state", "params", "rng", "step"]
+    raw = checkpoint.load_raw(folders[False])[1]
+    assert isinstance(raw, dict) and checkpoint.checksums(raw) == checkpoint.checksums(state(True))
+    device = SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.eval_shape(lambda: state(False))
+    target = checkpoint.abstract(abstract, jax.tree.map(lambda _: device, abstract))
+    for folder in folders.values():
+        mngr = checkpoint.manager(folder)
+        step, restored, _ = checkpoint.restore_latest(mngr, target)
+        mngr.close()
+        assert step == 3 and type(restored) is common.TrainState and restored.ema is None
+        assert int(restored.nonfinite.first_step) == -1
+        np.testing.assert_array_equal(restored.params["w"], state(False).params["w"])

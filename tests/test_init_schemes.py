@@ -170,7 +170,7 @@ def test_the_trainers_init_state_applies_the_scheme():
     state = supervised.make_init_state(c.model, model, optax.sgd(0.1), dummy)(jax.random.PRNGKey(4))
     init_rng = jax.random.split(jax.random.PRNGKey(4))[0]
     want = init_schemes.reinitialize(model, model.init({"params": init_rng}, dummy, train=False), init_rng)
-    for a, b in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(want["params"])):
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(want["params"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # analyze's step-0 parameters are the trainer's (seed 0: the first half of its split; jitted
     # there, so equal to float32 rounding)

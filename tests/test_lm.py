@@ -254,17 +254,18 @@ def test_accumulated_micro_batches_equal_the_whole_batch_and_a_nonfinite_step_is
     (s1, m1), (s2, m2) = one.run(one.init(), one.batch(batch)), two.run(two.init(), two.batch(batch))
     assert float(m2["loss"]) == pytest.approx(float(m1["loss"]), rel=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7),
-                 s1["params"], s2["params"])
+                 s1.params, s2.params)
 
     state = one.init()
-    before = jax.tree.map(np.asarray, {k: state[k] for k in ("params", "opt_state")})
-    state["params"] = jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan) if x.ndim else x, state["params"])
-    poisoned = jax.tree.map(np.asarray, state["params"])
+    before = jax.tree.map(np.asarray, {"params": state.params, "opt_state": state.opt_state})
+    state = state.replace(params=jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan) if x.ndim else x,
+                                              state.params))
+    poisoned = jax.tree.map(np.asarray, state.params)
     held, metrics = one.run(state, one.batch(batch))
     assert not np.isfinite(float(metrics["loss"])) and int(metrics["nonfinite_steps"]) == 1
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), held["params"], poisoned)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), held["opt_state"], before["opt_state"])
-    assert int(held["step"]) == 1
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), held.params, poisoned)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), held.opt_state, before["opt_state"])
+    assert int(held.step) == 1
 
 
 # ------------------------------------------------------------------------------------------

@@ -255,8 +255,8 @@ def test_mae_step_divides_its_flops_over_eight_devices():
 
     def init_state(rng):
         params = model.init({"params": rng, "masking": rng}, jnp.zeros((1, 8, 8, 1)))["params"]
-        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params), "rng": rng,
-                "nonfinite": nonfinite.init_nonfinite()}
+        return common.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=rng,
+                                 nonfinite=nonfinite.init_nonfinite())
 
     flops = {}
     for n in (1, 8):

@@ -13,7 +13,7 @@ import pytest
 
 from skipless_jax import checkpoint, sharding
 from skipless_jax.optim import decay_mask
-from skipless_jax.trainers import model_ema, supervised
+from skipless_jax.trainers import common, model_ema, nonfinite, supervised
 
 from util import one_device, tiny_config
 
@@ -41,13 +41,13 @@ def test_decay_schedule_is_timm_model_ema_v3(warmup):
 
 def test_a_rejected_update_leaves_the_ema_as_it_was():
     config = ml_collections.ConfigDict(dict(model_ema=dict(decay=0.5)))
-    old = {"step": jnp.int32(4), "params": {"w": jnp.ones(3)}, "ema": {"params": {"w": jnp.full(3, 0.25)}},
-           "nonfinite": {"count": jnp.int32(0)}}
-    kept = {**old, "step": jnp.int32(5), "params": {"w": jnp.full(3, 2.0)}}
-    rejected = {**old, "step": jnp.int32(5), "nonfinite": {"count": jnp.int32(1)}}
-    np.testing.assert_array_equal(model_ema.after_update(config, old, kept)["ema"]["params"]["w"],
+    old = common.TrainState(step=jnp.int32(4), params={"w": jnp.ones(3)}, ema={"params": {"w": jnp.full(3, 0.25)}},
+                            nonfinite=nonfinite.init_nonfinite(), opt_state=(), rng=jax.random.PRNGKey(0))
+    kept = old.replace(step=jnp.int32(5), params={"w": jnp.full(3, 2.0)})
+    rejected = old.replace(step=jnp.int32(5), nonfinite=old.nonfinite.replace(count=jnp.int32(1)))
+    np.testing.assert_array_equal(model_ema.after_update(config, old, kept).ema["params"]["w"],
                                   np.full(3, 0.25 + 0.5 * 1.75))
-    np.testing.assert_array_equal(model_ema.after_update(config, old, rejected)["ema"]["params"]["w"],
+    np.testing.assert_array_equal(model_ema.after_update(config, old, rejected).ema["params"]["w"],
                                   np.full(3, 0.25))
 
 
@@ -98,12 +98,16 @@ def test_the_ema_is_sharded_as_the_optimizer_state():
     from skipless_jax.trainers import common
 
     config = tiny_config()
-    abstract = {"params": {"w": jax.ShapeDtypeStruct((64, 32), jnp.float32)},
-                "ema": {"params": {"w": jax.ShapeDtypeStruct((64, 32), jnp.float32)}},
-                "opt_state": {"mu": jax.ShapeDtypeStruct((64, 32), jnp.float32)}}
+    w = jax.ShapeDtypeStruct((64, 32), jnp.float32)
+    abstract = common.TrainState(params={"w": w}, ema={"params": {"w": w}}, opt_state={"mu": w},
+                                 nonfinite=jax.eval_shape(nonfinite.init_nonfinite),
+                                 rng=jax.ShapeDtypeStruct((2,), jnp.uint32), step=jax.ShapeDtypeStruct((), jnp.int32))
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:8])
     shardings = common.state_shardings(abstract, mesh, config)
-    assert shardings["ema"]["params"]["w"].spec == shardings["opt_state"]["mu"].spec != shardings["params"]["w"].spec
+    assert shardings.ema["params"]["w"].spec == shardings.opt_state["mu"].spec != shardings.params["w"].spec
+    # the same specs as the mapping of its fields (the sharding rules read leaf paths, 'ema/params/w' in both)
+    as_dict = common.state_shardings(checkpoint.entries(abstract), mesh, config)
+    assert jax.tree.leaves(as_dict) == jax.tree.leaves(checkpoint.entries(shardings))
 
 
 @pytest.mark.parametrize("field, value, match", [

@@ -7,27 +7,28 @@ import optax
 import pytest
 
 from skipless_jax import checkpoint
-from skipless_jax.trainers import nonfinite, supervised
+from skipless_jax.trainers import common, nonfinite, supervised
 
 from util import one_device, tiny_config
 
 
 @pytest.mark.parametrize("loss", [1.0, float("nan")])
 def test_guarded_update_passes_every_entry_through(loss):
-    """An entry guarded_update does not know (here `extra`, as a model EMA or a trainer's own)
-    survives the update whole, kept or rejected; a rejected one keeps params and optimizer state."""
+    """A field guarded_update does not update (here `ema`, which the trainer moves after it, and
+    `rng`) survives the update whole, kept or rejected; a rejected one keeps params and optimizer state."""
     tx = optax.sgd(0.5)
     params = {"w": jnp.ones(3)}
-    state = {"step": jnp.int32(7), "params": params, "opt_state": tx.init(params), "rng": jax.random.PRNGKey(1),
-             "nonfinite": nonfinite.init_nonfinite(), "extra": {"a": jnp.arange(4.0), "n": jnp.int32(3)}}
+    state = common.TrainState(step=jnp.int32(7), params=params, opt_state=tx.init(params),
+                              rng=jax.random.PRNGKey(1), nonfinite=nonfinite.init_nonfinite(),
+                              ema={"params": {"w": jnp.arange(3.0)}})
     new, metrics = nonfinite.guarded_update(state, jnp.float32(loss), {"w": jnp.full(3, 2.0)}, tx, lambda s: 0.5)
-    assert set(new) == set(state)
-    jax.tree.map(np.testing.assert_array_equal, new["extra"], state["extra"])
-    np.testing.assert_array_equal(new["rng"], state["rng"])
-    assert int(new["step"]) == 8
+    assert type(new) is common.TrainState and new.batch_stats is None
+    jax.tree.map(np.testing.assert_array_equal, new.ema, state.ema)
+    np.testing.assert_array_equal(new.rng, state.rng)
+    assert int(new.step) == 8
     kept = np.isfinite(loss)
-    np.testing.assert_array_equal(new["params"]["w"], np.zeros(3) if kept else np.ones(3))
-    assert int(metrics["nonfinite_steps"]) == int(new["nonfinite"]["count"]) == (0 if kept else 1)
+    np.testing.assert_array_equal(new.params["w"], np.zeros(3) if kept else np.ones(3))
+    assert int(metrics["nonfinite_steps"]) == int(new.nonfinite.count) == (0 if kept else 1)
 
 
 def _exploding(opt="adamw", **kw):

@@ -1,9 +1,10 @@
 """The functions issue 56 found mutating their arguments now leave them as given: called with
-inputs that would raise on a write (a FrozenConfigDict, a read-only mapping), they return new
+inputs that would raise on a write (a FrozenConfigDict, a frozen train state), they return new
 values equal to the ones the in-place versions produced."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import jax
@@ -39,7 +40,7 @@ def test_apply_init_self_share_leaves_the_config_as_given():
 
 def test_init_from_loader_returns_a_new_state(monkeypatch):
     from skipless_jax import pretrained
-    from skipless_jax.trainers import common
+    from skipless_jax.trainers import common, dino, nonfinite
 
     loaded = {"w": jnp.full((2, 3), 7.0)}
     calls = []
@@ -52,14 +53,16 @@ def test_init_from_loader_returns_a_new_state(monkeypatch):
     config = ml_collections.ConfigDict(dict(init_from="/source/run", init_from_key=None))
     tx = optax.adam(1e-3)
     params = {"w": jnp.zeros((2, 3))}
-    given = {"params": params, "opt_state": tx.init(params), "teacher": {"w": jnp.ones((2, 3))}, "step": 0}
-    state = types.MappingProxyType(dict(given))  # a write raises TypeError
+    state = dino.DinoState(params=params, opt_state=tx.init(params), teacher={"w": jnp.ones((2, 3))}, step=0,
+                           center=jnp.zeros((1, 4)), rng=jax.random.PRNGKey(0), schedules={},
+                           nonfinite=nonfinite.init_nonfinite())  # frozen: a write raises
+    given = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    out = common.init_from_loader(config, tx, {"params": device, "opt_state": device})(state)
-    assert dict(state) == given and all(state[k] is given[k] for k in given)  # the same entries, untouched
+    out = common.init_from_loader(config, tx, types.SimpleNamespace(params=device, opt_state=device))(state)
+    assert all(getattr(state, k) is given[k] for k in given)  # the same entries, untouched
     assert calls == [("/source/run", "params")] and out is not state
-    np.testing.assert_array_equal(out["params"]["w"], loaded["w"])
-    np.testing.assert_array_equal(out["teacher"]["w"], loaded["w"])  # DINO's teacher = the loaded student
-    assert out["teacher"]["w"] is not out["params"]["w"]
-    assert jax.tree.structure(out["opt_state"]) == jax.tree.structure(tx.init(loaded)) and out["step"] == 0
-    np.testing.assert_array_equal(jax.tree.leaves(out["opt_state"])[0], 0)  # a fresh optimizer state
+    np.testing.assert_array_equal(out.params["w"], loaded["w"])
+    np.testing.assert_array_equal(out.teacher["w"], loaded["w"])  # DINO's teacher = the loaded student
+    assert out.teacher["w"] is not out.params["w"]
+    assert jax.tree.structure(out.opt_state) == jax.tree.structure(tx.init(loaded)) and out.step == 0
+    np.testing.assert_array_equal(jax.tree.leaves(out.opt_state)[0], 0)  # a fresh optimizer state

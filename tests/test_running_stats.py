@@ -12,7 +12,7 @@ import pytest
 from skipless_jax import checkpoint, evaluate, models, optim, validate
 from skipless_jax.data import inputs
 from skipless_jax.models import family_parts
-from skipless_jax.trainers import nonfinite, supervised
+from skipless_jax.trainers import common, nonfinite, supervised
 
 from util import load_config
 
@@ -54,8 +54,9 @@ def _state_and_step(config):
     model = models.build(config.model, 10)
     tx, schedule = optim.build_optimizer(config, 4)
     variables = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)), train=False)
-    state = {"step": jnp.zeros((), jnp.int32), "params": variables["params"], "opt_state": tx.init(variables["params"]),
-             "rng": jax.random.key(1), "nonfinite": nonfinite.init_nonfinite(), "batch_stats": variables["batch_stats"]}
+    state = common.TrainState(step=jnp.zeros((), jnp.int32), params=variables["params"],
+                              opt_state=tx.init(variables["params"]), rng=jax.random.key(1),
+                              nonfinite=nonfinite.init_nonfinite(), batch_stats=variables["batch_stats"])
     return model, state, supervised.make_train_step(model, tx, schedule, config)
 
 
@@ -73,14 +74,14 @@ def test_the_step_updates_running_statistics_once_per_micro_batch():
         batch = _batch(config)
         model, state, step = _state_and_step(config)
         new_state, _ = jax.jit(step)(state, batch)
-        stats = state["batch_stats"]
+        stats = state.batch_stats
         bn_update = jax.jit(lambda p, s, x, m=model: m.apply({"params": p, "batch_stats": s}, x, train=True,
                                                              mutable=["batch_stats"])[1]["batch_stats"])
         for j in range(k):
-            stats = bn_update(state["params"], stats, batch["image"][j::k])
+            stats = bn_update(state.params, stats, batch["image"][j::k])
         close = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
-        jax.tree.map(close, new_state["batch_stats"], stats)
-        moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), new_state["batch_stats"], state["batch_stats"])
+        jax.tree.map(close, new_state.batch_stats, stats)
+        moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), new_state.batch_stats, state.batch_stats)
         assert min(jax.tree.leaves(moved)) > 0
 
 

@@ -74,7 +74,7 @@ def test_the_ema_is_kept_and_moved_in_shards():
                                                                                                       ("ema",))
     assert ratio <= 0.2, f"the EMA takes {ratio:.3f}× its 1-device bytes per device"
     state, _ = eight.after_two_steps()
-    assert not np.allclose(state["ema"]["params"]["head"]["kernel"], state["params"]["head"]["kernel"])
+    assert not np.allclose(state.ema["params"]["head"]["kernel"], state.params["head"]["kernel"])
 
 
 def _soap_config(scan: bool = False):
@@ -219,7 +219,7 @@ def test_accumulation_memory_and_gradient():
     ratio = accum.memory.temp_size_in_bytes / full.memory.temp_size_in_bytes
     assert ratio <= 0.5, f"accumulation over 4 micro-batches needs {ratio:.3f}× the temporaries"
     (state_a, metrics_a), (state_f, metrics_f) = accum.after_two_steps(), full.after_two_steps()
-    assert_trees_close(state_a["params"], state_f["params"])
+    assert_trees_close(state_a.params, state_f.params)
     for m_a, m_f in zip(metrics_a, metrics_f):
         for key in ("loss", "grad_norm"):
             np.testing.assert_allclose(m_a[key], m_f[key], rtol=1e-5)
@@ -353,7 +353,7 @@ def test_train_step_benchmark_counts_the_data_it_times():
     images = program.abstract_batch["image"]
     assert images.shape[0] == 8 and images.shape[-1] == 3
     assert program.abstract_batch["label"].shape == (8, 1000)
-    head = program.abstract_state["params"]["head"]["kernel"]
+    head = program.abstract_state.params["head"]["kernel"]
     assert head.shape == (192, 1000)  # ViT-Ti's width
     expected = 8 * flops.train_flops_per_example(config.model, 32, 1000, channels=3)
     assert count == pytest.approx(expected, rel=1e-12)

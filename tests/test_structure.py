@@ -8,7 +8,8 @@
 (e) layers point down: `skipless_jax.models` imports nothing of the packages above it;
 (f) no file outside tests/ puts tests/ on `sys.path` (scripts use the package, not the tests' helpers).
 (g) no module outside trainers/ names a trainer (`config.trainer == 'dino'`): callers read the
-    registered `Trainer` record, which every trainer satisfies.
+    registered `Trainer` record, which every trainer satisfies;
+(h) every trainer's train state is a flax.struct dataclass (its abstract initial state, built).
 
 Run alone: `python -m pytest tests/test_structure.py -q`.
 """
@@ -435,3 +436,30 @@ def test_every_registered_trainer_satisfies_the_protocol():
         dataclasses.replace(lm, name="byol")
     with pytest.raises(ValueError, match=r"trainer='byol' is unknown; allowed: \['dino', 'lm', 'mae', 'supervised'\]"):
         trainers.get("byol")
+
+
+# A recipe of each registered trainer (configs/), for its initial state.
+TRAINER_RECIPES = {"supervised": "quickstart", "dino": "dino_digits", "mae": "mae_digits_pretrain",
+                   "lm": "lm_quickstart"}
+
+
+def test_every_trainer_state_is_a_flax_struct_dataclass():
+    """The abstract initial state (`jax.eval_shape` of the record's `initial_state`) of each
+    registered trainer is a flax.struct dataclass; its checkpoint entries are its set fields,
+    by name, with the non-finite counters and the parameters among them."""
+    import dataclasses
+
+    import jax
+
+    from skipless_jax import checkpoint, trainers
+
+    from util import load_config
+
+    assert set(TRAINER_RECIPES) == set(trainers.REGISTRY)
+    for name in trainers.REGISTRY:
+        state = jax.eval_shape(trainers.get(name).initial_state(load_config(TRAINER_RECIPES[name])),
+                               jax.random.PRNGKey(0))
+        assert dataclasses.is_dataclass(state) and type(state).__dict__.get("_flax_dataclass"), (name, type(state))
+        entries = checkpoint.entries(state)
+        assert {"nonfinite", "opt_state", "params", "rng", "step"} <= set(entries), (name, sorted(entries))
+        assert type(state.nonfinite).__dict__.get("_flax_dataclass"), name

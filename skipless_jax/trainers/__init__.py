@@ -49,6 +49,7 @@ class Trainer:
     export_forward: Callable[..., tuple] | None  # (config, context, params) -> (fn, model.json fields)
     export_examples: Callable[[Any, int], dict] | None  # (config, count) -> examples.npz's arrays
     analysis: Callable[..., dict] | None  # (config, workdir, weights, num_windows) -> analyze's inputs
+    initial_state: Callable[[Any], Callable]  # (config) -> (rng -> its fresh train state, a flax.struct dataclass)
 
     def __post_init__(self) -> None:
         if self.name not in REGISTRY:
@@ -95,7 +96,8 @@ def of_config(config: Any) -> Trainer:
 
 def image_trainer(name: str, check_config: Callable[..., None], train_and_evaluate: Callable[..., dict],
                   evaluation: Callable[..., tuple], evaluator_types: tuple[str, ...],
-                  flops_per_example: Callable[[Any], tuple[float, float]], *, classifier: bool = False,
+                  flops_per_example: Callable[[Any], tuple[float, float]], *,
+                  initial_state: Callable[[Any], Callable], classifier: bool = False,
                   epoch_steps: Mapping[str, Any] | None = None, build_model: Callable[[Any], Any] | None = None,
                   backbone_key: str | None = None) -> Trainer:
     """The record of a trainer on images: its evaluators those of `config.evals` of
@@ -103,7 +105,8 @@ def image_trainer(name: str, check_config: Callable[..., None], train_and_evalua
     return Trainer(name, check_config, train_and_evaluate, evaluation, *image_evaluators(evaluator_types),
                    flops_per_example=flops_per_example, example_unit=one_image, epoch_steps=epoch_steps or {},
                    inputs="images", build_model=build_model, backbone_key=backbone_key, classifier=classifier,
-                   with_quantize=None, export_forward=None, export_examples=None, analysis=None)
+                   with_quantize=None, export_forward=None, export_examples=None, analysis=None,
+                   initial_state=initial_state)
 
 
 def image_evaluators(types: tuple[str, ...]) -> tuple[Callable, Callable]:

@@ -1,6 +1,7 @@
-"""What every trainer shares, as plain functions: the mesh, step counts, the train state's
-shardings and abstract shapes, the train batches on the devices. None of them changes its
-arguments. The rest of a trainer's shared pieces each have their own home:
+"""What every trainer shares: the single-model train state (`TrainState`), and plain functions:
+the mesh, step counts, the train state's shardings and abstract shapes, the train batches on
+the devices. None of the functions changes its arguments. The rest of a trainer's shared
+pieces each have their own home:
 
     skipless_jax/pretrained.py       restore precedence, saved-config check, init_from
     skipless_jax/data/device_input   host batches -> global device batches, prefetched
@@ -18,7 +19,8 @@ and hands them to the loop:
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract, shardings, ...)
     train_step, cost = perf.compile_for(jax.jit(step), state, batch_spec, ...)
     return loop.train(config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
-                      guarded=nonfinite.guarded_parts(abstract), train_iterator=..., results_at=...)
+                      guarded=nonfinite.guarded_parts(abstract), train_iterator=..., results_at=...,
+                      eval_every=...)
 """
 
 from __future__ import annotations
@@ -31,10 +33,28 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from absl import logging
+from flax import struct
 
 from skipless_jax import checkpoint, distributed, pretrained, sharding
 from skipless_jax.data import device_input
 from skipless_jax.trainers import model_ema
+from skipless_jax.trainers.nonfinite import Nonfinite
+
+
+@struct.dataclass(kw_only=True)
+class TrainState:
+    """The train state of a single-model trainer (supervised, MAE, LM); DINO has its own
+    (dino.DinoState). Each field is one entry of its checkpoint, under the same name; a None
+    field is not saved (`checkpoint.save`). The fields are in alphabetical order, as the
+    entries of a checkpoint, so the state's leaves flatten in the checkpoint's order."""
+
+    batch_stats: Any = None  # the model's running statistics; None for a model without them
+    ema: Any = None  # the model EMA {'params'[, 'batch_stats']} (trainers/model_ema.py); None: off
+    nonfinite: Nonfinite  # the non-finite guard's counters (trainers/nonfinite.py)
+    opt_state: Any
+    params: Any
+    rng: jax.Array  # the train stream's key, folded with the step
+    step: jax.Array  # int32: the optimizer updates made
 
 
 def setup(
@@ -57,29 +77,29 @@ def setup(
 def init_from_loader(
     config: ml_collections.ConfigDict,
     tx: Any,
-    shardings: Mapping[str, Any],
+    shardings: Any,
     rename: Callable[[str], Any] | None = None,
-) -> Callable[[dict[str, Any]], dict[str, Any]]:
+) -> Callable[[Any], Any]:
     """`pretrained.restore_or_init`'s `load_init_from` for every trainer: the parameters of
     `config.init_from` under `config.init_from_key` (default 'params'; `rename(key)` gives the
     trainer's renames, if any), a fresh optimizer state for them, and each entry of the state that
     starts from the model: the source's running statistics where both keep them, the model EMA,
     DINO's teacher (= the student)."""
 
-    def load(state: dict[str, Any]) -> dict[str, Any]:  # a new state; `state` is not changed
-        state = dict(state)
+    def load(state: Any) -> Any:  # a new state; `state` is not changed
         key = config.get("init_from_key") or "params"
         names = None if rename is None else rename(key)
-        state["params"] = pretrained.init_from(config.init_from, state["params"], shardings["params"], key, names)
-        state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
-        if "batch_stats" in state and "batch_stats" in checkpoint.state_entries(config.init_from):
+        params = pretrained.init_from(config.init_from, state.params, shardings.params, key, names)
+        state = state.replace(params=params,
+                              opt_state=jax.jit(tx.init, out_shardings=shardings.opt_state)(params))
+        if present(state, "batch_stats") and "batch_stats" in checkpoint.state_entries(config.init_from):
             # running statistics: the source's (a converted timm ConvMixer, another run), else fresh
-            state["batch_stats"] = pretrained.init_from(
-                config.init_from, state["batch_stats"], shardings["batch_stats"], "batch_stats")
-        if "ema" in state:  # the EMA starts from the loaded model
-            state["ema"] = jax.jit(model_ema.init, out_shardings=shardings["ema"])(state)
-        if "teacher" in state:  # DINO: teacher = student at the start
-            state["teacher"] = jax.tree.map(jnp.copy, state["params"])
+            state = state.replace(batch_stats=pretrained.init_from(
+                config.init_from, state.batch_stats, shardings.batch_stats, "batch_stats"))
+        if present(state, "ema"):  # the EMA starts from the loaded model
+            state = state.replace(ema=jax.jit(model_ema.init, out_shardings=shardings.ema)(state))
+        if present(state, "teacher"):  # DINO: teacher = student at the start
+            state = state.replace(teacher=jax.tree.map(jnp.copy, state.params))
         return state
 
     return load
@@ -136,10 +156,17 @@ def abstract_state(
     return rng, abstract, state_shardings(abstract, mesh, config)
 
 
-def entries(state: Mapping[str, Any], key: str | tuple[str, ...]) -> Any:
-    """What a trainer's `evaluation()` names in the state: one entry (`state[key]`) or several
-    ({name: state[name]}, e.g. ('params', 'batch_stats') as flax variables)."""
-    return state[key] if isinstance(key, str) else {k: state[k] for k in key}
+def present(state: Any, name: str) -> bool:
+    """Whether the train state has field `name` set (not None): a state of any trainer."""
+    return getattr(state, name, None) is not None
+
+
+def entries(state: Any, key: str | tuple[str, ...]) -> Any:
+    """What a trainer's `evaluation()` names in the state (a train state, or a checkpoint's as
+    `checkpoint.load_raw` reads it, a mapping): one entry (`state.<key>`) or several ({name:
+    state.<name>}, e.g. ('params', 'batch_stats') as flax variables)."""
+    get = state.__getitem__ if isinstance(state, Mapping) else lambda name: getattr(state, name)
+    return get(key) if isinstance(key, str) else {k: get(k) for k in key}
 
 
 def microbatches(x: jax.Array, k: int) -> jax.Array:

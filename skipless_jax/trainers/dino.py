@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 from absl import logging
+from flax import struct
 
 from skipless_jax import checkpoint, evaluators, losses, models, pretrained, sharding, validate
 from skipless_jax.checks import is_finite, require
@@ -365,6 +366,22 @@ def student_loss(
     return losses.dino_loss(student_out, teacher_out, center, student_temp, teacher_temp)
 
 
+@struct.dataclass
+class DinoState:
+    """DINO's train state: the student and its optimizer, the teacher (its EMA) and the centre.
+    Each field is one entry of its checkpoint, under the same name, in alphabetical order (the
+    checkpoint's)."""
+
+    center: jax.Array  # (1, out_dim): the running mean of the teacher's outputs
+    nonfinite: nonfinite.Nonfinite  # the non-finite guard's counters (trainers/nonfinite.py)
+    opt_state: Any
+    params: Any  # the student
+    rng: jax.Array
+    schedules: dict[str, jax.Array]  # the schedules' values at the last step (Schedules.values)
+    step: jax.Array
+    teacher: Any  # the teacher's parameters (the evaluated network)
+
+
 def guarded_parts(grads: Any, params: Any, opt_state: Any, teacher: Any) -> dict[str, Any]:
     """The trees an update must leave finite, in the order the non-finite guard numbers them."""
     return {"gradient": grads, "parameter": params, "optimizer state": opt_state, "teacher": teacher}
@@ -373,7 +390,7 @@ def guarded_parts(grads: Any, params: Any, opt_state: Any, teacher: Any) -> dict
 def make_train_step(
     model: dino_head.DINO, tx: optax.GradientTransformation, sched: Schedules, dino_config: Any,
     image_stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
-) -> Callable[[dict[str, Any], dict[str, jax.Array]], tuple[dict[str, Any], dict[str, jax.Array]]]:
+) -> Callable[[DinoState, dict[str, jax.Array]], tuple[DinoState, dict[str, jax.Array]]]:
     """(state, {'global': (B, 2, G, G, C), 'local': (B, N, L, L, C)}) -> (state, metrics).
 
     Means over the batch are over the global batch (the arrays are global), so the loss, the
@@ -383,44 +400,43 @@ def make_train_step(
     student_temp = dino_config.student_temp
     center_momentum = dino_config.center_momentum
 
-    def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
-        step, params = state["step"], state["params"]
+    def train_step(state: DinoState, batch: dict[str, jax.Array]) -> tuple[DinoState, dict[str, jax.Array]]:
+        step, params = state.step, state.params
         if image_stats is not None:
             batch = device_images.prepare(batch, *image_stats, fields=("global", "local"))
         values = sched.values(step)
-        teacher_out = teacher_outputs(model, state["teacher"], batch)
-        rng = jax.random.fold_in(state["rng"], step)
+        teacher_out = teacher_outputs(model, state.teacher, batch)
+        rng = jax.random.fold_in(state.rng, step)
         loss, grads = jax.value_and_grad(
             lambda p: student_loss(
-                model, p, batch, teacher_out, state["center"], student_temp, values["teacher_temp"], rng
+                model, p, batch, teacher_out, state.center, student_temp, values["teacher_temp"], rng
             )
         )(params)
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        updates, opt_state = tx.update(grads, state.opt_state, params)
         new_params = optax.apply_updates(params, updates)
-        new_teacher = model_ema.update(state["teacher"], new_params, values["momentum"])
-        new_center = update_center(state["center"], teacher_out, center_momentum)  # after the loss
+        new_teacher = model_ema.update(state.teacher, new_params, values["momentum"])
+        new_center = update_center(state.center, teacher_out, center_momentum)  # after the loss
 
         # A non-finite loss, gradient, parameter or optimizer state leaves the state untouched.
         ok, counters = nonfinite.track_nonfinite(
-            loss, guarded_parts(grads, new_params, opt_state, new_teacher), state["nonfinite"], step
+            loss, guarded_parts(grads, new_params, opt_state, new_teacher), state.nonfinite, step
         )
-        new_state = {  # the entries not named here (rng) pass through
-            **state,
-            "step": step + 1,
-            "params": nonfinite.keep_if(ok, new_params, params),
-            "teacher": nonfinite.keep_if(ok, new_teacher, state["teacher"]),
-            "center": nonfinite.keep_if(ok, new_center, state["center"]),
-            "opt_state": nonfinite.keep_if(ok, opt_state, state["opt_state"]),
-            "schedules": values,
-            "nonfinite": counters,
-        }
+        new_state = state.replace(  # the fields not named here (rng) pass through
+            step=step + 1,
+            params=nonfinite.keep_if(ok, new_params, params),
+            teacher=nonfinite.keep_if(ok, new_teacher, state.teacher),
+            center=nonfinite.keep_if(ok, new_center, state.center),
+            opt_state=nonfinite.keep_if(ok, opt_state, state.opt_state),
+            schedules=values,
+            nonfinite=counters,
+        )
         metrics = {
             "loss": loss,
             **values,
-            **teacher_entropy(teacher_out, state["center"], values["teacher_temp"]),
+            **teacher_entropy(teacher_out, state.center, values["teacher_temp"]),
             "grad_norm": optax.tree.norm(grads),
             "param_norm": optax.tree.norm(params),
-            "nonfinite_steps": new_state["nonfinite"]["count"],
+            "nonfinite_steps": new_state.nonfinite.count,
         }
         return new_state, metrics
 
@@ -430,25 +446,33 @@ def make_train_step(
 def init_state_fn(
     model_config: ml_collections.ConfigDict, model: dino_head.DINO, tx: optax.GradientTransformation,
     sched: Schedules, dummy: jax.Array, out_dim: int
-) -> Callable[[jax.Array], dict[str, Any]]:
+) -> Callable[[jax.Array], DinoState]:
     """rng -> the whole train state (the backbone's init that of `model_config`,
     `models.init_variables`); teacher = a copy of the student (same init), centre = 0."""
 
-    def init_state(rng: jax.Array) -> dict[str, Any]:
+    def init_state(rng: jax.Array) -> DinoState:
         init_rng, train_rng = jax.random.split(rng)
         params = models.init_variables(model_config, model, init_rng, (dummy,))["params"]
-        return {
-            "step": jnp.zeros((), jnp.int32),
-            "params": params,
-            "teacher": jax.tree.map(jnp.copy, params),
-            "center": jnp.zeros((1, out_dim), jnp.float32),
-            "opt_state": tx.init(params),
-            "schedules": sched.values(0),
-            "rng": train_rng,
-            "nonfinite": nonfinite.init_nonfinite(),
-        }
+        return DinoState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            teacher=jax.tree.map(jnp.copy, params),
+            center=jnp.zeros((1, out_dim), jnp.float32),
+            opt_state=tx.init(params),
+            schedules=sched.values(0),
+            rng=train_rng,
+            nonfinite=nonfinite.init_nonfinite(),
+        )
 
     return init_state
+
+
+def initial_state(config: ml_collections.ConfigDict) -> Callable[[jax.Array], DinoState]:
+    """rng -> the fresh train state of `config`, as `train_and_evaluate` builds it."""
+    sched = schedules_from_config(config, inputs.num_train_examples(config))
+    size, channels = inputs.image_size(config), sources.dataset_info(config.dataset.name).image_shape[-1]
+    return init_state_fn(config.model, build_model(config), build_dino_optimizer(config, sched), sched,
+                         jnp.zeros((1, size, size, channels), jnp.float32), config.dino.out_dim)
 
 
 # ----------------------------------------------------------------------------------------
@@ -498,7 +522,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     init_state = init_state_fn(config.model, model, tx, sched, dummy, config.dino.out_dim)
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("DINO: %s student parameters, %d steps (%d per epoch).",
-                 f"{common.num_parameters(abstract_state['params']):,}", total_steps, sched.steps_per_epoch)
+                 f"{common.num_parameters(abstract_state.params):,}", total_steps, sched.steps_per_epoch)
 
     # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
     mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change)
@@ -520,14 +544,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     a = abstract_state
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, multicrop.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
-    at_start = (lambda state: evaluators.run_all(evals, ctx, state["teacher"])) if config.get(
+    at_start = (lambda state: evaluators.run_all(evals, ctx, state.teacher)) if config.get(
         "eval_at_start", True) else None  # the same network at init
     return loop.train(
         config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
-        guarded=guarded_parts(a["params"], a["params"], a["opt_state"], a["teacher"]),
+        guarded=guarded_parts(a.params, a.params, a.opt_state, a.teacher),
         train_iterator=multicrop.train_iterator,
-        results_at=lambda step, state: evaluators.run_all(evals, ctx, state["teacher"], step, total_steps),
-        results_at_start=at_start)
+        results_at=lambda step, state: evaluators.run_all(evals, ctx, state.teacher, step, total_steps),
+        eval_every=[e.every_steps for e in evals], results_at_start=at_start)
 
 def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
     """(model FLOPs, Token Graying FLOPs) of one training image: every crop (models/flops.py)."""
@@ -538,4 +562,5 @@ def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
 
 
 TRAINER = image_trainer("dino", check_config, train_and_evaluate, evaluation, EVALUATOR_TYPES, flops_per_example,
-                        epoch_steps=multicrop.EPOCH_STEPS, build_model=build_model, backbone_key="teacher")
+                        initial_state=initial_state, epoch_steps=multicrop.EPOCH_STEPS, build_model=build_model,
+                        backbone_key="teacher")

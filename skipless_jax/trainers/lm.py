@@ -110,14 +110,14 @@ def bits_per_byte(loss_nats: float, num_bytes: float | None = None) -> float:
 
 def make_init_state(model_config: ml_collections.ConfigDict, model: Any, tx: optax.GradientTransformation,
                     seq_len: int):
-    """rng -> the state {step, params, opt_state, rng, nonfinite} (the init of `model_config`,
-    `models.init_variables`)."""
+    """rng -> the state (`common.TrainState`: no running statistics, no model EMA) of the init of
+    `model_config` (`models.init_variables`)."""
 
-    def init_state(rng: jax.Array) -> dict[str, Any]:
+    def init_state(rng: jax.Array) -> common.TrainState:
         init_rng, train_rng = jax.random.split(rng)
         params = models.init_variables(model_config, model, init_rng, jnp.zeros((1, seq_len), jnp.int32))["params"]
-        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-                "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
+        return common.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                                 rng=train_rng, nonfinite=nonfinite.init_nonfinite())
 
     return init_state
 
@@ -139,18 +139,18 @@ def make_train_step(model: Any, tx: optax.GradientTransformation, schedule: opta
 
     grad_fn = jax.value_and_grad(loss_fn)
 
-    def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
-        rng = jax.random.fold_in(state["rng"], state["step"])
+    def train_step(state: common.TrainState, batch: dict[str, jax.Array]) -> tuple[common.TrainState, dict]:
+        rng = jax.random.fold_in(state.rng, state.step)
         batch = {name: sharding.constrain_batch(value) for name, value in batch.items()}
         if k == 1:
-            loss, grads = grad_fn(state["params"], batch, rng)
+            loss, grads = grad_fn(state.params, batch, rng)
         else:  # equal micro-batches: the mean of their means is the batch's mean
             def accumulate(sums, micro):
                 index, part = micro
-                value, g = grad_fn(state["params"], part, jax.random.fold_in(rng, index))
+                value, g = grad_fn(state.params, part, jax.random.fold_in(rng, index))
                 return jax.tree.map(jnp.add, sums, (value, g)), None
 
-            zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, state["params"]))
+            zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, state.params))
             micro = {name: common.microbatches(value, k) for name, value in batch.items()}
             sums, _ = jax.lax.scan(accumulate, zeros, (jnp.arange(k), micro))
             loss, grads = jax.tree.map(lambda x: x / k, sums)
@@ -235,7 +235,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     init_state = make_init_state(config.model, model, tx, config.model.seq_len)
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("GPT: %s parameters, %d train steps of %d × %d tokens.",
-                 f"{common.num_parameters(abstract_state['params']):,}", total_steps, config.input.batch_size,
+                 f"{common.num_parameters(abstract_state.params):,}", total_steps, config.input.batch_size,
                  config.model.seq_len)
 
     # ---- Checkpoint load: workdir > config.resume > scratch.
@@ -254,14 +254,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, text.train_batch_spec(config), sharding.batch_sharding(mesh), config)
 
-    def results_at(step: int, state: dict[str, Any]) -> list[tuple[str, str, float]]:
-        return evaluate(state["params"]) if every(step, config.get("eval_every_steps"), total_steps) else []
+    def results_at(step: int, state: common.TrainState) -> list[tuple[str, str, float]]:
+        return evaluate(state.params) if every(step, config.get("eval_every_steps"), total_steps) else []
 
     hooks = [] if probe is None else [
-        loop.Hook(config.analysis.every_steps, lambda step, state: probe(state["params"]))]
+        loop.Hook(config.analysis.every_steps, lambda step, state: probe(state.params))]
     return loop.train(config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
                       guarded=nonfinite.guarded_parts(abstract_state), train_iterator=text.train_iterator,
-                      results_at=results_at, hooks=hooks, metrics=facts)  # the corpus the numbers belong to
+                      results_at=results_at, eval_every=[config.get("eval_every_steps")], hooks=hooks,
+                      metrics=facts)  # the corpus the numbers belong to
 
 
 def unigram_entropy(config: ml_collections.ConfigDict, split: str | None = None) -> float:
@@ -461,7 +462,7 @@ def analysis(config: ml_collections.ConfigDict, workdir: str | None, weights: st
         params, source = state["params"], "checkpoint"
     else:
         init = make_init_state(config.model, model, optax.identity(), config.model.seq_len)
-        params, step, source = jax.jit(init)(jax.random.PRNGKey(config.seed))["params"], 0, "init"
+        params, step, source = jax.jit(init)(jax.random.PRNGKey(config.seed)).params, 0, "init"
     num_windows = num_windows or (config.get("analysis") or {}).get("probe_size", 8)
     stream = text.stream(config, config.dataset.eval_split)
     require(0 < num_windows <= text.num_windows(len(stream), config.model.seq_len),
@@ -490,4 +491,6 @@ TRAINER = Trainer(
     "lm", check_config, train_and_evaluate, evaluation, check_evaluators, build_evaluators,
     flops_per_example=flops_per_example, example_unit=example_unit, epoch_steps={}, inputs="tokens",
     build_model=None, backbone_key=None, classifier=False, with_quantize=with_quantize,
-    export_forward=export_forward, export_examples=export_examples, analysis=analysis)
+    export_forward=export_forward, export_examples=export_examples, analysis=analysis,
+    initial_state=lambda config: make_init_state(config.model, models.build(config.model, vocab_size(config)),
+                                                 build_optimizer(config, config.total_steps)[0], config.model.seq_len))

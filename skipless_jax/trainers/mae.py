@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -118,7 +118,7 @@ def make_train_step(
     model: mae_lib.MAE, tx: optax.GradientTransformation, schedule: optax.Schedule, config: ml_collections.ConfigDict
 ):
     """(state, {'image', ...}) -> (state, metrics). The masks of step s come from
-    fold_in(state['rng'], s) alone; a non-finite update is rejected."""
+    fold_in(state.rng, s) alone; a non-finite update is rejected."""
 
     def loss_fn(params, images, rng):
         masking, dropout = jax.random.split(rng)
@@ -129,14 +129,34 @@ def make_train_step(
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     mean, std = device_images.dataset_stats(config)
 
-    def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
-        step, params = state["step"], state["params"]
-        rng = jax.random.fold_in(state["rng"], step)
+    def train_step(state: common.TrainState, batch: dict[str, jax.Array]) -> tuple[common.TrainState, dict]:
+        step, params = state.step, state.params
+        rng = jax.random.fold_in(state.rng, step)
         batch = device_images.prepare(batch, mean, std, jax.random.fold_in(rng, rng_streams.ERASE))
         (loss, masked), grads = grad_fn(params, batch["image"], rng)
         return nonfinite.guarded_update(state, loss, grads, tx, schedule, masked_fraction=masked)
 
     return train_step
+
+
+def make_init_state(config: ml_collections.ConfigDict, model: mae_lib.MAE, tx: optax.GradientTransformation,
+                    dummy: jax.Array) -> Callable[[jax.Array], common.TrainState]:
+    """rng -> the train state of `model` (`common.TrainState`), for images shaped like `dummy`."""
+
+    def init_state(rng: jax.Array) -> common.TrainState:
+        init_rng, masking_rng, train_rng = jax.random.split(rng, 3)
+        params = models.init_variables(config.model, model, init_rng, dummy, masking=masking_rng)["params"]
+        return common.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                                 rng=train_rng, nonfinite=nonfinite.init_nonfinite())
+
+    return init_state
+
+
+def initial_state(config: ml_collections.ConfigDict) -> Callable[[jax.Array], common.TrainState]:
+    """rng -> the fresh train state of `config`, as `train_and_evaluate` builds it."""
+    size, channels = inputs.image_size(config), sources.dataset_info(config.dataset.name).image_shape[-1]
+    tx, _ = build_optimizer(config, *common.train_steps(config, inputs.steps_per_epoch(config)))
+    return make_init_state(config, build_model(config), tx, jnp.zeros((1, size, size, channels), jnp.float32))
 
 
 def evaluation(
@@ -243,16 +263,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     tx, schedule = build_optimizer(config, total_steps, warmup_steps)
     dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
 
-    def init_state(rng: jax.Array) -> dict[str, Any]:
-        init_rng, masking_rng, train_rng = jax.random.split(rng, 3)
-        params = models.init_variables(config.model, model, init_rng, dummy, masking=masking_rng)["params"]
-        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-                "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
-
+    init_state = make_init_state(config, model, tx, dummy)
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("MAE: %s parameters (encoder %s), %d train steps (%.1f per epoch), %d warm-up steps.",
-                 f"{common.num_parameters(abstract_state['params']):,}",
-                 f"{common.num_parameters(encoder_params(abstract_state['params'])):,}", total_steps, steps_per_epoch,
+                 f"{common.num_parameters(abstract_state.params):,}",
+                 f"{common.num_parameters(encoder_params(abstract_state.params)):,}", total_steps, steps_per_epoch,
                  warmup_steps)
 
     # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
@@ -275,12 +290,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, inputs.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
     hooks = [] if picture is None else [
-        loop.Hook(config.get("eval_every_steps"), lambda step, state: picture(state["params"], step))]
+        loop.Hook(config.get("eval_every_steps"), lambda step, state: picture(state.params, step))]
     return loop.train(
         config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
         guarded=nonfinite.guarded_parts(abstract_state), train_iterator=inputs.train_iterator,
-        results_at=lambda step, state: evaluators.run_all(evals, ctx, state["params"], step, total_steps),
-        hooks=hooks)
+        results_at=lambda step, state: evaluators.run_all(evals, ctx, state.params, step, total_steps),
+        eval_every=[e.every_steps for e in evals], hooks=hooks)
 
 def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
     """(model FLOPs, Token Graying FLOPs) of one training image (models/flops.py)."""
@@ -290,4 +305,4 @@ def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
 
 
 TRAINER = image_trainer("mae", check_config, train_and_evaluate, evaluation, EVALUATOR_TYPES, flops_per_example,
-                        build_model=build_model)
+                        initial_state=initial_state, build_model=build_model)

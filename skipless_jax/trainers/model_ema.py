@@ -1,5 +1,5 @@
 """Model EMA (timm `ModelEmaV3` semantics, docs/method/recipes.md §22): an exponential moving average of
-the parameters (and running statistics) kept in the train state as `state['ema']`, updated in
+the parameters (and running statistics) kept in the train state as `state.ema`, updated in
 the jitted step after every kept optimizer update and evaluated under its own prefix.
 
     config.model_ema = dict(decay=0.99996, warmup=False, warmup_gamma=1.0, warmup_power=2/3,
@@ -65,14 +65,15 @@ def check_params(params: str, entries: list[str], where: str) -> None:
 
 
 def weights(state: Mapping[str, Any], params: str) -> Mapping[str, Any]:
-    """`state` as the evaluators read it: as saved (`params='model'`), or with the EMA's entries
-    (params[, batch_stats]) in place of the trained ones (`params='ema'`)."""
+    """A checkpoint's state as `checkpoint.load_raw` reads it (a mapping of its entries), as the
+    evaluators read it: as saved (`params='model'`), or with the EMA's entries (params[,
+    batch_stats]) in place of the trained ones (`params='ema'`)."""
     return {**state, **state["ema"]} if params == "ema" else state
 
 
-def init(state: Mapping[str, Any]) -> dict[str, Any]:
-    """The EMA at the start: a copy of the tracked entries of `state` ({'params'[, 'batch_stats']})."""
-    return {k: jax.tree.map(jnp.copy, state[k]) for k in TRACKED if k in state}
+def init(state: Any) -> dict[str, Any]:
+    """The EMA at the start: a copy of the tracked fields of the train state ({'params'[, 'batch_stats']})."""
+    return {k: jax.tree.map(jnp.copy, getattr(state, k)) for k in TRACKED if getattr(state, k, None) is not None}
 
 
 def decay_at(ema: Any, update: jax.Array) -> jax.Array:
@@ -103,15 +104,15 @@ def update(average: Any, new: Any, decay: jax.Array | float) -> Any:
     return jax.tree.map(leaf, average, new)
 
 
-def after_update(config: ml_collections.ConfigDict, old: Mapping[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def after_update(config: ml_collections.ConfigDict, old: Any, new: Any) -> Any:
     """`new` (the state after the guarded update of `old`, which passes the EMA through as it
     was) with its EMA moved toward the new tracked entries, only if the update was kept: a
     rejected (non-finite) update counts one more skipped step, and then the decay is 1 (the EMA
     stays, with no per-leaf select)."""
-    kept = new["nonfinite"]["count"] == old["nonfinite"]["count"]
-    decay = jnp.where(kept, decay_at(config.model_ema, new["step"]), 1.0)
-    tracked = {k: new[k] for k in new["ema"]}
-    return {**new, "ema": update(new["ema"], tracked, decay)}
+    kept = new.nonfinite.count == old.nonfinite.count
+    decay = jnp.where(kept, decay_at(config.model_ema, new.step), 1.0)
+    tracked = {k: getattr(new, k) for k in new.ema}
+    return new.replace(ema=update(new.ema, tracked, decay))
 
 
 def results(config: ml_collections.ConfigDict, evals: list[Any], run_all: Any, ctx: Any, ema_tree: Any,

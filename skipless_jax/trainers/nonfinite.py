@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from flax import struct
 
 from skipless_jax import sharding
 
@@ -19,18 +20,25 @@ class NonFiniteError(FloatingPointError):
     """A non-finite loss, gradient, parameter or optimizer state stopped the run."""
 
 
-def init_nonfinite() -> dict[str, jax.Array]:
-    """The state's non-finite bookkeeping: skipped updates, and the first one's step and leaf."""
-    return {
-        "count": jnp.zeros((), jnp.int32),
-        "first_step": jnp.full((), -1, jnp.int32),
-        "first_leaf": jnp.full((), -1, jnp.int32),
-    }
+@struct.dataclass
+class Nonfinite:
+    """The state's non-finite bookkeeping: skipped updates, and the first one's step and leaf
+    (-1 until one is skipped). A checkpoint keeps them under `nonfinite/<field>`."""
+
+    count: jax.Array
+    first_leaf: jax.Array
+    first_step: jax.Array
+
+
+def init_nonfinite() -> Nonfinite:
+    """No update skipped yet."""
+    return Nonfinite(count=jnp.zeros((), jnp.int32), first_step=jnp.full((), -1, jnp.int32),
+                     first_leaf=jnp.full((), -1, jnp.int32))
 
 
 def track_nonfinite(
-    loss: jax.Array, parts: Mapping[str, Any], nonfinite: dict[str, jax.Array], step: jax.Array
-) -> tuple[jax.Array, dict[str, jax.Array]]:
+    loss: jax.Array, parts: Mapping[str, Any], nonfinite: Nonfinite, step: jax.Array
+) -> tuple[jax.Array, Nonfinite]:
     """(ok, updated bookkeeping) for the update that makes `step` + 1 (numbered like checkpoints).
 
     `parts` are the trees an update must leave finite, e.g. {'gradient': grads, 'parameter':
@@ -47,57 +55,55 @@ def track_nonfinite(
     # A conditional is never fused into its consumers (an optimization barrier is expanded
     # away before fusion on CPU and GPU).
     ok = jax.lax.cond(ok, lambda: jnp.array(True), lambda: jnp.array(False))
-    first = (nonfinite["count"] == 0) & ~ok
-    return ok, {
-        "count": nonfinite["count"] + (~ok).astype(jnp.int32),
-        "first_step": jnp.where(first, step + 1, nonfinite["first_step"]),
-        "first_leaf": jnp.where(first, jnp.where(leaf_ok.all(), -1, jnp.argmin(leaf_ok)), nonfinite["first_leaf"]),
-    }
+    first = (nonfinite.count == 0) & ~ok
+    return ok, Nonfinite(
+        count=nonfinite.count + (~ok).astype(jnp.int32),
+        first_step=jnp.where(first, step + 1, nonfinite.first_step),
+        first_leaf=jnp.where(first, jnp.where(leaf_ok.all(), -1, jnp.argmin(leaf_ok)), nonfinite.first_leaf),
+    )
 
 
-def guarded_parts(state: Mapping[str, Any]) -> dict[str, Any]:
+def guarded_parts(state: Any) -> dict[str, Any]:
     """The trees `guarded_update` checks, in its order, for `Run`'s leaf names: the gradient (shaped
     as the parameters), the parameters, the optimizer state, and running statistics if kept."""
-    parts = {"gradient": state["params"], "parameter": state["params"], "optimizer state": state["opt_state"]}
-    if "batch_stats" in state:
-        parts["running statistics"] = state["batch_stats"]
+    parts = {"gradient": state.params, "parameter": state.params, "optimizer state": state.opt_state}
+    if state.batch_stats is not None:
+        parts["running statistics"] = state.batch_stats
     return parts
 
 
 def guarded_update(
-    state: Mapping[str, Any], loss: jax.Array, grads: Any, tx: Any, schedule: Callable[[Any], Any],
+    state: Any, loss: jax.Array, grads: Any, tx: Any, schedule: Callable[[Any], Any],
     batch_stats: Any = None, **metrics: jax.Array,
-) -> tuple[dict[str, Any], dict[str, jax.Array]]:
-    """The tail of a single-model step on a state with {step, params, opt_state, nonfinite[,
-    batch_stats]}: the optimizer update (and the step's new running statistics `batch_stats`, if
-    the state keeps them), kept only if the loss, gradient, new parameters, optimizer state and
-    statistics are all finite (else they stay as they were; the host stops the run or counts the
-    skipped step), and the standard metrics (loss, grad/param norms, lr, skipped steps) plus
-    `metrics`. The step always advances; every other entry of `state` (rng, a model EMA, ...)
-    passes through as it is, for the caller to update."""
-    step, params = state["step"], state["params"]
-    updates, opt_state = tx.update(grads, state["opt_state"], params)
+) -> tuple[Any, dict[str, jax.Array]]:
+    """The tail of a single-model step on a `common.TrainState`: the optimizer update (and the
+    step's new running statistics `batch_stats`, if the state keeps them), kept only if the loss,
+    gradient, new parameters, optimizer state and statistics are all finite (else they stay as
+    they were; the host stops the run or counts the skipped step), and the standard metrics
+    (loss, grad/param norms, lr, skipped steps) plus `metrics`. The step always advances; every
+    other field of `state` (rng, a model EMA, ...) passes through as it is, for the caller to update."""
+    step, params = state.step, state.params
+    updates, opt_state = tx.update(grads, state.opt_state, params)
     new_params = optax.apply_updates(params, updates)
     parts = {"gradient": grads, "parameter": new_params, "optimizer state": opt_state}
-    if "batch_stats" in state:
+    if state.batch_stats is not None:
         parts["running statistics"] = batch_stats
-    ok, nonfinite = track_nonfinite(loss, parts, state["nonfinite"], step)
-    new_state = {
-        **state,
-        "step": step + 1,
-        "params": keep_if(ok, new_params, params),
-        "opt_state": keep_if(ok, opt_state, state["opt_state"]),
-        "nonfinite": nonfinite,
-    }
-    if "batch_stats" in state:
-        new_state["batch_stats"] = keep_if(ok, batch_stats, state["batch_stats"])
+    ok, nonfinite = track_nonfinite(loss, parts, state.nonfinite, step)
+    new_state = state.replace(
+        step=step + 1,
+        params=keep_if(ok, new_params, params),
+        opt_state=keep_if(ok, opt_state, state.opt_state),
+        nonfinite=nonfinite,
+    )
+    if state.batch_stats is not None:
+        new_state = new_state.replace(batch_stats=keep_if(ok, batch_stats, state.batch_stats))
     return new_state, {
         "loss": loss,
         **metrics,
         "grad_norm": optax.tree.norm(grads),
         "param_norm": optax.tree.norm(params),
         "lr": schedule(step),
-        "nonfinite_steps": nonfinite["count"],
+        "nonfinite_steps": nonfinite.count,
     }
 
 
@@ -117,14 +123,14 @@ def keep_if(ok: jax.Array, new: Any, old: Any) -> Any:
 
 
 def nonfinite_error(
-    nonfinite: Mapping[str, Any], names: Sequence[str], step: int, last_saved: int | None
+    nonfinite: Nonfinite, names: Sequence[str], step: int, last_saved: int | None
 ) -> NonFiniteError | None:
     """The error to raise for fetched bookkeeping with skipped updates, else None."""
-    if int(nonfinite["count"]) == 0:
+    if int(nonfinite.count) == 0:
         return None
-    leaf = names[int(nonfinite["first_leaf"])] if int(nonfinite["first_leaf"]) >= 0 else "the loss"
+    leaf = names[int(nonfinite.first_leaf)] if int(nonfinite.first_leaf) >= 0 else "the loss"
     return NonFiniteError(
-        f"Non-finite values at step {int(nonfinite['first_step'])} (first: {leaf}); "
+        f"Non-finite values at step {int(nonfinite.first_step)} (first: {leaf}); "
         f"stopped at step {step}, last good checkpoint: {last_saved}"
     )
 

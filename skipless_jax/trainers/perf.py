@@ -4,7 +4,7 @@ profiler trace of a few steps after warm-up.
 
     step, cost = compile_for(jax.jit(train_step, ...), state, inputs.train_batch_spec(config), sharding, config)
                                                   # compiled before any data; the fit check's one line
-    meter = Meter(cost, images_per_step, config, first_step)  # Run.train_step_done adds meter.fields(step);
+    meter = Meter(cost, images_per_step, config, first_step)  # Run.log_train adds meter.fields(step);
                                                   # model FLOPs per example from models.flops
 """
 

@@ -1,11 +1,11 @@
-"""One run's bookkeeping, for the one training loop (trainers/loop.py): whether the workdir already holds a
-finished run, the one preemption/SIGTERM rule, and `Run` (TensorBoard and `history.jsonl`
-records, checkpoints — never a non-finite one —, final metrics written only by a run that
-reached its last step).
+"""One run's bookkeeping, the helpers the one training loop (trainers/loop.py) calls: whether the
+workdir already holds a finished run, the one preemption/SIGTERM rule, and `Run` (TensorBoard and
+`history.jsonl` records, checkpoints — never a non-finite one —, final metrics written only by a
+run that reached its last step). The loop decides when each is called.
 
     mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change)
     run = Run(config, workdir, mngr, total_steps, first_step, guarded_parts(abstract_state))
-    for step in ...:  run.train_step_done(step, metrics, state); run.end_of_step(step, state, results)
+    for step in ...:  run.step_done(step, metrics, state); run.log_train(step); run.save(step, state); ...
     run.finish()
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from skipless_jax import checkpoint, evaluators, workdir_lock
+from skipless_jax import checkpoint, workdir_lock
 from skipless_jax.nested import flatten
 from skipless_jax.pretrained import check_saved_config
 from skipless_jax.trainers import perf, wandb_writer, writers
@@ -142,7 +142,7 @@ class SignalFlag:
 
     def __init__(self):
         self.raised = self.interrupted = False
-        self.final = False  # the last step is saved and its final evaluation runs (Run.end_of_step)
+        self.final = False  # the last step is saved and its final evaluation runs (Run.last_step_saved)
         self._previous = {}
         with contextlib.suppress(ValueError):  # not the main thread (e.g. a test runner thread)
             for signum in (signal.SIGTERM, signal.SIGINT):
@@ -200,7 +200,7 @@ def every(step: int, period: int | None, total_steps: int) -> bool:
 
 
 class Run:
-    """One run's bookkeeping, which the one training loop (trainers/loop.py) drives.
+    """One run's bookkeeping, which the one training loop (trainers/loop.py) calls.
 
     Writes TensorBoard scalars and `history.jsonl` (one JSON line per logged record; a resumed
     run keeps the records up to its checkpoint), checks the non-finite counters before logging
@@ -251,10 +251,6 @@ class Run:
                          for k in ("perf/core_hours", "perf/core_hours_total")))
             if cost and images_per_step else None
         )
-        # The evaluators' periods: before an evaluation the steps in flight finish, so the
-        # meter's excluded time is the evaluation's own (docs/method/runs.md §25).
-        self._eval_periods = {e.get("every_steps") if e.get("every_steps") is not None else config.get(
-            "eval_every_steps") for e in evaluators.entries(config).values()}
         self.profiler = perf.Profiler(config, workdir, first_step, total_steps, settle=self.wait_for_saves,
                                       excluded=self.excluded)
 
@@ -271,26 +267,31 @@ class Run:
             with self._history_path.open("a") as f:
                 f.write(json.dumps({"step": step, **flat, **named}) + "\n")
 
-    def check_finite(self, state: Mapping[str, Any], step: int) -> None:
-        error = nonfinite_error(jax.device_get(state["nonfinite"]), self.guarded, step, self.last_saved)
+    def check_finite(self, state: Any, step: int) -> None:
+        """Raises the NonFiniteError of a state whose guard skipped an update (unless
+        `config.skip_nonfinite_steps`)."""
+        error = nonfinite_error(jax.device_get(state.nonfinite), self.guarded, step, self.last_saved)
         if error is not None and not self.skip_nonfinite:
             raise error
 
-    def train_step_done(self, step: int, metrics: dict[str, jax.Array], state: Mapping[str, Any]) -> None:
-        """After each step: progress; every `log_every_steps` (and last) the means of the period."""
+    def step_done(self, step: int, metrics: dict[str, jax.Array], state: Any) -> None:
+        """After each step: its metrics kept for the period's means, the progress line, the meter
+        and the profiler's window."""
         self.step = step
         self.pending.append(metrics)
         self.progress(step)
         if self.meter is not None:
             self.meter.step_done(step, state)
         self.profiler.after_step(step, state)
-        if every(step, self.config.log_every_steps, self.total_steps):
-            self.check_finite(state, step)
-            means = {k: float(np.mean(v)) for k, v in jax.device_get(stack_metrics(self.pending)).items()}
-            means["nonfinite_steps"] = float(self.pending[-1]["nonfinite_steps"])
-            self.pending = []
-            # The device_get above waited for the period's steps: the wall-clock is theirs.
-            self.record(step, means, "train", self.meter.fields(step) if self.meter is not None else None)
+
+    def log_train(self, step: int) -> None:
+        """The train record of `step`: the means of the period's metrics (skipped steps: the
+        count at its end) and the meter's perf/* fields."""
+        means = {k: float(np.mean(v)) for k, v in jax.device_get(stack_metrics(self.pending)).items()}
+        means["nonfinite_steps"] = float(self.pending[-1]["nonfinite_steps"])
+        self.pending = []
+        # The device_get above waited for the period's steps: the wall-clock is theirs.
+        self.record(step, means, "train", self.meter.fields(step) if self.meter is not None else None)
 
     @contextlib.contextmanager
     def excluded(self, state: Any = None) -> Iterator[None]:
@@ -311,10 +312,8 @@ class Run:
             self.record(step, values, p)
             logging.info("Step %d: %s", step, ", ".join(f"{p}_{k}={v:.4f}" for k, v in values.items()))
 
-    def save(self, step: int, state: Any, force: bool = False) -> None:
-        """Saves at `config.checkpoint_every_steps` multiples, the last step, or when `force`."""
-        if not (force or every(step, self.config.get("checkpoint_every_steps"), self.total_steps)):
-            return
+    def save(self, step: int, state: Any) -> None:
+        """Saves `state` at `step` (asynchronously), after checking that it is finite."""
         self.check_finite(state, step)
         if not bool(all_finite(state)):  # belt and braces: never a non-finite checkpoint
             raise NonFiniteError(
@@ -325,29 +324,19 @@ class Run:
             checkpoint.save(self.mngr, step, state, meta)
         self.last_saved = step
 
-    def end_of_step(self, step: int, state: Any, results: Iterable[tuple[str, str, float]]) -> None:
-        """After the step's own logging: the checkpoint, the evaluators due (`results`, evaluated
-        as they are read), the preemption rule. The last step's checkpoint is on disk before its
-        final evaluation starts: a crash, SIGKILL or second Ctrl-C during it loses no step (the
-        rerun evaluates that checkpoint again, `final_evaluation`)."""
-        self.save(step, state)
-        if step == self.total_steps:
-            with self.excluded():
-                self.wait_for_saves()
-            if self.signals is not None:
-                self.signals.final = True
-        due = any(every(step, period, self.total_steps) for period in self._eval_periods)
-        with self.excluded(state if due else None):
-            self.evaluate(step, results)
-        self.stop_if_preempted(step, state)
+    def last_step_saved(self) -> None:
+        """The last step's checkpoint is on disk before its final evaluation starts: a crash,
+        SIGKILL or second Ctrl-C during it loses no step (the rerun evaluates that checkpoint
+        again, `final_evaluation`); a signal now lets the evaluation finish."""
+        with self.excluded():
+            self.wait_for_saves()
+        if self.signals is not None:
+            self.signals.final = True
 
-    def stop_if_preempted(self, step: int, state: Any) -> None:
-        """The preemption rule: on a signal, save this step and raise Preempted; at the last step
-        the run has finished (saved and evaluated), so it ends normally and keeps its final metrics."""
-        if self.should_stop(step) and step < self.total_steps:
-            self.save(step, state, force=True)
-            logging.warning("Stopping at step %d on a preemption/termination signal; checkpoint saved.", step)
-            raise Preempted(step, interrupted=self.signals is not None and self.signals.interrupted)
+    def preempted(self, step: int) -> Preempted:
+        """The exception that stops the run at `step`, saved (a preemption, SIGTERM or Ctrl-C)."""
+        logging.warning("Stopping at step %d on a preemption/termination signal; checkpoint saved.", step)
+        return Preempted(step, interrupted=self.signals is not None and self.signals.interrupted)
 
     def wait_for_saves(self) -> None:
         """Blocks until the pending async saves are written (a full disk: one DiskFullError)."""

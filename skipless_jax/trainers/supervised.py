@@ -76,24 +76,31 @@ def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> A
 
 def make_init_state(model_config: ml_collections.ConfigDict, model: Any, tx: optax.GradientTransformation,
                     dummy: jax.Array, ema: bool = False) -> Callable[[jax.Array], Any]:
-    """rng -> the trainer's state {step, params, opt_state, rng, nonfinite[, batch_stats][, ema]} of
-    `model` (built from `model_config`, its init `models.init_variables`) for inputs shaped like
-    `dummy`; `batch_stats` when the model keeps running statistics; `ema` (model
-    EMA, trainers/model_ema.py) a copy of params [and batch_stats]."""
+    """rng -> the trainer's state (`common.TrainState`) of `model` (built from `model_config`, its
+    init `models.init_variables`) for inputs shaped like `dummy`; `batch_stats` when the model
+    keeps running statistics; `ema` (model EMA, trainers/model_ema.py) a copy of params [and
+    batch_stats]."""
 
-    def init_state(rng: jax.Array) -> dict[str, Any]:
+    def init_state(rng: jax.Array) -> common.TrainState:
         init_rng, train_rng = jax.random.split(rng)
         variables = models.init_variables(model_config, model, init_rng, dummy)
         params = variables["params"]
-        state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-                 "rng": train_rng, "nonfinite": nonfinite.init_nonfinite()}
-        if "batch_stats" in variables:
-            state["batch_stats"] = variables["batch_stats"]
-        if ema:
-            state["ema"] = model_ema.init(state)
-        return state
+        state = common.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                                  rng=train_rng, nonfinite=nonfinite.init_nonfinite(),
+                                  batch_stats=variables.get("batch_stats"))
+        return state.replace(ema=model_ema.init(state)) if ema else state
 
     return init_state
+
+
+def initial_state(config: ml_collections.ConfigDict) -> Callable[[jax.Array], common.TrainState]:
+    """rng -> the fresh train state of `config`, as `train_and_evaluate` builds it."""
+    info, image_size = sources.dataset_info(config.dataset.name), inputs.image_size(config)
+    model_config, _ = models.apply_init_self_share(config.model, image_size)
+    tx, _ = build_optimizer(config, *common.train_steps(config, inputs.steps_per_epoch(config)))
+    dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
+    return make_init_state(model_config, models.build(model_config, info.num_classes), tx, dummy,
+                           ema=model_ema.enabled(config))
 
 
 def make_train_step(
@@ -123,9 +130,9 @@ def make_train_step(
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def train_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, jax.Array]]:
-        step, params, stats = state["step"], state["params"], state.get("batch_stats")
-        dropout_rng = jax.random.fold_in(state["rng"], step)
+    def train_step(state: common.TrainState, batch: dict[str, jax.Array]) -> tuple[common.TrainState, dict]:
+        step, params, stats = state.step, state.params, state.batch_stats
+        dropout_rng = jax.random.fold_in(state.rng, step)
         # uint8 from the host: normalized (and randomly erased) here, over the global batch
         batch = device_images.prepare(batch, mean, std, jax.random.fold_in(dropout_rng, rng_streams.ERASE))
         batch = {**batch, "image": sharding.constrain_batch(batch["image"])}
@@ -151,7 +158,7 @@ def make_train_step(
             loss, accuracy, grads = jax.tree.map(lambda x: x / microbatches, sums)
         new_state, metrics = nonfinite.guarded_update(state, loss, grads, tx, schedule, batch_stats=stats,
                                                       accuracy=accuracy)
-        if "ema" in state:
+        if state.ema is not None:
             new_state = model_ema.after_update(config, state, new_state)
         return new_state, metrics
 
@@ -214,7 +221,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     init_state = make_init_state(model_config, model, tx, dummy, ema=model_ema.enabled(config))
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("Model: %s parameters, %d train steps (%.1f per epoch), %d warm-up steps.",
-                 f"{common.num_parameters(abstract_state['params']):,}", total_steps, steps_per_epoch, warmup_steps)
+                 f"{common.num_parameters(abstract_state.params):,}", total_steps, steps_per_epoch, warmup_steps)
 
     # ---- Checkpoint load: workdir > config.resume > config.init_from > scratch.
     mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change,
@@ -238,12 +245,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     train_step, cost = perf.compile_for(  # and the fit check, before the input pipeline exists
         train_step, state, inputs.train_batch_spec(config, on_device=True), sharding.batch_sharding(mesh), config)
 
-    def results_at(step: int, state: dict[str, Any]) -> Any:
+    def results_at(step: int, state: common.TrainState) -> Any:
         """The evaluations due at `step`: (prefix, metric, value) triples."""
         results = evaluators.run_all(evals, ctx, common.entries(state, key), step, total_steps)
-        if "ema" in state:  # the EMA's own metrics, as 'ema_<prefix>'; the plain model's stay as they are
+        if state.ema is not None:  # the EMA's own metrics, as 'ema_<prefix>'; the plain model's stay as they are
             results = itertools.chain(results, model_ema.results(
-                config, evals, evaluators.run_all, ctx, common.entries(state["ema"], key), step, total_steps))
+                config, evals, evaluators.run_all, ctx, common.entries(state.ema, key), step, total_steps))
         return results
 
     at_start = (lambda state: evaluators.run_all(evals, ctx, common.entries(state, key))) if config.get(
@@ -252,7 +259,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
         loop.Hook(config.analysis.every_steps, lambda step, state: probe(common.entries(state, key)))]
     return loop.train(config, workdir, mesh, mngr, state, train_step, cost, total_steps=total_steps,
                       guarded=nonfinite.guarded_parts(abstract_state), train_iterator=inputs.train_iterator,
-                      results_at=results_at, results_at_start=at_start, hooks=hooks,
+                      results_at=results_at, eval_every=[e.every_steps for e in evals],
+                      results_at_start=at_start, hooks=hooks,
                       metrics=None if init_beta is None else {"init_beta": init_beta})  # β beside the results
 
 
@@ -286,4 +294,4 @@ def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
 
 
 TRAINER = image_trainer("supervised", check_config, train_and_evaluate, evaluation, EVALUATOR_TYPES, flops_per_example,
-                        classifier=True)
+                        initial_state=initial_state, classifier=True)
