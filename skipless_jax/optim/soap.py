@@ -17,7 +17,8 @@ product stays ≤ `max_precond_dim`; axes are taken in the parameter's order (Fl
 (kh, kw, in, out), so the spatial and fan-in axes merge first).
 
 Efficiency: the eigendecomposition (call 0) and the QR refresh run inside `lax.cond`s, so the
-other steps do no factorization. Under a mesh with D > 1 data devices the factorizations are
+other steps do no factorization; on one device the arrays cross the conds flattened (`cond_1d`),
+so the steps that keep the bases transpose nothing. Under a mesh with D > 1 data devices the factorizations are
 divided over the devices (each factorizes 1/D of the factors of each shape, `per_factor`);
 on one device, factors of equal size and dtype are factorized by one batched call on
 accelerators and one call per factor on CPU (it compiles faster there). Factors,
@@ -243,6 +244,27 @@ def per_factor(fn: Callable, *factors: list[jax.Array]) -> list[Any]:
         for pos, i in enumerate(idx):
             out[i] = jax.tree.map(lambda r, pos=pos: r[pos], res)
     return out
+
+
+def cond_1d(pred: jax.Array, true_fn: Callable, false_fn: Callable, operand: Any, like: Any) -> Any:
+    """`lax.cond(pred, true_fn, false_fn, operand)` with every array crossing the cond flattened to
+    1-D (`like`: arrays shaped as the result). XLA gives a cond's result one layout for all branches;
+    LAPACK's eigh and QR return column-major matrices, so with matrices crossing it the branch that
+    passes the state through would transpose every factor on every step (a transpose kernel per
+    array, compiled and run). A 1-D array has one layout: the transposes stay inside the
+    factorizing branch, and reshaping a row-major matrix is free. With several devices the cond
+    is a plain one (flattening a sharded matrix would lose its sharding)."""
+    if jax.device_count() > 1:
+        return jax.lax.cond(pred, true_fn, false_fn, operand)
+    shapes_in = jax.tree.map(jnp.shape, operand)
+    shapes_out = jax.tree.map(jnp.shape, like)
+    flat = lambda tree: jax.tree.map(lambda x: jnp.reshape(x, (-1,)), tree)
+
+    def branch(fn: Callable) -> Callable:
+        return lambda ops: flat(fn(jax.tree.map(jnp.reshape, ops, shapes_in)))
+
+    out = jax.lax.cond(pred, branch(true_fn), branch(false_fn), flat(operand))
+    return jax.tree.map(jnp.reshape, out, shapes_out)
 
 
 class _Hyper(NamedTuple):
@@ -498,11 +520,11 @@ def scale_by_soap(
             return q_new, mu_out, nu_out
 
         def refresh_or_keep(ops):
-            return jax.lax.cond(count % precondition_frequency == 0, qr_refresh, keep, ops)
+            return cond_1d(count % precondition_frequency == 0, qr_refresh, keep, ops, ops[1:])
 
         if factored:
             ops = (flat_gg, flat_q, [new_mu[i] for i in factored], [new_nu[i] for i in factored])
-            q_flat, mu_f, nu_f = jax.lax.cond(count == 0, eigh_init, refresh_or_keep, ops)
+            q_flat, mu_f, nu_f = cond_1d(count == 0, eigh_init, refresh_or_keep, ops, ops[1:])
             new_q = [tuple(q) for q in qs]
             for i, q, m, v in zip(factored, regroup(q_flat), mu_f, nu_f, strict=True):
                 new_q[i], new_mu[i], new_nu[i] = q, m, v
