@@ -351,6 +351,28 @@ def test_fsdp_sharded_matches_single_device():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-4)
 
 
+def test_one_device_flattened_conds_are_bitwise_the_plain_conds(monkeypatch):
+    """`cond_1d` on one device (the arrays cross the conds flattened) gives bitwise the updates of
+    the plain conds the 8-device test session takes, through call 0 and three refreshes."""
+    rng = np.random.default_rng(3)
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), make_tree(rng))
+    grads = [jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), make_tree(rng)) for _ in range(7)]
+    tx = soap(0.01, precondition_frequency=2, max_precond_dim=MAX_DIM, merge_dims=True, precondition_1d=True)
+
+    def run():
+        step = jax.jit(lambda p, s, g: (lambda u, s: (optax.apply_updates(p, u), s))(*tx.update(g, s, p)))
+        p, s = params, tx.init(params)
+        for g in grads:
+            p, s = step(p, s, g)
+        return jax.tree.leaves((p, s))
+
+    plain = run()
+    monkeypatch.setattr(jax, "device_count", lambda *a: 1)
+    flat = run()
+    for a, b in zip(plain, flat, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_dtypes_bf16_params_float32_state():
     params = {"w": jnp.ones((4, 4), jnp.bfloat16), "b": jnp.ones((4,), jnp.bfloat16)}
     tx = soap(1e-3, precondition_1d=True)
