@@ -162,13 +162,14 @@ def probe_images(config: ml_collections.ConfigDict, num_images: int) -> np.ndarr
     return np.concatenate(images)[:num_images]
 
 
-def embedding_kappa(model: Any, params: Any, images: np.ndarray) -> dict[str, np.ndarray]:
-    """{point: (L,) mean log κ} of ①, ①+②, ③, ③+④ over `images`.
+def embedding_kappa(model: Any, params: Any, images: np.ndarray, **kwargs: np.ndarray) -> dict[str, np.ndarray]:
+    """{point: (L,) mean log κ} of ①, ①+②, ③, ③+④ over `images` (`kwargs`: the model's other
+    inputs, e.g. a language model's segments and positions).
 
     Forward pass in the model's dtype, SVD in float64 on CPU. With a float32 forward σ_min
     carries an error of about 1e-7·σ_max, so values above log κ ≈ 12 are good to ~0.1 only.
     """
-    _, out = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))(params, images)
+    _, out = jax.jit(lambda p, x, kw: model.apply({"params": p}, x, train=False, **kw))(params, images, kwargs)
     with jax.enable_x64(jax.default_backend() == "cpu"):
         kappa = jax.jit(conditioning.embedding_log_kappa)({"blocks": out["blocks"]})
         return {k: np.asarray(v, np.float64) for k, v in kappa.items()}
@@ -331,7 +332,7 @@ def analyze(
             raise ValueError(f"--jacobian is implemented for image models; this run's trainer is {config.trainer!r}")
         got = trainer.analysis(config, workdir, weights, num_images)
         model, params, step, source, probe_inputs = (got[k] for k in ("model", "params", "step", "source", "inputs"))
-        probe, extra["measures"] = got["probe"], got["measures"]
+        probe, extra["measures"], probe_kwargs = got["probe"], got["measures"], got.get("inputs_kwargs", {})
     else:
         models.check_config(config.model, inputs.image_size(config))
         config = ml_collections.ConfigDict(config)  # β from its target share, if set, in this copy
@@ -340,12 +341,13 @@ def analyze(
         model, image_shape = build(config)
         params, step, source = load_params(model, config, image_shape, workdir, weights)
         probe_inputs = probe_images(config, num_images)
-        probe = f"{len(probe_inputs)} test images"
+        probe, probe_kwargs = f"{len(probe_inputs)} test images", {}
     title = describe(config, config_name)
     result: dict[str, Any] = dict(
         title=title, source=source, step=step, num_images=int(len(probe_inputs)), probe=probe, params=weights,
         model=config.model.to_dict(),
-        log_kappa={k: v.tolist() for k, v in embedding_kappa(model, params, probe_inputs).items()}, **extra,
+        log_kappa={k: v.tolist() for k, v in embedding_kappa(model, params, probe_inputs, **probe_kwargs).items()},
+        **extra,
     )
     if jacobian:
         result["jacobian"] = jacobian_rows(model, params, probe_inputs)

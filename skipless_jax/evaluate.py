@@ -84,16 +84,19 @@ def select(config: ml_collections.ConfigDict, only: Sequence[str] | None) -> ml_
     a name the config lacks is a one-line error listing the available ones."""
     if only is None:
         return config
-    from skipless_jax import evaluators
+    from skipless_jax import evaluators, trainers
 
-    available = evaluators.entries(config)
+    available = trainers.of_config(config).evaluator_names(config)
     names = [n.strip() for n in only if n.strip()]
     unknown = [n for n in names if n not in available]
     if unknown or not names:
         raise ValueError(f"--only={','.join(only)}: {unknown[0] if unknown else 'no name'!r} is not an evaluator "
                          f"of the config; available: {list(available)}")
+    if set(names) == set(available) and config.get("evals") is None:
+        return config  # all of a trainer's own evaluators (a language model's validation)
+    entries = evaluators.entries(config)
     config = ml_collections.ConfigDict(config.to_dict())
-    config.evals = ml_collections.ConfigDict({n: available[n] for n in names})
+    config.evals = ml_collections.ConfigDict({n: entries[n] for n in names})
     return config
 
 

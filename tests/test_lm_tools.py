@@ -224,3 +224,49 @@ def test_report_and_sweep_take_lm_runs(reference, environ, tmp_path):
                  f"--root={tmp_path / 'sweep'}", "--launcher=slurm")
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "runs as an array job" in plan.stdout + plan.stderr and (tmp_path / "sweep" / "sweep_slurm.sh").exists()
+
+
+def test_evaluate_only_names_the_lm_trainers_own_evaluator():
+    from skipless_jax import evaluate
+
+    config = tiny_config()
+    assert evaluate.select(config, ["val"]) is config  # the validation (with config.lm_evals' measures)
+    with pytest.raises(ValueError, match=re.escape("--only=knn: 'knn' is not an evaluator of the config; "
+                                                   "available: ['val']")):
+        evaluate.select(config, ["knn"])
+
+
+def test_the_kappa_probe_attends_within_documents_when_packed_as_documents(monkeypatch):
+    """Packed as documents, the κ probe's forward gets the windows' segments and positions (a
+    numpy restatement: segment = END_OF_DOCUMENT count so far, position = t − its segment's
+    start), as training does; packed as windows, none."""
+    from skipless_jax import conditioning
+
+    assert lm.probe_kwargs(tiny_config(), np.zeros((2, 16), np.int32)) == {}
+    c = tiny_config()
+    c.dataset.packing = "documents"
+    c.analysis.every_steps, c.analysis.probe_size = 1, 4
+    end = text.segment_end(c)
+    windows = np.random.default_rng(0).integers(0, 256, (4, 17)).astype(np.int32)
+    windows[0, 5], windows[2, 9], windows[2, 12] = end, end, end  # documents ending inside windows
+    monkeypatch.setattr(lm.text, "eval_batches", lambda *args, **kwargs: ([{"tokens": windows}], None))
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:1])
+    model = _model(c)
+    params = init_params(model, jax.random.PRNGKey(0), jnp.zeros((1, 16), jnp.int32))
+    inputs = windows[:, :-1]
+    segments = np.cumsum(inputs == end, axis=1)
+    starts = np.maximum.accumulate(np.where(inputs == end, np.arange(16), 0), axis=1)
+    kwargs = lm.probe_kwargs(c, inputs)
+    np.testing.assert_array_equal(kwargs["segments"], segments)
+    np.testing.assert_array_equal(kwargs["positions"], np.arange(16) - starts)
+    with jax.set_mesh(mesh):
+        got = lm.make_kappa_probe(model, c, mesh)(params)
+
+    def probe(**kw):
+        out = model.apply({"params": params}, jnp.asarray(inputs), train=False, **kw)[1]
+        return {f"log_kappa/{n}/layer_{i}": float(v) for n, vals in
+                jax.device_get(conditioning.embedding_log_kappa(out)).items() if n in ("sab", "ffn")
+                for i, v in enumerate(vals)}
+
+    assert got == probe(segments=jnp.asarray(segments), positions=jnp.asarray(np.arange(16) - starts))
+    assert got != probe()  # attending across the documents is another probe

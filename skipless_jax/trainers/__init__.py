@@ -38,6 +38,7 @@ class Trainer:
     evaluation: Callable[..., tuple]  # (config, mesh, model=None, picture_dir=None) -> (context, entries)
     check_evaluators: Callable[[Any], None]  # (config): what `evaluate` runs, one-line errors
     build_evaluators: Callable[[Any, Any], list]  # (config, context) -> the evaluators `evaluate` runs
+    evaluator_names: Callable[[Any], list]  # (config) -> their names, what `evaluate --only` chooses from
     flops_per_example: Callable[[Any], tuple[float, float]]  # (config) -> (model FLOPs, Token Graying FLOPs)
     example_unit: Callable[[Any], tuple[str, int]]  # (config) -> (what an example feeds, how many): batch spec
     epoch_steps: Mapping[str, Any]  # keyword arguments of data.inputs.steps_per_epoch: how it counts an epoch
@@ -103,6 +104,7 @@ def image_trainer(name: str, check_config: Callable[..., None], train_and_evalua
     """The record of a trainer on images: its evaluators those of `config.evals` of
     `evaluator_types`, an example one image, no export or analysis of its own."""
     return Trainer(name, check_config, train_and_evaluate, evaluation, *image_evaluators(evaluator_types),
+                   evaluator_names=config_evals_names,
                    flops_per_example=flops_per_example, example_unit=one_image, epoch_steps=epoch_steps or {},
                    inputs="images", build_model=build_model, backbone_key=backbone_key, classifier=classifier,
                    with_quantize=None, export_forward=None, export_examples=None, analysis=None,
@@ -124,6 +126,13 @@ def image_evaluators(types: tuple[str, ...]) -> tuple[Callable, Callable]:
         return evaluators.build(config, ctx)
 
     return check, build
+
+
+def config_evals_names(config: Any) -> list[str]:
+    """The names of `config.evals`' entries (without it, the default classification's)."""
+    from skipless_jax import evaluators
+
+    return list(evaluators.entries(config))
 
 
 def image_geometry(config: Any) -> tuple[int, int, int]:

@@ -204,11 +204,13 @@ def make_kappa_probe(model: Any, config: ml_collections.ConfigDict, mesh: jax.sh
     probe = config.analysis.get("probe_size", 8)
     local, _ = text.eval_batches(text.stream(config, config.dataset.eval_split), config.model.seq_len, probe,
                                  probe, jax.process_index(), jax.process_count())
-    tokens = device_input.global_batch({"tokens": local[0]["tokens"][:, :-1]}, sharding.batch_sharding(mesh))
+    inputs = local[0]["tokens"][:, :-1]
+    batch = device_input.global_batch({"tokens": inputs, **probe_kwargs(config, inputs)}, sharding.batch_sharding(mesh))
 
     @jax.jit
     def kappa(params):
-        return conditioning.embedding_log_kappa(model.apply({"params": params}, tokens["tokens"], train=False)[1])
+        tokens, kwargs = batch["tokens"], {k: v for k, v in batch.items() if k != "tokens"}
+        return conditioning.embedding_log_kappa(model.apply({"params": params}, tokens, train=False, **kwargs)[1])
 
     def log_kappa(params: Any) -> dict[str, float]:
         values = jax.device_get(kappa(params))
@@ -216,6 +218,13 @@ def make_kappa_probe(model: Any, config: ml_collections.ConfigDict, mesh: jax.sh
                 for name, vals in values.items() if name in ("sab", "ffn") for layer, v in enumerate(vals)}
 
     return log_kappa
+
+
+def probe_kwargs(config: ml_collections.ConfigDict, inputs: np.ndarray) -> dict[str, np.ndarray]:
+    """The model's `segments` and `positions` of input windows packed as documents ({} otherwise),
+    so that a probe's forward attends within documents as training does (data/text.py)."""
+    end = text.segment_end(config)
+    return {} if end is None else dict(zip(("segments", "positions"), text.segments_and_positions(inputs, end)))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices: Sequence[jax.Device] | None = None,
@@ -449,7 +458,8 @@ def analysis(config: ml_collections.ConfigDict, workdir: str | None, weights: st
     trainer's init for config.seed), 'step', 'source', 'inputs': `num_windows` (default
     config.analysis.probe_size) validation windows spread over the split (N, T), the κ probe of
     `make_kappa_probe`, 'probe' (their description), 'measures': validation loss and bits per byte
-    with every measure of docs/method/lm_measures.md (int8 and int4 weights)}."""
+    with every measure of docs/method/lm_measures.md (int8 and int4 weights), 'inputs_kwargs': the
+    inputs' segments and positions where packed as documents}."""
     from skipless_jax import checkpoint
     from skipless_jax.trainers import model_ema
 
@@ -473,9 +483,10 @@ def analysis(config: ml_collections.ConfigDict, workdir: str | None, weights: st
     evals = {**LM_EVALS, "kurtosis": True, "logit_lens": True, "quantize": ("int8", "int4")}
     with jax.set_mesh(mesh):
         measures = dict((m, v) for _, m, v in make_validation(model, config, mesh, evals)(params))
-    return {"model": model, "params": params, "step": int(step), "source": source,
-            "inputs": probe[0]["tokens"][:, :-1], "probe": f"{num_windows} validation windows spread over the split",
-            "measures": measures}
+    inputs = probe[0]["tokens"][:, :-1]
+    return {"model": model, "params": params, "step": int(step), "source": source, "inputs": inputs,
+            "inputs_kwargs": probe_kwargs(config, inputs),
+            "probe": f"{num_windows} validation windows spread over the split", "measures": measures}
 
 def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
     """(model FLOPs, 0: no Token Graying) of one training sequence (docs/method/lm.md §3)."""
@@ -489,6 +500,7 @@ def example_unit(config: ml_collections.ConfigDict) -> tuple[str, int]:
 
 TRAINER = Trainer(
     "lm", check_config, train_and_evaluate, evaluation, check_evaluators, build_evaluators,
+    evaluator_names=lambda config: [Validation.name],
     flops_per_example=flops_per_example, example_unit=example_unit, epoch_steps={}, inputs="tokens",
     build_model=None, backbone_key=None, classifier=False, with_quantize=with_quantize,
     export_forward=export_forward, export_examples=export_examples, analysis=analysis,
