@@ -351,16 +351,8 @@ def cifar_vit_tiny(a: dict[str, Any]) -> ml_collections.ConfigDict:
         num_workers=8,
         aug=deit_aug(crop="pad", crop_padding=4),  # scale: used only by crop="rrc"
     )
-    c.model = vit_model(
-        a,
-        VITB_SUPERVISED_INIT,
-        variant=placeholder(str),
-        width=192,
-        depth=a["depth"],
-        num_heads=3,
-        mlp_dim=768,
-        patch_size=4,
-    )
+    c.model = vit_model(a, VITB_SUPERVISED_INIT, variant=placeholder(str), width=192, depth=a["depth"], num_heads=3,
+                        mlp_dim=768, patch_size=4)
     c.update(supervised_training(a, lr=1e-3, weight_decay=0.05, warmup_epochs=10, grad_clip=1.0))
     steps_per_10_epochs = 3906  # 390.6 steps per epoch
     c.update(runtime(eval_every=steps_per_10_epochs, checkpoint_every=steps_per_10_epochs))
