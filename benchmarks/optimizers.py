@@ -15,10 +15,15 @@ optimizer update alone (`tx.update` + `apply_updates`, donated), with random gra
   compile    lower + compile of the update; state  bytes of the optimizer state.
 Variants outside --time_variants report compile time and memory only (B/16 SOAP steps take
 tens of seconds on a 2-core CPU).
-Part 2: the whole train step (forward, backward, update) of ViT-Ti/4 on 32×32 images, batch
-128 (--step_variant, --step_image_size, --step_batch), SOAP and shampoo_ec vs AdamW measured
-interleaved in one process and reported as ratios; targets (issue #52): amortized step ≤ 1.10×
-AdamW, compile ≤ 1.5× AdamW.
+Part 2: the whole train step (forward, backward, update), by default of ViT-Ti/4 on 32×32
+images, batch 128 (--step_variant, --step_image_size, --step_batch), SOAP and shampoo_ec vs AdamW
+measured interleaved in one process and reported as ratios; targets (issue #52, at ViT-S/16):
+amortized step ≤ 1.10× AdamW, compile ≤ 1.5× AdamW. The issue's size, without part 1:
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/optimizers.py --variants= \
+        --step_variant=S/16 --step_image_size=224 --step_batch=128 --step_repeats=2 \
+        --output=benchmarks/results/optimizers_s16.json
+
 The step of the call that builds the preconditioner (eigh, once per run) is reported apart.
 """
 
@@ -181,18 +186,20 @@ def bench_train_step(variant: str, image_size: int, batch: int, repeats: int,
         block(metrics)
         runs[name] = dict(compiled=compiled, state=state, compile_s=compile_s,
                           first_call_s=time.perf_counter() - t0, ordinary=[], refresh=[])
+        print(f"{name}: compile {compile_s:.1f} s, call 0 {runs[name]['first_call_s']:.1f} s", flush=True)
 
     # Interleaved: each round times one ordinary and one refresh step of each optimizer.
     for r in range(repeats + 1):
         for kind in ("ordinary", "refresh"):
             for name, run in runs.items():
                 count = 1 if kind == "ordinary" else refresh_count(name, frequencies.get(name, FREQUENCY))
-                run["state"]["opt_state"] = set_count(run["state"]["opt_state"], count)
+                run["state"] = run["state"].replace(opt_state=set_count(run["state"].opt_state, count))
                 t0 = time.perf_counter()
                 run["state"], metrics = run["compiled"](run["state"], images_labels)
                 block(metrics)
                 if r:  # round 0 warms up
                     run[kind].append(time.perf_counter() - t0)
+                    print(f"round {r} {kind} {name}: {run[kind][-1]:.2f} s", flush=True)
 
     out: dict[str, Any] = dict(variant=variant, image_size=image_size, batch=batch, frequencies=frequencies)
     for name, run in runs.items():
@@ -240,7 +247,7 @@ def main() -> None:
 
     frequencies = {"soap": args.frequency, "shampoo_ec": args.ec_frequency}
     rows = []
-    for variant in args.variants.split(","):
+    for variant in [v for v in args.variants.split(",") if v]:  # --variants= skips part 1
         for name, tx in make_optimizers(args.frequency, args.ec_frequency).items():
             f = frequencies.get(name, args.frequency)
             row = bench_update(variant, tx, variant in timing, args.repeats, f, refresh_count(name, f))
