@@ -195,13 +195,8 @@ def refresh_step(count: jax.Array, precondition_frequency: int, start: int) -> j
 
 
 def validate_shampoo_ec_hparams(
-    b1: float = 0.9,
-    b2: float = 0.95,
-    eps: float = 1e-8,
-    weight_decay: float = 0.0,
-    precondition_frequency: int = 100,
-    max_preconditioner_dim: int = 8192,
-    start_preconditioning_step: int = -1,
+    b1: float = 0.9, b2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.0, precondition_frequency: int = 100,
+    max_preconditioner_dim: int = 8192, start_preconditioning_step: int = -1,
 ) -> None:
     """One-line ValueError for the first bad hyperparameter (the reference's checks, in its words)."""
     check_unit_interval("b1", b1, _WHO)
@@ -238,13 +233,8 @@ def _layers_join(flat: list[jax.Array], like: list[tuple[jax.Array, ...]], layer
 
 
 def scale_by_shampoo_ec(
-    b1: float = 0.9,
-    b2: float = 0.95,
-    eps: float = 1e-8,
-    precondition_frequency: int = 100,
-    max_preconditioner_dim: int = 8192,
-    start_preconditioning_step: int = -1,
-    stacked: Any = None,
+    b1: float = 0.9, b2: float = 0.95, eps: float = 1e-8, precondition_frequency: int = 100,
+    max_preconditioner_dim: int = 8192, start_preconditioning_step: int = -1, stacked: Any = None,
 ) -> optax.GradientTransformation:
     """The direction D of docs/method/shampoo_ec.md §3.5 (no lr, no decay).
 
@@ -341,16 +331,9 @@ def scale_by_shampoo_ec(
 
 
 def shampoo_ec(
-    learning_rate: ScalarOrSchedule,
-    b1: float = 0.9,
-    b2: float = 0.95,
-    eps: float = 1e-8,
-    weight_decay: float = 0.0,
-    precondition_frequency: int = 100,
-    max_preconditioner_dim: int = 8192,
-    start_preconditioning_step: int = -1,
-    weight_decay_mask: Any = None,
-    stacked: Any = None,
+    learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.0,
+    precondition_frequency: int = 100, max_preconditioner_dim: int = 8192, start_preconditioning_step: int = -1,
+    weight_decay_mask: Any = None, stacked: Any = None,
 ) -> optax.GradientTransformation:
     """Eigenvalue-corrected Shampoo with lr (float or schedule) and decoupled weight decay:
     u = -η_t (D + λ·mask·W), W the parameter before the step (docs/method/shampoo_ec.md §3.6-3.8).

@@ -397,17 +397,9 @@ def default_weight_decay_mask(params: optax.Params) -> Any:
 
 
 def scale_by_soap(
-    b1: float = 0.95,
-    b2: float = 0.95,
-    shampoo_beta: float | None = None,
-    eps: float = 1e-8,
-    precondition_frequency: int = 10,
-    max_precond_dim: int = 10000,
-    merge_dims: bool = False,
-    precondition_1d: bool = False,
-    normalize_grads: bool = False,
-    correct_bias: bool = True,
-    stacked: Any = None,
+    b1: float = 0.95, b2: float = 0.95, shampoo_beta: float | None = None, eps: float = 1e-8,
+    precondition_frequency: int = 10, max_precond_dim: int = 10000, merge_dims: bool = False,
+    precondition_1d: bool = False, normalize_grads: bool = False, correct_bias: bool = True, stacked: Any = None,
 ) -> optax.GradientTransformation:
     """SOAP direction √(1-b2^t)/(1-b1^t)·project_back(m/(√v+eps)) (docs/method/papers.md §5), no lr, no decay.
 
@@ -583,20 +575,10 @@ def add_decayed_weights_after_step(
 
 
 def soap(
-    learning_rate: ScalarOrSchedule,
-    b1: float = 0.95,
-    b2: float = 0.95,
-    shampoo_beta: float | None = None,
-    eps: float = 1e-8,
-    weight_decay: float = 0.01,
-    precondition_frequency: int = 10,
-    max_precond_dim: int = 10000,
-    merge_dims: bool = False,
-    precondition_1d: bool = False,
-    normalize_grads: bool = False,
-    correct_bias: bool = True,
-    weight_decay_mask: Any = None,
-    stacked: Any = None,
+    learning_rate: ScalarOrSchedule, b1: float = 0.95, b2: float = 0.95, shampoo_beta: float | None = None,
+    eps: float = 1e-8, weight_decay: float = 0.01, precondition_frequency: int = 10, max_precond_dim: int = 10000,
+    merge_dims: bool = False, precondition_1d: bool = False, normalize_grads: bool = False, correct_bias: bool = True,
+    weight_decay_mask: Any = None, stacked: Any = None,
 ) -> optax.GradientTransformation:
     """SOAP with learning rate (float or schedule) and decoupled weight decay (docs/method/papers.md §5).
 
@@ -610,19 +592,8 @@ def soap(
     )
     check_mask_type(weight_decay_mask)
     parts = [
-        scale_by_soap(
-            b1=b1,
-            b2=b2,
-            shampoo_beta=shampoo_beta,
-            eps=eps,
-            precondition_frequency=precondition_frequency,
-            max_precond_dim=max_precond_dim,
-            merge_dims=merge_dims,
-            precondition_1d=precondition_1d,
-            normalize_grads=normalize_grads,
-            correct_bias=correct_bias,
-            stacked=stacked,
-        ),
+        scale_by_soap(b1, b2, shampoo_beta, eps, precondition_frequency, max_precond_dim, merge_dims,
+                      precondition_1d, normalize_grads, correct_bias, stacked),
         optax.scale_by_learning_rate(learning_rate),
     ]
     if weight_decay > 0:
