@@ -35,13 +35,13 @@ skip settings of the ViT under AdamW, ConvMixer with and without its skip) and C
 (with skips, no skips + default init, no skips + skipless init, under AdamW and SOAP, and
 shampoo_ec with the init).
 1. `GRIDS['pilot']` chooses each cell's lr: the 5 values of its lr grid (`lr_grid(kind, 1)`),
-   seeds 0-1, the first 10,000 train images, 3 epochs, validated on train[55000:]; 110 runs.
+   seeds 0-1, the first 10,000 train images, epochs=3, validated on train[55000:]; 110 runs.
    A cell's lr is the value of highest mean val_accuracy; a best value at an edge of the 5 has the
    grid extended by one ladder value on that side (2 seeds) before anything is chosen.
 2. `GRIDS['study']`, written after the pilot and before its runs: each cell at its chosen lr,
-   val=True (train[:55000]), 5 epochs, seeds 0-4; 55 runs. A cell whose trained count is bimodal
+   val=True (train[:55000]), epochs=5, seeds 0-4; 55 runs. A cell whose trained count is bimodal
    (some seeds trained, some not) gets seeds 5-9. `CLAIMS` read these runs (pilot=False, epochs=5).
-Departures from the issue, to fit the budget: 5 epochs, not 8-10; the lr chosen by the pilot on
+Departures from the issue, to fit the budget: epochs=5 (it suggests 8-10); the lr chosen by the pilot on
 10,000 images, not by full-size runs at 3 lrs; depth 12 left out.
 Cost at 0.75 CPU-seconds a step (SOAP and shampoo_ec taken at 1.3×): a pilot run about 4
 CPU-minutes with its evaluations (110 runs: about 7 CPU-hours), a study run 28-36 (55 runs: about
