@@ -92,8 +92,8 @@ def select(config: ml_collections.ConfigDict, only: Sequence[str] | None) -> ml_
     if unknown or not names:
         raise ValueError(f"--only={','.join(only)}: {unknown[0] if unknown else 'no name'!r} is not an evaluator "
                          f"of the config; available: {list(available)}")
-    if set(names) == set(available) and config.get("evals") is None:
-        return config  # all of a trainer's own evaluators (a language model's validation)
+    if config.get("evals") is None:
+        return config  # its evaluators are the trainer's own or the default one: nothing to cut
     entries = evaluators.entries(config)
     config = ml_collections.ConfigDict(config.to_dict())
     config.evals = ml_collections.ConfigDict({n: entries[n] for n in names})

@@ -152,11 +152,18 @@ def make_init_state(config: ml_collections.ConfigDict, model: mae_lib.MAE, tx: o
     return init_state
 
 
+def build(config: ml_collections.ConfigDict) -> tuple[mae_lib.MAE, optax.GradientTransformation, optax.Schedule,
+                                                       Callable[[jax.Array], common.TrainState]]:
+    """(model, optimizer, its schedule, rng -> the fresh train state) of `config`."""
+    size, channels = inputs.image_size(config), sources.dataset_info(config.dataset.name).image_shape[-1]
+    model = build_model(config)
+    tx, schedule = build_optimizer(config, *common.train_steps(config, inputs.steps_per_epoch(config)))
+    return model, tx, schedule, make_init_state(config, model, tx, jnp.zeros((1, size, size, channels), jnp.float32))
+
+
 def initial_state(config: ml_collections.ConfigDict) -> Callable[[jax.Array], common.TrainState]:
     """rng -> the fresh train state of `config`, as `train_and_evaluate` builds it."""
-    size, channels = inputs.image_size(config), sources.dataset_info(config.dataset.name).image_shape[-1]
-    tx, _ = build_optimizer(config, *common.train_steps(config, inputs.steps_per_epoch(config)))
-    return make_init_state(config, build_model(config), tx, jnp.zeros((1, size, size, channels), jnp.float32))
+    return build(config)[3]
 
 
 def evaluation(
@@ -253,17 +260,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     Raises `Preempted` after saving when stopped by SIGTERM or a preemption notice.
     """
     mesh = common.setup(config, devices, check_config)
-    info = sources.dataset_info(config.dataset.name)
-    image_size = inputs.image_size(config)
     steps_per_epoch = inputs.steps_per_epoch(config)
     total_steps, warmup_steps = common.train_steps(config, steps_per_epoch)
 
     # ---- Model and optimizer, abstract first.
-    model = build_model(config)
-    tx, schedule = build_optimizer(config, total_steps, warmup_steps)
-    dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
-
-    init_state = make_init_state(config, model, tx, dummy)
+    model, tx, schedule, init_state = build(config)
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("MAE: %s parameters (encoder %s), %d train steps (%.1f per epoch), %d warm-up steps.",
                  f"{common.num_parameters(abstract_state.params):,}",

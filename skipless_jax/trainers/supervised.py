@@ -93,14 +93,23 @@ def make_init_state(model_config: ml_collections.ConfigDict, model: Any, tx: opt
     return init_state
 
 
+def build(config: ml_collections.ConfigDict) -> tuple[Any, optax.GradientTransformation, optax.Schedule,
+                                                       Callable[[jax.Array], common.TrainState], float | None]:
+    """(model, optimizer, its schedule, rng -> the fresh train state, the β set from
+    `config.model.init_self_share` or None) of `config`. β goes into the model built here, not
+    into the config saved with the run."""
+    info, image_size = sources.dataset_info(config.dataset.name), inputs.image_size(config)
+    model_config, init_beta = models.apply_init_self_share(config.model, image_size)
+    model = models.build(model_config, info.num_classes)
+    tx, schedule = build_optimizer(config, *common.train_steps(config, inputs.steps_per_epoch(config)))
+    dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
+    init_state = make_init_state(model_config, model, tx, dummy, ema=model_ema.enabled(config))
+    return model, tx, schedule, init_state, init_beta
+
+
 def initial_state(config: ml_collections.ConfigDict) -> Callable[[jax.Array], common.TrainState]:
     """rng -> the fresh train state of `config`, as `train_and_evaluate` builds it."""
-    info, image_size = sources.dataset_info(config.dataset.name), inputs.image_size(config)
-    model_config, _ = models.apply_init_self_share(config.model, image_size)
-    tx, _ = build_optimizer(config, *common.train_steps(config, inputs.steps_per_epoch(config)))
-    dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
-    return make_init_state(model_config, models.build(model_config, info.num_classes), tx, dummy,
-                           ema=model_ema.enabled(config))
+    return build(config)[3]
 
 
 def make_train_step(
@@ -203,22 +212,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     Raises `Preempted` after saving when stopped by SIGTERM or a preemption notice.
     """
     mesh = common.setup(config, devices, check_config)
-    info = sources.dataset_info(config.dataset.name)
     image_size = inputs.image_size(config)
-    # β from its target share, if set: in the model built here, not in the config saved with the run
-    model_config, init_beta = models.apply_init_self_share(config.model, image_size)
-    if init_beta is not None:
-        logging.info("config.model.init_self_share=%g at %d tokens: init_beta=%g (docs/method/papers.md §3).",
-                     config.model.init_self_share, models.num_tokens(config.model, image_size), init_beta)
     steps_per_epoch = inputs.steps_per_epoch(config)
     total_steps, warmup_steps = common.train_steps(config, steps_per_epoch)
 
     # ---- Model and optimizer, abstract first.
-    model = models.build(model_config, info.num_classes)
-    tx, schedule = build_optimizer(config, total_steps, warmup_steps)
-    dummy = jnp.zeros((1, image_size, image_size, info.image_shape[-1]), jnp.float32)
-
-    init_state = make_init_state(model_config, model, tx, dummy, ema=model_ema.enabled(config))
+    model, tx, schedule, init_state, init_beta = build(config)
+    if init_beta is not None:
+        logging.info("config.model.init_self_share=%g at %d tokens: init_beta=%g (docs/method/papers.md §3).",
+                     config.model.init_self_share, models.num_tokens(config.model, image_size), init_beta)
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("Model: %s parameters, %d train steps (%.1f per epoch), %d warm-up steps.",
                  f"{common.num_parameters(abstract_state.params):,}", total_steps, steps_per_epoch, warmup_steps)
@@ -285,6 +287,7 @@ def _kappa_probe(config: ml_collections.ConfigDict, model: Any, ctx: evaluators.
                 for name, vals in kappas.items() if name in ("sab", "ffn") for layer, v in enumerate(vals)}
 
     return probe
+
 
 def flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
     """(model FLOPs, Token Graying FLOPs) of one training image (models/flops.py)."""
