@@ -8,7 +8,7 @@ MFU = model FLOPs per step / step time / peak, the trainer's definition (`perf/m
 docs/method/runs.md §25): model FLOPs are `models.flops.train_flops_per_example` (3 × the forward
 matmuls), so rematerialisation or an attention kernel's extra work does not count as useful;
 XLA's own `cost_analysis()` FLOPs are reported next to it. `--peak_tflops`: the chip's dense
-bf16 peak; default: `trainers/perf.py`'s table entry for the device's kind.
+bf16 peak; default: `trainers/devices.py`'s table entry for the device's kind.
 
 Data are random device arrays (uint8 images, as the pipeline ships them; no input pipeline):
 this measures the step. The step time is the
@@ -84,9 +84,9 @@ def main() -> None:
     if args.peak_tflops is None:
         import ml_collections
 
-        from skipless_jax.trainers import perf
+        from skipless_jax.trainers.devices import peak_tflops
 
-        args.peak_tflops = perf.peak_tflops(ml_collections.ConfigDict(), jax.devices()[0]) or float("nan")
+        args.peak_tflops = peak_tflops(ml_collections.ConfigDict(), jax.devices()[0]) or float("nan")
     rows = []
     for opt, impl in (("adamw", "xla"), ("adamw", "cudnn"), ("soap", "cudnn"), ("soap", "xla")):
         try:

@@ -15,7 +15,7 @@ all devices) on random data, timed after compilation, median of `--repeats`. Thr
 counted as the trainer counts it (docs/method/runs.md §25): model FLOPs per step = batch ×
 `models.flops.train_flops_per_example` (3 × the forward matmuls and convolutions), and
 MFU = model FLOPs per step / step time / (peak × devices), with the peak the dense bf16 peak of
-the device's exact kind (`trainers.perf.PEAK_TFLOPS`) or `--peak_tflops`; XLA's count of the
+the device's exact kind (`trainers.devices.PEAK_TFLOPS`) or `--peak_tflops`; XLA's count of the
 compiled step is reported beside it (`xla_gflop_per_step`), not used for MFU.
 """
 
@@ -32,7 +32,7 @@ import ml_collections
 import scaling  # benchmarks/scaling.py: the trainers' own steps (this script's folder is on sys.path)
 
 from skipless_jax.models import flops as model_flops
-from skipless_jax.trainers import perf
+from skipless_jax.trainers.devices import peak_tflops
 
 NUM_CLASSES, CHANNELS = 1000, 3  # the random ImageNet-shaped batches every variant is timed on
 
@@ -105,7 +105,7 @@ def main() -> None:
         print(f"measured {v}: compile {r['compile_s']:.1f} s, step {1e3 * r['step_s']:.1f} ms, "
               f"{r['flops_per_step'] / 1e9:.1f} model GFLOP", flush=True)
     devices = jax.device_count()
-    peak = perf.peak_tflops(ml_collections.ConfigDict(dict(peak_tflops=args.peak_tflops)), jax.devices()[0])
+    peak = peak_tflops(ml_collections.ConfigDict(dict(peak_tflops=args.peak_tflops)), jax.devices()[0])
     for row in rows:
         row["devices"] = devices
         row["device_kind"] = jax.devices()[0].device_kind

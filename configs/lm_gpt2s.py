@@ -19,7 +19,7 @@ the peak of packing).
 Hardware: one 8-H100 host (or one H100). Its time, computed, not measured: `models.flops`
 counts 5.81e11 FLOPs per sequence (3 ×
 forward, causal attention halved; docs/method/lm.md §3), 1.49e14 per step; at 40% MFU of the
-H100's dense bf16 peak (989 TFLOP/s, trainers/perf.py) that is 0.047 s per step on one 8-H100
+H100's dense bf16 peak (989 TFLOP/s, trainers/devices.py) that is 0.047 s per step on one 8-H100
 host (`--config.mesh.fsdp=8` to shard the state), 0.26 hours for the 20,000 steps; 0.38 s per
 step and 2.1 hours on one H100. Expected validation bits per byte: not measured yet.
 """

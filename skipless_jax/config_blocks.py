@@ -118,9 +118,9 @@ def runtime(*, eval_every: int, checkpoint_every: int, log_every: int = 100, ana
         checkpoint_every_steps=checkpoint_every,
         keep_checkpoints=3,
         compilation_cache_dir=placeholder(str),
-        profile_steps=3,  # steps traced after warm-up into <workdir>/plugins/profile/ (0: off; trainers/perf.py)
+        profile_steps=3,  # steps traced after warm-up into <workdir>/plugins/profile/ (0: off; trainers/profiler.py)
         profile_hlo=False,  # the compiled programs' HLO in that trace (op profile, memory viewer; MBs)
-        peak_tflops=placeholder(float),  # per-device peak for perf/mfu; None: trainers/perf.py's table by device
+        peak_tflops=placeholder(float),  # per-device peak for perf/mfu; None: trainers/devices.py's table by device
         # Hosted tracking next to TensorBoard: off unless a project is named (trainers/wandb_writer.py).
         wandb=ml_collections.ConfigDict(
             dict(project=placeholder(str), entity=placeholder(str), name=placeholder(str), mode=placeholder(str))

@@ -162,7 +162,7 @@ def lock_workdir(workdir: str) -> None:
     warning line says so."""
     import jax
 
-    from skipless_jax.trainers.run import agreed
+    from skipless_jax.trainers.workdir import agreed
 
     if "://" in workdir:
         logging.warning("--workdir=%s is a bucket: it is not locked against a second run; start one run per "
@@ -182,8 +182,8 @@ def lock_workdir(workdir: str) -> None:
 def train(module, config: ml_collections.ConfigDict) -> dict:
     """The trainer's run, with every way it stops (but a finish) as one line and its exit status."""
     from skipless_jax import checkpoint
+    from skipless_jax.trainers.devices import DoesNotFit
     from skipless_jax.trainers.nonfinite import NonFiniteError
-    from skipless_jax.trainers.perf import DoesNotFit
     from skipless_jax.trainers.run import EXIT_INTERRUPTED, EXIT_PREEMPTED, Preempted
 
     try:

@@ -193,7 +193,7 @@ def test_warmup_longer_than_the_run_names_the_arg_to_add():
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_the_final_evaluation_says_what_happens(signum, caplog):
-    from skipless_jax.trainers.run import SignalFlag
+    from skipless_jax.trainers.signals import SignalFlag
 
     flag = SignalFlag()
     try:
@@ -319,16 +319,16 @@ def test_no_tool_prints_orbaxs_type_handler_warning(module):
 def test_the_trace_is_taken_once_per_run_without_python_events_or_hlo(tmp_path):
     import ml_collections
 
-    from skipless_jax.trainers import perf
+    from skipless_jax.trainers import profiler
 
     config = ml_collections.ConfigDict(dict(profile_steps=None))
-    first = perf.Profiler(config, str(tmp_path), first_step=0, total_steps=100)
+    first = profiler.Profiler(config, str(tmp_path), first_step=0, total_steps=100)
     assert first.enabled and (first.start, first.stop) == (3, 6)  # 3 steps after 2 of warm-up
     assert first.options.python_tracer_level == 0 and not first.options.enable_hlo_proto
     os.makedirs(tmp_path / "plugins" / "profile" / "2026_01_01_00_00_00")
-    assert not perf.Profiler(config, str(tmp_path), first_step=40, total_steps=100).enabled  # a resume
+    assert not profiler.Profiler(config, str(tmp_path), first_step=40, total_steps=100).enabled  # a resume
     config.profile_hlo = True
-    assert perf.Profiler(config, str(tmp_path / "other"), 0, 100).options.enable_hlo_proto
+    assert profiler.Profiler(config, str(tmp_path / "other"), 0, 100).options.enable_hlo_proto
 
 
 # ---- 6. The converters' bad inputs: one line each.

@@ -256,12 +256,12 @@ def test_the_gpt2s_recipes_hardware_time_is_its_flop_count_at_40_percent_mfu():
     H100s at 40% MFU of the bf16 peak, hours for its steps, tokens against its documents."""
     import configs.lm_gpt2s as recipe
     from skipless_jax.models import flops
-    from skipless_jax.trainers import perf
+    from skipless_jax.trainers import devices
 
     c = load_config("lm_gpt2s")
     per_sequence = flops.lm_train_flops(c.model, text.VOCAB_SIZE)
     step = per_sequence * c.input.batch_size
-    peak = perf.PEAK_TFLOPS["NVIDIA H100 80GB HBM3"] * 1e12
+    peak = devices.PEAK_TFLOPS["NVIDIA H100 80GB HBM3"] * 1e12
     doc = " ".join(recipe.__doc__.split())
     eight, one = step / (8 * peak * 0.4), step / (peak * 0.4)  # seconds per step
     for figure in (f"{per_sequence:.3g}".replace("+", ""), f"{step:.3g}".replace("+", ""),

@@ -143,7 +143,7 @@ def test_killed_peer_stops_the_other_process_without_hanging(tmp_path, tmp_path_
 
 @pytest.mark.slow
 def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path, tmp_path_factory):
-    """The one preemption rule (trainers/run.py, read by the one loop in trainers/loop.py):
+    """The one preemption rule (trainers/signals.py, read by the one loop in trainers/loop.py):
     jax.distributed's preemption service, no Python handler, so both processes save the same step
     and exit 75. Run with the DINO trainer, whose state holds the most (student, teacher, centre);
     the supervised trainer's preemption is tested in one process (tests/test_preemption.py)."""

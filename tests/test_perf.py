@@ -19,7 +19,8 @@ import pytest
 
 from skipless_jax import evaluators
 from skipless_jax.data import inputs, multicrop
-from skipless_jax.trainers import perf, run, supervised
+from skipless_jax.trainers import devices, perf, profiler, supervised
+from skipless_jax.trainers.workdir import resumed_core_hours, truncate_history
 
 from util import load_config, tiny_config
 
@@ -121,7 +122,7 @@ def test_the_trace_starts_and_stops_with_no_save_in_flight(tmp_path, monkeypatch
     trace = [i for i, e in enumerate(events) if e[0] in ("start", "stop")]
     assert [events[i] for i in trace] == [("start", False), ("stop", False)], events
     saves = [i for i, e in enumerate(events) if e[0] == "save"]
-    traced_saves = list(range(2, 2 + perf.DEFAULT_PROFILE_STEPS))  # the saves during the traced steps
+    traced_saves = list(range(2, 2 + profiler.DEFAULT_PROFILE_STEPS))  # the saves during the traced steps
     assert [events[i][1] for i in saves if trace[0] < i < trace[1]] == traced_saves, events
     for i in trace:  # the last save before each is waited for in between
         last_save = max(s for s in saves if s < i)
@@ -182,14 +183,14 @@ def test_peak_table_matches_exact_device_kinds(monkeypatch):
         "cpu": None, "NVIDIA H100 80GB HBM3e": None, "TPU v4 lite": None, "NVIDIA GeForce RTX 4090": None,
     }
     lines = []
-    monkeypatch.setattr(perf.logging, "info", lambda fmt, *args: lines.append(fmt % args))
+    monkeypatch.setattr(devices.logging, "info", lambda fmt, *args: lines.append(fmt % args))
     none = ml_collections.ConfigDict()
-    assert {k: perf.peak_tflops(none, FakeDevice(k)) for k in kinds} == kinds
+    assert {k: devices.peak_tflops(none, FakeDevice(k)) for k in kinds} == kinds
     unknown = [k for k, v in kinds.items() if v is None]
     assert len(lines) == len(unknown)
     for kind, line in zip(unknown, lines):
         assert repr(kind) in line and "--config.peak_tflops" in line
-    assert perf.peak_tflops(ml_collections.ConfigDict(dict(peak_tflops=100.0)), FakeDevice("cpu")) == 100.0
+    assert devices.peak_tflops(ml_collections.ConfigDict(dict(peak_tflops=100.0)), FakeDevice("cpu")) == 100.0
 
 
 def matmul_flops_by_hand(config: ml_collections.ConfigDict) -> float:
@@ -261,13 +262,13 @@ def test_fit_check_refuses_an_oversized_step_in_one_line():
     cost = perf.StepCost(flops=1e9, argument_bytes=3 << 30, output_bytes=3 << 30, alias_bytes=2 << 30,
                          temp_bytes=1 << 30, devices=8)
     config = tiny_config()
-    line = perf.fit_check(cost, config, limit=5 << 30)  # exactly fits: 3 + 3 − 2 + 1 GiB
+    line = devices.fit_check(cost, config, limit=5 << 30)  # exactly fits: 3 + 3 − 2 + 1 GiB
     assert line.endswith("device memory limit 5.00 GiB")
-    assert perf._gib(3 << 20) == "3.00 MiB" and perf._gib(1536) == "1.50 KiB" and perf._gib(12) == "12 B"
+    assert devices._gib(3 << 20) == "3.00 MiB" and devices._gib(1536) == "1.50 KiB" and devices._gib(12) == "12 B"
     assert line.startswith("Train step per device: arguments 3.00 GiB, outputs 3.00 GiB (2.00 GiB donated), "
                            "temporaries 1.00 GiB, 0.001 TFLOP")
     with pytest.raises(ValueError) as err:
-        perf.fit_check(cost, config, limit=(5 << 30) - 1)
+        devices.fit_check(cost, config, limit=(5 << 30) - 1)
     message = str(err.value)
     assert "\n" not in message and f"needs 5.00 GiB per device ({5 << 30} bytes)" in message
     for knob in ("config.input.batch_size=32", "config.grad_accum_steps", "config.model.remat", "config.mesh.fsdp"):
@@ -276,10 +277,10 @@ def test_fit_check_refuses_an_oversized_step_in_one_line():
 
 @pytest.mark.slow
 def test_trainer_stops_before_the_loop_when_the_step_does_not_fit(tmp_path, monkeypatch):
-    monkeypatch.setattr(perf, "memory_limit", lambda device: 1024)  # a simulated 1 KiB device
+    monkeypatch.setattr(devices, "memory_limit", lambda device: 1024)  # a simulated 1 KiB device
     # the fit check comes before the input pipeline is created: it must never be
     monkeypatch.setattr(inputs, "train_iterator", lambda *args, **kwargs: pytest.fail("input pipeline created"))
-    with pytest.raises(perf.DoesNotFit, match=r"the train step needs .* but the device has 1.00 KiB \(1024 bytes\)"):
+    with pytest.raises(devices.DoesNotFit, match=r"the train step needs .* but the device has 1.00 KiB \(1024 bytes\)"):
         supervised.train_and_evaluate(tiny_config(), str(tmp_path), devices=jax.devices()[:1])
     assert not os.path.exists(tmp_path / "history.jsonl")  # no step ran
 
@@ -302,12 +303,12 @@ def test_core_hours_continue_across_a_resume(tiny_run, tmp_path):
 
 def test_resumed_core_hours_is_the_last_record_kept(tmp_path):
     path = tmp_path / "history.jsonl"
-    assert run.resumed_core_hours(path) == 0.0
+    assert resumed_core_hours(path) == 0.0
     lines = [{"step": 4, "train_loss": 1.0, "perf/core_hours": 0.25}, {"step": 5, "test_accuracy": 0.5},
              {"step": 8, "train_loss": 0.5, "perf/core_hours": 0.75}]
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    run.truncate_history(path, 6)  # resumed at a checkpoint of step 6
-    assert run.resumed_core_hours(path) == 0.25
+    truncate_history(path, 6)  # resumed at a checkpoint of step 6
+    assert resumed_core_hours(path) == 0.25
     cost = perf.StepCost(flops=1.0, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0, devices=4)
     meter = perf.Meter(cost, 8, ml_collections.ConfigDict(), first_step=6, core_hours=0.25, flops_per_example=1.0,
                        clock=lambda: 100.0)

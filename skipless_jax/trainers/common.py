@@ -6,7 +6,9 @@ pieces each have their own home:
     skipless_jax/pretrained.py       restore precedence, saved-config check, init_from
     skipless_jax/data/device_input   host batches -> global device batches, prefetched
     trainers/nonfinite.py            the non-finite guard (in the step) and its host side
-    trainers/run.py                  Run (records, checkpoints, final metrics), the preemption rule
+    trainers/workdir.py              open_workdir: a finished run's final metrics, the resumed history
+    trainers/signals.py              the preemption rule
+    trainers/run.py                  Run (records, checkpoints, final metrics)
     trainers/loop.py                 the one training loop
 
 A trainer (supervised.py, dino.py, ...) builds its state, step and evaluation on these pieces

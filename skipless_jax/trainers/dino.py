@@ -32,7 +32,7 @@ from skipless_jax.models import dino_head, flops, roles
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
 from skipless_jax.trainers import common, image_geometry, image_trainer, loop, model_ema, nonfinite, perf
-from skipless_jax.trainers.run import open_workdir
+from skipless_jax.trainers.workdir import open_workdir
 
 EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca", "fewshot", "dino_linear")
 

@@ -36,7 +36,8 @@ from skipless_jax.data import device_input, text
 from skipless_jax.models import flops
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import Trainer, common, loop, nonfinite, perf
-from skipless_jax.trainers.run import every, open_workdir
+from skipless_jax.trainers.run import every
+from skipless_jax.trainers.workdir import open_workdir
 
 LN2 = math.log(2.0)
 

@@ -33,7 +33,7 @@ from skipless_jax.models import mae as mae_lib
 from skipless_jax.models.common import patchify, unpatchify
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common, image_geometry, image_trainer, loop, nonfinite, perf
-from skipless_jax.trainers.run import open_workdir
+from skipless_jax.trainers.workdir import open_workdir
 
 EVALUATOR_TYPES = ("knn", "linear_probe", "fewshot", "dino_linear")
 TARGETS = ("raw", "grayed")

@@ -1,6 +1,6 @@
 """How well a run uses its devices: the step compiled ahead of time with its XLA cost and
-memory (the fit check, before the loop), the perf/* fields of the train records, and the
-profiler trace of a few steps after warm-up.
+memory (the fit check, before the loop: trainers/devices.py), and the perf/* fields of the train
+records. The profiler trace is trainers/profiler.py's.
 
     step, cost = compile_for(jax.jit(train_step, ...), state, inputs.train_batch_spec(config), sharding, config)
                                                   # compiled before any data; the fit check's one line
@@ -18,50 +18,8 @@ from typing import Any, NamedTuple
 import jax
 import ml_collections
 from absl import logging
-from etils import epath
 
-DEFAULT_PROFILE_STEPS = 3
-
-# Peak dense bf16 TFLOP/s per JAX device (a TPU chip, one TPU v3 TensorCore, one GPU), by the
-# exact `device_kind` JAX reports; `config.peak_tflops` overrides it. MFU is always against this
-# bf16 peak, float32 runs included (docs/method/runs.md §25). Another kind: no perf/mfu, one log line.
-PEAK_TFLOPS = {
-    # NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4): BF16 Tensor Core 312 (624 sparse)
-    "NVIDIA A100-SXM4-40GB": 312.0,
-    "NVIDIA A100-SXM4-80GB": 312.0,
-    "NVIDIA A100-PCIE-40GB": 312.0,
-    "NVIDIA A100 80GB PCIe": 312.0,
-    # NVIDIA H100 datasheet (nvidia-tensor-core-gpu-datasheet): BF16 1,979 (SXM) / 1,513 (PCIe) /
-    # 1,671 (NVL) TFLOPS with sparsity; dense is half
-    "NVIDIA H100 80GB HBM3": 989.0,
-    "NVIDIA H100 PCIe": 756.0,
-    "NVIDIA H100 NVL": 835.0,
-    # NVIDIA H800 SXM5 / H800 PCIe datasheets (the export H100s; same Tensor Cores and clocks):
-    # BF16 1,979 / 1,513 TFLOPS with sparsity
-    "NVIDIA H800": 989.0,
-    "NVIDIA H800 PCIe": 756.0,
-    # NVIDIA H200 datasheet: BF16 1,979 (SXM) / 1,671 (NVL) TFLOPS with sparsity
-    "NVIDIA H200": 989.0,
-    "NVIDIA H200 NVL": 835.0,
-    # NVIDIA HGX B200 datasheet: FP16/BF16 4.5 PFLOPS per GPU with sparsity (36 per 8-GPU board)
-    "NVIDIA B200": 2250.0,
-    # NVIDIA L40S datasheet: BF16 Tensor Core 362.05 (733 sparse)
-    "NVIDIA L40S": 362.0,
-    # Google Cloud TPU documentation, one system-architecture page per version (TPU v3, v4, v5e,
-    # v5p, v6e): "peak compute per chip (bf16)"
-    "TPU v3": 61.5,  # 123 per v3 chip of 2 TensorCores; JAX's v3 device is one TensorCore
-    "TPU v4": 275.0,  # one device = one chip (megacore)
-    "TPU v5 lite": 197.0,  # v5e
-    "TPU v5": 459.0,  # v5p (JAX's kind for a v5p chip)
-    "TPU v5p": 459.0,
-    "TPU v6 lite": 918.0,  # v6e (Trillium)
-}
-
-
-class DoesNotFit(ValueError):
-    """The compiled train step needs more memory than a device has (one line: bytes and knobs)."""
-
-    exit_status = 1  # cli.exit_status: the run does not fit, whatever the command line
+from skipless_jax.trainers.devices import fit_check, peak_tflops
 
 
 class StepCost(NamedTuple):
@@ -94,57 +52,6 @@ def compile_step(jitted: Any, *args: Any, devices: int = 1) -> tuple[Any, StepCo
         temp_bytes=int(mem.temp_size_in_bytes),
         devices=devices,
     )
-
-
-def memory_limit(device: jax.Device) -> int | None:
-    """The bytes the device says it can hold (`memory_stats()['bytes_limit']`), None where unknown (CPU)."""
-    try:
-        stats = device.memory_stats()
-    except Exception:  # backends without memory stats
-        return None
-    return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
-
-
-def _gib(n: float) -> str:
-    """Bytes in the largest binary unit that keeps them >= 1 (GiB at most)."""
-    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.2f} {unit}"
-    return f"{int(n)} B"
-
-
-def fit_check(cost: StepCost, config: ml_collections.ConfigDict, limit: int | None = None) -> str:
-    """Logs the step's per-device bytes and FLOPs in one line and returns it; a one-line
-    DoesNotFit (a ValueError) if the devices report a memory `limit` (default: the first local device's) that
-    the step exceeds, naming the knobs that shrink it."""
-    limit = memory_limit(jax.local_devices()[0]) if limit is None else limit
-    line = (
-        f"Train step per device: arguments {_gib(cost.argument_bytes)}, outputs {_gib(cost.output_bytes)} "
-        f"({_gib(cost.alias_bytes)} donated), temporaries {_gib(cost.temp_bytes)}, "
-        f"{cost.flops / 1e12:.4g} TFLOP; device memory limit {_gib(limit) if limit else 'unknown'}"
-    )
-    logging.info("%s", line)
-    if limit is not None and cost.bytes_needed > limit:
-        raise DoesNotFit(
-            f"the train step needs {_gib(cost.bytes_needed)} per device ({cost.bytes_needed} bytes) but the device "
-            f"has {_gib(limit)} ({limit} bytes); lower config.input.batch_size={config.input.batch_size}, raise "
-            f"config.grad_accum_steps={config.get('grad_accum_steps', 1)}, set config.model.remat=True or shard "
-            f"the state over more devices (config.mesh.fsdp={config.mesh.get('fsdp', 1)})"
-        )
-    return line
-
-
-def peak_tflops(config: ml_collections.ConfigDict, device: jax.Device) -> float | None:
-    """`config.peak_tflops`, else the PEAK_TFLOPS entry of the device's exact kind; None (and one
-    log line naming the kind and `--config.peak_tflops`) for a kind the table does not list."""
-    if config.get("peak_tflops"):
-        return float(config.peak_tflops)
-    kind = device.device_kind
-    if kind not in PEAK_TFLOPS:
-        logging.info("No bf16 peak for device kind %r: no perf/mfu; pass --config.peak_tflops=<TFLOP/s per "
-                     "device> to get it.", kind)
-        return None
-    return PEAK_TFLOPS[kind]
 
 
 def model_flops_per_example(config: ml_collections.ConfigDict) -> tuple[float, float]:
@@ -188,7 +95,7 @@ class Meter:
                  core_hours: float = 0.0, core_hours_total: float = 0.0, flops_per_example: float | None = None,
                  clock: Callable[[], float] = time.perf_counter):
         """`first_step`: the loop's first step is first_step + 1, from now on; `core_hours`,
-        `core_hours_total`: the run's counts up to first_step (`run.resumed_core_hours`), which
+        `core_hours_total`: the run's counts up to first_step (`workdir.resumed_core_hours`), which
         this one continues; `flops_per_example`: default `model_flops_per_example(config)`."""
         self.devices, self.core_hours, self.core_hours_total = cost.devices, core_hours, core_hours_total
         self.xla_flops, self.images = cost.flops, images_per_step
@@ -252,66 +159,6 @@ class Meter:
         if self.peak:
             out["perf/mfu"] = out["perf/tflops_per_device"] / self.peak
         return out
-
-
-class Profiler:
-    """Traces `config.profile_steps` steps (default 3; 0 off) after `warmup` steps past the
-    first, on process 0, into `<workdir>/plugins/profile/` (TensorBoard's profile layout), once
-    per run: a resumed run whose workdir holds a trace traces nothing.
-
-    The trace is the device and runtime events without the Python tracer's, and without the
-    compiled programs' HLO unless `config.profile_hlo` (TensorBoard's op profile and memory
-    viewer need it): about 0.5 MB a step for the quickstart on CPU, 1.9 MB in all, against
-    10.6 MB with JAX's defaults (Python events, HLO; 5 steps).
-
-    `settle` (e.g. the checkpoint manager's `wait_until_finished`) is called before the trace
-    starts and before it stops: XLA's profiler can crash (a segfault, seen in a two-process CPU
-    run) collecting a trace while orbax's background save threads copy arrays, so no save is in
-    flight at either moment. Saves during the traced steps are in the trace, as in a real run.
-    `excluded` (the meter's): the settling and the trace's start and stop, after the traced
-    steps finish, are not training time.
-    """
-
-    def __init__(self, config: ml_collections.ConfigDict, workdir: str, first_step: int, total_steps: int,
-                 warmup: int = 2, settle: Callable[[], None] = lambda: None,
-                 excluded: Callable[[], Any] = contextlib.nullcontext):
-        steps = config.get("profile_steps", DEFAULT_PROFILE_STEPS)
-        steps = DEFAULT_PROFILE_STEPS if steps is None else int(steps)
-        self.start = first_step + warmup + 1
-        self.stop = min(self.start + steps, total_steps + 1)
-        self.enabled = (steps > 0 and jax.process_index() == 0 and self.start < self.stop
-                        and not has_trace(workdir))
-        self.workdir, self.settle, self.excluded, self.active = workdir, settle, excluded, False
-        self.options = jax.profiler.ProfileOptions()
-        self.options.python_tracer_level = 0
-        self.options.enable_hlo_proto = bool(config.get("profile_hlo", False))
-
-    def after_step(self, step: int, state: Any) -> None:
-        """Called after each step: the trace begins after step start - 1 and ends after stop - 1."""
-        if self.enabled and not self.active and step == self.start - 1:
-            jax.block_until_ready(state)  # earlier steps' device work stays out of the trace
-            with self.excluded():
-                self.settle()
-                jax.profiler.start_trace(self.workdir, profiler_options=self.options)
-            self.active = True
-        elif self.active and step >= self.stop - 1:
-            self.close(state)
-
-    def close(self, state: Any = None) -> None:
-        if self.active:
-            if state is not None:
-                jax.block_until_ready(state)  # the traced steps' device work ends inside the trace
-            with self.excluded():
-                self.settle()
-                jax.profiler.stop_trace()
-            self.active = False
-            logging.info("Profile of steps %d-%d in %s/plugins/profile/", self.start, self.stop - 1, self.workdir)
-
-
-def has_trace(workdir: str) -> bool:
-    """Whether `workdir` holds a profiler trace (a run folder under plugins/profile/)."""
-    folder = epath.Path(workdir, "plugins", "profile")
-    return folder.is_dir() and any(folder.iterdir())
 
 
 def compile_for(

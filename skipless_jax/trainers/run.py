@@ -1,7 +1,8 @@
-"""One run's bookkeeping, the helpers the one training loop (trainers/loop.py) calls: whether the
-workdir already holds a finished run, the one preemption/SIGTERM rule, and `Run` (TensorBoard and
-`history.jsonl` records, checkpoints — never a non-finite one —, final metrics written only by a
-run that reached its last step). The loop decides when each is called.
+"""One run's bookkeeping, the helpers the one training loop (trainers/loop.py) calls: `Run`
+(TensorBoard and `history.jsonl` records, checkpoints — never a non-finite one —, final metrics
+written only by a run that reached its last step). The loop decides when each is called. Whether
+the workdir already holds a finished run is trainers/workdir.py's; the preemption/SIGTERM rule,
+trainers/signals.py's.
 
     mngr, finished = open_workdir(config, workdir, total_steps, allow_config_change)
     run = Run(config, workdir, mngr, total_steps, first_step, guarded_parts(abstract_state))
@@ -13,10 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -26,12 +24,14 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from skipless_jax import checkpoint, workdir_lock
+from skipless_jax import checkpoint
 from skipless_jax.nested import flatten
-from skipless_jax.pretrained import check_saved_config
 from skipless_jax.trainers import perf, wandb_writer, writers
 from skipless_jax.trainers.nonfinite import NonFiniteError, all_finite, inexact_names, nonfinite_error
 from skipless_jax.trainers.outcome import EXIT_INTERRUPTED, EXIT_PREEMPTED, FINAL_METRICS, HISTORY  # noqa: F401
+from skipless_jax.trainers.profiler import Profiler
+from skipless_jax.trainers.signals import SignalFlag, stop_rule
+from skipless_jax.trainers.workdir import resumed_core_hours, truncate_history
 
 
 class Preempted(Exception):
@@ -42,151 +42,6 @@ class Preempted(Exception):
         what = "interrupted" if interrupted else "preempted"
         super().__init__(f"{what} at step {step}; checkpoint saved, rerun the same command to resume")
         self.step, self.interrupted = step, interrupted
-
-
-def read_final_metrics(workdir: str) -> dict[str, Any] | None:
-    """The workdir's final metrics; None when the file is missing or unreadable (one warning naming it)."""
-    path = epath.Path(workdir, FINAL_METRICS)
-    if not path.exists():
-        return None
-    try:
-        final = json.loads(path.read_text())
-    except (ValueError, OSError) as err:
-        logging.warning("%s is unreadable (%s); it is not used.", path, err)
-        return None
-    return final if isinstance(final, dict) else None
-
-
-def open_workdir(
-    config: ml_collections.ConfigDict, workdir: str, total_steps: int, allow_config_change: bool,
-    derived: Mapping[str, Any] | None = None,
-) -> tuple[Any, dict[str, Any] | None]:
-    """(checkpoint manager of `workdir`, the final metrics if the run already finished there, else None).
-
-    The saved config is compared first (`check_saved_config` with the trainer's `derived` values,
-    in every process); whether the run
-    finished is decided once, by process 0, and broadcast (`agreed`), so that no process resumes
-    while another stops. A finished run's manager is closed.
-    """
-    mngr = checkpoint.manager(workdir, keep=config.get("keep_checkpoints", 3))
-    finished = agreed(finished_run(config, workdir, mngr, total_steps, allow_config_change, derived))
-    if finished is not None:
-        logging.info("%s already finished at step %d; its final metrics are unchanged.", workdir, total_steps)
-        mngr.close()
-    return mngr, finished
-
-
-def agreed(value: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Process 0's `value` (a JSON dict or None) in every process; itself with one process."""
-    if jax.process_count() == 1:
-        return value
-    from jax.experimental import multihost_utils
-
-    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
-    size = int(multihost_utils.broadcast_one_to_all(np.int32(len(data))))
-    padded = np.zeros(size, np.uint8)
-    padded[: min(size, len(data))] = data[:size]
-    return json.loads(np.asarray(multihost_utils.broadcast_one_to_all(padded)).astype(np.uint8).tobytes())
-
-
-def finished_run(
-    config: ml_collections.ConfigDict, workdir: str, mngr: Any, total_steps: int, allow_config_change: bool,
-    derived: Mapping[str, Any] | None = None,
-) -> dict[str, Any] | None:
-    """Before anything is restored: the saved config must match (`check_saved_config`); then the
-    final metrics of a run that already reached `total_steps` in `workdir`, else None."""
-    changed = check_saved_config(config, workdir, allow_config_change, derived)
-    final = read_final_metrics(workdir)
-    if (
-        changed
-        or final is None
-        or final.get("step") != total_steps
-        or not set(final) - {"step"}  # `{"step": N}`: what a rerun wrote before final_evaluation existed
-        or max(mngr.all_steps(), default=None) != total_steps
-    ):
-        return None
-    return final
-
-
-def truncate_history(path: epath.Path, last_step: int) -> None:
-    """Keeps the records of `path` up to `last_step` (a resumed run's checkpoint), once at start;
-    a line cut short by a crash is dropped."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] <= last_step:
-                kept.append(line)
-        except (ValueError, KeyError, TypeError):
-            continue
-    path.write_text("".join(f"{line}\n" for line in kept))
-
-
-def resumed_core_hours(path: epath.Path, key: str = "perf/core_hours") -> float:
-    """The `key` (perf/core_hours or perf/core_hours_total) of the last record of `path` (history
-    truncated to the resumed checkpoint), which a resumed run continues; 0.0 without one. The
-    time between that record and the checkpoint is not counted (at most a log period's)."""
-    if not path.exists():
-        return 0.0
-    hours = 0.0
-    for line in path.read_text().splitlines():
-        hours = json.loads(line).get(key, hours)
-    return float(hours)
-
-
-class SignalFlag:
-    """Records SIGTERM, or a first Ctrl-C (SIGINT), so that the loop saves a checkpoint and stops
-    at the next step; a second Ctrl-C exits at once (status 130). `close` puts back the handlers
-    it replaced."""
-
-    def __init__(self):
-        self.raised = self.interrupted = False
-        self.final = False  # the last step is saved and its final evaluation runs (Run.last_step_saved)
-        self._previous = {}
-        with contextlib.suppress(ValueError):  # not the main thread (e.g. a test runner thread)
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self._previous[signum] = signal.signal(signum, self._handler)
-
-    def _handler(self, signum, frame):
-        if signum == signal.SIGINT and self.interrupted:
-            print("Interrupted again: exiting now, without saving (exit status 130).", file=sys.stderr, flush=True)
-            workdir_lock.release_held()
-            os._exit(EXIT_INTERRUPTED)  # at once: no pending save or writer is waited for
-        if signum == signal.SIGINT:
-            self.interrupted = True
-        if self.final:
-            logging.warning("%s during the final evaluation: the last step is saved; the evaluation finishes, "
-                            "then the run ends (exit status 0)%s.", "Ctrl-C" if signum == signal.SIGINT else
-                            f"Received signal {signum}", ", Ctrl-C again exits at once (rerun to evaluate again)"
-                            if signum == signal.SIGINT else "")
-        elif signum == signal.SIGINT:
-            logging.warning("Ctrl-C: saving this step, then stopping (Ctrl-C again exits at once, without saving).")
-        else:
-            logging.warning("Received signal %d: will checkpoint and stop after this step.", signum)
-        self.raised = True
-
-    def close(self) -> None:
-        for signum, handler in self._previous.items():
-            with contextlib.suppress(ValueError, TypeError):
-                signal.signal(signum, handler)
-        self._previous = {}
-
-
-def stop_rule(mngr: Any, flag: SignalFlag | None = None) -> Callable[[int], bool]:
-    """step -> whether to save and stop now.
-
-    One process: `flag` (SIGTERM, a first Ctrl-C; made here when not given) and orbax's
-    preemption notice. Several: only
-    jax.distributed's preemption service, which catches SIGTERM and makes
-    `mngr.reached_preemption(step)` true at the same step in every process; a Python handler
-    would replace it, and the signalled process would save while the others keep stepping (a hang).
-    """
-    if jax.process_count() > 1:
-        flag = None
-    elif flag is None:
-        flag = SignalFlag()
-    return lambda step: bool(mngr.reached_preemption(step) or (flag is not None and flag.raised))
 
 
 def stack_metrics(metrics: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
@@ -251,8 +106,8 @@ class Run:
                          for k in ("perf/core_hours", "perf/core_hours_total")))
             if cost and images_per_step else None
         )
-        self.profiler = perf.Profiler(config, workdir, first_step, total_steps, settle=self.wait_for_saves,
-                                      excluded=self.excluded)
+        self.profiler = Profiler(config, workdir, first_step, total_steps, settle=self.wait_for_saves,
+                                 excluded=self.excluded)
 
     def record(
         self, step: int, values: Mapping[str, float], prefix: str, named: Mapping[str, float] | None = None

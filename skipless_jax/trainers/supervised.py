@@ -25,7 +25,7 @@ from skipless_jax.data import device_images, device_mix, inputs, sources
 from skipless_jax.models import flops, roles
 from skipless_jax.optim import build_optimizer
 from skipless_jax.trainers import common, image_geometry, image_trainer, loop, model_ema, nonfinite, perf
-from skipless_jax.trainers.run import open_workdir
+from skipless_jax.trainers.workdir import open_workdir
 
 EVALUATOR_TYPES = (
     "classification", "knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca", "fewshot", "dino_linear",
