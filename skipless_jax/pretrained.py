@@ -1,4 +1,4 @@
-"""Loading what a run starts from, next to `checkpoint.py`: the restore precedence (the workdir's
+"""Loading what a run starts from, next to `checkpoint/`: the restore precedence (the workdir's
 newest good checkpoint > `config.resume` > `config.init_from` > scratch), the comparison of a
 rerun's config with the one saved in the checkpoint, and `init_from` with a parameter name map
 and position-table resizing (docs/method/ssl.md §9)."""

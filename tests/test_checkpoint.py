@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 from skipless_jax import checkpoint
+from skipless_jax.checkpoint import integrity
 
 GARBAGE = 64  # bytes written over the data file
 
@@ -175,13 +176,13 @@ def test_host_checksums_equal_the_device_program():
         "empty": jnp.zeros((0, 4), jnp.float32),
     }
     for name, x in leaves.items():
-        host = checkpoint._host_words(x)
+        host = integrity._host_words(x)
         assert host is not None, name
-        want = np.asarray(checkpoint._checksums_of((x,)))[0]
-        np.testing.assert_array_equal(checkpoint._host_checksum(host), want, err_msg=name)
+        want = np.asarray(integrity._checksums_of((x,)))[0]
+        np.testing.assert_array_equal(integrity._host_checksum(host), want, err_msg=name)
     spanning = jax.device_put(leaves["f32"], NamedSharding(_mesh((8,), ("a",)), P()))
-    assert checkpoint._host_words(spanning) is not None  # replicated on this process's devices
-    assert checkpoint._host_words(jnp.zeros(3, jnp.complex64)) is None  # complex: the device program
+    assert integrity._host_words(spanning) is not None  # replicated on this process's devices
+    assert integrity._host_words(jnp.zeros(3, jnp.complex64)) is None  # complex: the device program
 
 
 def test_damaged_newest_checkpoint_is_never_resumed_from(saved, tmp_path, caplog):
