@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from skipless_jax import checkpoint, cli, config_args
-from skipless_jax.checkpoint import save_restore
+from skipless_jax.checkpoint import orbax_io
 
 import subprocess_runs as sr
 
@@ -127,17 +127,17 @@ def test_opt_arg_takes_the_documented_optimizers_only():
 
 
 def test_orbax_private_path_is_where_the_checked_versions_keep_it():
-    """Fails loudly when orbax moves its array-metadata store: update checkpoint/save_restore.py's shim."""
+    """Fails loudly when orbax moves its array-metadata store: update checkpoint/orbax_io.py's shim."""
     import orbax.checkpoint as ocp
 
-    assert ocp.__version__ in save_restore.ORBAX_PRIVATE_PATH_CHECKED, (
-        f"orbax {ocp.__version__}: check checkpoint/save_restore.py's _array_metadata_store and add the version")
+    assert ocp.__version__ in orbax_io.ORBAX_PRIVATE_PATH_CHECKED, (
+        f"orbax {ocp.__version__}: check checkpoint/orbax_io.py's _array_metadata_store and add the version")
     from orbax.checkpoint._src.metadata import array_metadata_store
 
     handler = ocp.type_handlers.get_type_handler(jax.Array)
-    assert isinstance(save_restore._array_metadata_store(), array_metadata_store.Store)
+    assert isinstance(orbax_io._array_metadata_store(), array_metadata_store.Store)
     assert isinstance(handler._array_metadata_store, array_metadata_store.Store)
-    assert handler._min_slice_bytes_for_replica_parallel == save_restore.REPLICA_PARALLEL_MIN_BYTES
+    assert handler._min_slice_bytes_for_replica_parallel == orbax_io.REPLICA_PARALLEL_MIN_BYTES
 
 
 def _record(path: str, level: int, msg: str, exc: bool = False) -> std_logging.LogRecord:

@@ -31,7 +31,7 @@ ALLOWED_CYCLES: list[frozenset[str]] = []
 ALLOWED_PRIVATE: list[tuple[str, str]] = []  # (using module, "module._name")
 ALLOWED_LIBRARY_INTERNAL: list[tuple[str, str]] = [  # (using module, imported path)
     # orbax's array-metadata store (issue 31: the public API, or one shim with a version check).
-    ("skipless_jax.checkpoint.save_restore", "orbax.checkpoint._src.metadata.array_metadata_store"),
+    ("skipless_jax.checkpoint.orbax_io", "orbax.checkpoint._src.metadata.array_metadata_store"),
 ]
 
 

@@ -13,8 +13,9 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from skipless_jax.checkpoint import integrity, save_restore
-from skipless_jax.checkpoint.save_restore import META, STATE, CorruptCheckpointError
+from skipless_jax.checkpoint import integrity, orbax_io, save_restore
+from skipless_jax.checkpoint.orbax_io import META, STATE
+from skipless_jax.checkpoint.save_restore import CorruptCheckpointError
 
 
 def restore_from_path(path: str, abstract_state: Any) -> tuple[int, Any, dict[str, Any]]:
@@ -23,19 +24,19 @@ def restore_from_path(path: str, abstract_state: Any) -> tuple[int, Any, dict[st
     A workdir or folder: its newest good checkpoint (as `restore_latest`, nothing moved). One
     step folder: that step, or CorruptCheckpointError when its values differ from the saved ones.
     """
-    path = save_restore.abs_path(path)
+    path = orbax_io.abs_path(path)
     candidates = [os.path.join(path, "checkpoints"), path]
     for directory in candidates:
-        if save_restore.is_dir(directory):
-            mngr = save_restore.read_only_manager(directory)
+        if orbax_io.is_dir(directory):
+            mngr = orbax_io.read_only_manager(directory)
             if mngr.all_steps():
                 found = save_restore.restore_latest(mngr, abstract_state, set_aside=False)  # another run's files
                 mngr.close()
                 if found is not None:
                     return found
     parent, name = os.path.split(path)
-    if name.isdigit() and save_restore.is_dir(parent):
-        mngr = save_restore.read_only_manager(parent)
+    if name.isdigit() and orbax_io.is_dir(parent):
+        mngr = orbax_io.read_only_manager(parent)
         args = save_restore.full_args(save_restore.entries(abstract_state))
         restored = mngr.restore(int(name), args=ocp.args.Composite(**args))
         mngr.close()
@@ -54,9 +55,9 @@ def restore_params(path: str, abstract_params: Any, key: str = "params") -> tupl
     the checkpoint is not read. The arrays read are verified against the saved checksums; a
     checkpoint that fails to read or verify is reported and the one before it is used.
     """
-    path = save_restore.abs_path(path)
-    directory = os.path.join(path, "checkpoints") if save_restore.is_dir(os.path.join(path, "checkpoints")) else path
-    mngr = save_restore.read_only_manager(directory)
+    path = orbax_io.abs_path(path)
+    directory = os.path.join(path, "checkpoints") if orbax_io.is_dir(os.path.join(path, "checkpoints")) else path
+    mngr = orbax_io.read_only_manager(directory)
     args = {
         STATE: ocp.args.PyTreeRestore(
             item={key: abstract_params},
@@ -97,7 +98,7 @@ def load_raw(workdir: str, step: int | None = None, verify: bool = True) -> tupl
     or number of processes reads in one process. With `verify`, values that differ from the
     saved checksums raise CorruptCheckpointError.
     """
-    mngr = save_restore.metadata_manager(os.path.join(save_restore.abs_path(workdir), "checkpoints"))
+    mngr = orbax_io.metadata_manager(os.path.join(orbax_io.abs_path(workdir), "checkpoints"))
     step = max(mngr.all_steps()) if step is None else step
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(
@@ -122,17 +123,17 @@ def saved_config(workdir_or_checkpoint_dir: str, step: int | None = None) -> dic
     checkpoint (of that step) or it holds no config. A newest checkpoint whose `meta` does not
     read is skipped for the one before it (when no step is given).
     """
-    path = save_restore.abs_path(workdir_or_checkpoint_dir)
+    path = orbax_io.abs_path(workdir_or_checkpoint_dir)
     parent, name = os.path.split(path.rstrip("/"))
-    if save_restore.is_dir(os.path.join(path, "checkpoints")):
+    if orbax_io.is_dir(os.path.join(path, "checkpoints")):
         directory = os.path.join(path, "checkpoints")
-    elif name.isdigit() and save_restore.is_dir(os.path.join(path, META)):  # one step folder
+    elif name.isdigit() and orbax_io.is_dir(os.path.join(path, META)):  # one step folder
         directory, step = parent, int(name) if step is None else step
     else:
         directory = path
-    if not save_restore.is_dir(directory):
+    if not orbax_io.is_dir(directory):
         return None
-    mngr = save_restore.read_only_manager(directory)
+    mngr = orbax_io.read_only_manager(directory)
     try:
         steps = sorted(mngr.all_steps(), reverse=True)
         if step is not None:
@@ -156,11 +157,11 @@ def saved_config(workdir_or_checkpoint_dir: str, step: int | None = None) -> dic
 def _metadata_tree(path: str) -> Any:
     """The state tree (shapes, dtypes) of the newest checkpoint at `path` (a workdir or its
     checkpoints/ folder), from the metadata alone (no array is read)."""
-    path = save_restore.abs_path(path)
-    directory = os.path.join(path, "checkpoints") if save_restore.is_dir(os.path.join(path, "checkpoints")) else path
-    if not save_restore.is_dir(directory):
+    path = orbax_io.abs_path(path)
+    directory = os.path.join(path, "checkpoints") if orbax_io.is_dir(os.path.join(path, "checkpoints")) else path
+    if not orbax_io.is_dir(directory):
         raise FileNotFoundError(f"no checkpoint at {path!r}")
-    mngr = save_restore.metadata_manager(directory)
+    mngr = orbax_io.metadata_manager(directory)
     try:
         steps = mngr.all_steps()
         if not steps:
@@ -180,7 +181,7 @@ def param_shapes(path: str, key: str = "params") -> dict[str, tuple[int, ...]]:
     at `path` (a workdir or its checkpoints/ folder), from the metadata alone (no array is read)."""
     tree = _metadata_tree(path)
     if key not in tree:
-        raise ValueError(f"the checkpoint at {save_restore.abs_path(path)!r} has no {key!r} (it has {sorted(tree)})")
+        raise ValueError(f"the checkpoint at {orbax_io.abs_path(path)!r} has no {key!r} (it has {sorted(tree)})")
     from skipless_jax.sharding import path_str  # the names trainers and rules use
 
     return {path_str(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree[key])[0]}

@@ -1,5 +1,5 @@
 """A run's checkpoints: async saves, keep-N, and the restore of the newest good one onto the
-target shardings, with one-line errors for a full disk and an incompatible checkpoint.
+target shardings; a checkpoint written for other parameters is a one-line error.
 
 A checkpoint holds the train state (step, params, optimizer state, RNG, the non-finite
 counters) plus a small JSON `meta` item (the data position, the config, and the state's
@@ -9,12 +9,8 @@ step is the data iterator's state.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
 import os
-import re
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -25,8 +21,8 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from skipless_jax.checkpoint import integrity
-
-STATE, META = "state", "meta"
+from skipless_jax.checkpoint.disk_full import disk_full_as_one_error
+from skipless_jax.checkpoint.orbax_io import META, STATE, abs_path, metadata_manager
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -39,124 +35,6 @@ class CorruptCheckpointError(ValueError):
     """A checkpoint whose restored values differ from the ones saved (their checksums)."""
 
     exit_status = 1
-
-
-class DiskFullError(OSError):
-    """A save that failed for lack of space; the checkpoints saved before it are kept."""
-
-
-def _disk_full(err: BaseException) -> bool:
-    """Whether `err` (or what caused it) is a full disk: ENOSPC, or tensorstore's RESOURCE_EXHAUSTED."""
-    seen = 0
-    while err is not None and seen < 20:
-        if getattr(err, "errno", None) == errno.ENOSPC or any(
-                k in str(err) for k in ("RESOURCE_EXHAUSTED", "No space left on device")):
-            return True
-        err, seen = err.__cause__ or err.__context__, seen + 1
-    return False
-
-
-def disk_full_write(err: BaseException, workdir: str) -> DiskFullError | None:
-    """A write in `workdir` other than a checkpoint save (the profiler trace, history.jsonl, the
-    event files, the final metrics) that failed for lack of space, as one DiskFullError naming the
-    file and the last good checkpoint; None for any other error (ENOSPC or 'No space left on
-    device' only: a bare RESOURCE_EXHAUSTED may be a device's memory)."""
-    seen = 0
-    while err is not None and seen < 20:
-        text = str(err)
-        if getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in text:
-            what = getattr(err, "filename", None) or _last_path(text.split("No space left on device")[0]) \
-                or f"a file in {workdir}"
-            good = _finished_in(os.path.join(abs_path(workdir), "checkpoints"))
-            return DiskFullError(
-                f"the disk is full: writing {what} failed (No space left on device); "
-                f"{f'the last good checkpoint is step {max(good)}, kept' if good else 'no checkpoint was saved yet'}; "
-                "free space and rerun the same command to resume")
-        err, seen = err.__cause__ or err.__context__, seen + 1
-    return None
-
-
-def _last_path(text: str) -> str | None:
-    """The last file path (or bucket URL) in a library's error text, without its quotes and
-    brackets ('... "/w/run/x.pb": [OS error 28] ...' -> '/w/run/x.pb'); None if it names none."""
-    paths = re.findall(r"(?:\b[a-z][a-z0-9+]*://|(?<![\w.])/)[^\s\"'\[\]();,]+", text)
-    return paths[-1].rstrip(":.") if paths else None
-
-
-@contextlib.contextmanager
-def disk_full_as_one_error(mngr: ocp.CheckpointManager, step: int | None) -> Iterator[None]:
-    """Turns a full disk under `mngr` (a save, or its async completion) into DiskFullError: one line
-    naming the folder and the last good checkpoint."""
-    try:
-        yield
-    except Exception as err:
-        if not _disk_full(err):
-            raise
-        good = _finished_steps(mngr)  # a failed save never got its final name
-        raise DiskFullError(
-            f"the disk is full: a checkpoint save in {mngr.directory} failed (No space left on device; step "
-            f"{step}, or the save before it still finishing in the background); the last good checkpoint is "
-            f"{f'step {max(good)}' if good else 'none'}, kept; free space and rerun the same command to resume"
-        ) from None
-
-
-def _finished_steps(mngr: ocp.CheckpointManager) -> list[int]:
-    """The step folders on disk that orbax finished (renamed to their number)."""
-    return _finished_in(mngr.directory)
-
-
-def _finished_in(checkpoints: str) -> list[int]:
-    directory = epath.Path(checkpoints)
-    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
-
-
-def abs_path(path: str) -> str:
-    """Absolute local paths; bucket URLs (gs://...) unchanged."""
-    return path if "://" in path else os.path.abspath(path)
-
-
-def is_dir(path: str) -> bool:
-    return epath.Path(path).is_dir()  # local folders and buckets alike
-
-
-# Orbax writes a replicated array cooperatively, each replica a slice (replica-parallel), and
-# each slice of a new shape is a compiled program. Only arrays of ≥ 4 MiB per replica are split
-# (the large kernels and optimizer moments, where parallel writing pays); smaller ones are
-# written whole by one replica. The handler is otherwise orbax's default (orbax 0.12.8).
-REPLICA_PARALLEL_MIN_BYTES = 4 << 20
-
-
-# The orbax versions whose array-metadata store sits at the private path below (the public API
-# does not export it); tests/test_lifecycle.py fails loudly when the installed orbax moves it.
-ORBAX_PRIVATE_PATH_CHECKED = ("0.12.8",)
-
-
-def _array_metadata_store() -> Any:
-    """orbax's array-metadata store (what its default jax.Array handler is built with): the one
-    use of a private orbax path, behind a version check; None (orbax's handler kept, every
-    replicated array written replica-parallel) on another orbax where the path is gone."""
-    if ocp.__version__ not in ORBAX_PRIVATE_PATH_CHECKED:
-        logging.warning("orbax %s is not one of %s that skipless_jax.checkpoint was checked with",
-                        ocp.__version__, ORBAX_PRIVATE_PATH_CHECKED)
-    try:
-        from orbax.checkpoint._src.metadata import array_metadata_store
-    except ImportError:
-        return None
-    return array_metadata_store.Store()
-
-
-def _register_array_handler() -> None:
-    store = _array_metadata_store()
-    if store is None:
-        logging.warning("orbax %s: no array-metadata store at the checked path; its default array handler is kept",
-                        ocp.__version__)
-        return
-    handler = ocp.type_handlers.ArrayHandler(array_metadata_store=store,
-                                             min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES)
-    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
-
-
-_register_array_handler()
 
 
 def manager(workdir: str, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
@@ -338,22 +216,3 @@ def _set_aside(mngr: ocp.CheckpointManager, step: int) -> None:
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(f"checkpoint_set_aside_{step}")
     mngr.reload()
-
-
-
-def read_only_manager(directory: str) -> ocp.CheckpointManager:
-    """A read-only manager of another run's (or this run's) checkpoint folder."""
-    return ocp.CheckpointManager(
-        directory, item_names=(STATE, META), options=ocp.CheckpointManagerOptions(read_only=True, create=False)
-    )
-
-
-
-def metadata_manager(directory: str) -> ocp.CheckpointManager:
-    """A read-only manager of `directory` that knows the items' handlers (for their metadata)."""
-    return ocp.CheckpointManager(
-        directory,
-        item_handlers={STATE: ocp.StandardCheckpointHandler(), META: ocp.JsonCheckpointHandler()},
-        options=ocp.CheckpointManagerOptions(read_only=True, create=False),
-    )
-
