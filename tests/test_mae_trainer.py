@@ -18,7 +18,7 @@ from skipless_jax.models.common import posemb_sincos_2d, resize_posemb
 from skipless_jax.models.vit import layer_id as vit_layer_id
 from skipless_jax.optim import build_optimizer
 from skipless_jax.pretrained import init_from, posemb_extra, resize_posemb_table
-from skipless_jax.trainers import common, mae, nonfinite, supervised
+from skipless_jax.trainers import common, mae, nonfinite, supervised, warm_start
 
 from util import init_params, load_config
 
@@ -152,7 +152,7 @@ def test_position_table_is_resized_for_another_grid(pretrained):
     params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 1)))["params"]
     one = jax.sharding.Mesh(jax.devices()[:1], ("data",))
     repl = jax.tree.map(lambda _: NamedSharding(one, PartitionSpec()), params)
-    rename = supervised.init_from_rename("params", checkpoint.saved_config(workdir))
+    rename = warm_start.classifier_rename("params", checkpoint.saved_config(workdir))
     loaded = init_from(workdir, params, repl, "params", rename)
     grid4 = posemb_sincos_2d(4, 4, 32)
     expected = np.concatenate([np.zeros((1, 1, 32)), np.asarray(resize_posemb(grid4, 8, 8))], axis=1)

@@ -38,9 +38,9 @@ def test_apply_init_self_share_leaves_the_config_as_given():
     assert models.apply_init_self_share(config.model, image_size) == (config.model, None)
 
 
-def test_init_from_loader_returns_a_new_state(monkeypatch):
+def test_warm_start_loader_returns_a_new_state(monkeypatch):
     from skipless_jax import pretrained
-    from skipless_jax.trainers import common, dino, nonfinite
+    from skipless_jax.trainers import dino, nonfinite, warm_start
 
     loaded = {"w": jnp.full((2, 3), 7.0)}
     calls = []
@@ -58,7 +58,7 @@ def test_init_from_loader_returns_a_new_state(monkeypatch):
                            nonfinite=nonfinite.init_nonfinite())  # frozen: a write raises
     given = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    out = common.init_from_loader(config, tx, types.SimpleNamespace(params=device, opt_state=device))(state)
+    out = warm_start.loader(config, tx, types.SimpleNamespace(params=device, opt_state=device))(state)
     assert all(getattr(state, k) is given[k] for k in given)  # the same entries, untouched
     assert calls == [("/source/run", "params")] and out is not state
     np.testing.assert_array_equal(out.params["w"], loaded["w"])

@@ -14,7 +14,7 @@ import pytest
 
 from skipless_jax import checkpoint, config_blocks, pretrained
 from skipless_jax.data import pipeline, sources
-from skipless_jax.trainers import supervised
+from skipless_jax.trainers import supervised, warm_start
 
 from util import one_device, read_scalars, tiny_config
 
@@ -321,7 +321,7 @@ def test_init_from_a_dino_teacher_maps_the_backbone_and_keeps_a_fresh_head(tmp_p
     params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
     replicated = NamedSharding(jax.sharding.Mesh(one, ("data",)), PartitionSpec())
     repl = jax.tree.map(lambda _: replicated, params)
-    loaded = pretrained.init_from(config.init_from, params, repl, "teacher", supervised.init_from_rename("teacher"))
+    loaded = pretrained.init_from(config.init_from, params, repl, "teacher", warm_start.classifier_rename("teacher"))
     np.testing.assert_array_equal(loaded["block_0"]["MlpBlock_0"]["Dense_0"]["kernel"],
                                   saved["teacher"]["backbone"]["block_0"]["MlpBlock_0"]["Dense_0"]["kernel"])
     np.testing.assert_array_equal(loaded["pos_embedding"], saved["teacher"]["backbone"]["pos_embedding"])

@@ -15,7 +15,7 @@ Who reads roles (never names): the reference inits (`init_schemes.RULES`: role -
 weight-decay masks (`optim.decay_mask`, DINO's `dino_decay_mask`), Muon's matrices
 (`optim.muon_labels`), layer decay's stem (`vit.layer_id`, `cait.layer_id`, `gpt.layer_id`),
 `init_from`'s position-table resize (`pretrained`) and the MAE -> classifier renames
-(`trainers/supervised.init_from_rename`), the official converters' position tables.
+(`trainers/warm_start.classifier_rename`), the official converters' position tables.
 `models.describe(config.model).role_of(path)` answers for one family, `models.role_table(model)`
 gives a built model's table, `models.role_of(path)` answers for a path of any model here (a
 family, MAE's decoder, DINO's head).

@@ -4,6 +4,7 @@ the devices. None of the functions changes its arguments. The rest of a trainer'
 pieces each have their own home:
 
     skipless_jax/pretrained.py       restore precedence, saved-config check, init_from
+    trainers/warm_start.py           the init_from loader, the classifier's renames
     skipless_jax/data/device_input   host batches -> global device batches, prefetched
     trainers/nonfinite.py            the non-finite guard (in the step) and its host side
     trainers/workdir.py              open_workdir: a finished run's final metrics, the resumed history
@@ -32,14 +33,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 from absl import logging
 from flax import struct
 
-from skipless_jax import checkpoint, distributed, pretrained, sharding
+from skipless_jax import distributed, sharding
 from skipless_jax.data import device_input
-from skipless_jax.trainers import model_ema
 from skipless_jax.trainers.nonfinite import Nonfinite
 
 
@@ -74,37 +73,6 @@ def setup(
     if jax.process_index() != 0:
         logging.set_verbosity(logging.WARNING)
     return mesh
-
-
-def init_from_loader(
-    config: ml_collections.ConfigDict,
-    tx: Any,
-    shardings: Any,
-    rename: Callable[[str], Any] | None = None,
-) -> Callable[[Any], Any]:
-    """`pretrained.restore_or_init`'s `load_init_from` for every trainer: the parameters of
-    `config.init_from` under `config.init_from_key` (default 'params'; `rename(key)` gives the
-    trainer's renames, if any), a fresh optimizer state for them, and each entry of the state that
-    starts from the model: the source's running statistics where both keep them, the model EMA,
-    DINO's teacher (= the student)."""
-
-    def load(state: Any) -> Any:  # a new state; `state` is not changed
-        key = config.get("init_from_key") or "params"
-        names = None if rename is None else rename(key)
-        params = pretrained.init_from(config.init_from, state.params, shardings.params, key, names)
-        state = state.replace(params=params,
-                              opt_state=jax.jit(tx.init, out_shardings=shardings.opt_state)(params))
-        if present(state, "batch_stats") and "batch_stats" in checkpoint.state_entries(config.init_from):
-            # running statistics: the source's (a converted timm ConvMixer, another run), else fresh
-            state = state.replace(batch_stats=pretrained.init_from(
-                config.init_from, state.batch_stats, shardings.batch_stats, "batch_stats"))
-        if present(state, "ema"):  # the EMA starts from the loaded model
-            state = state.replace(ema=jax.jit(model_ema.init, out_shardings=shardings.ema)(state))
-        if present(state, "teacher"):  # DINO: teacher = student at the start
-            state = state.replace(teacher=jax.tree.map(jnp.copy, state.params))
-        return state
-
-    return load
 
 
 def train_steps(config: ml_collections.ConfigDict, steps_per_epoch: float) -> tuple[int, int]:

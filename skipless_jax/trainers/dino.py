@@ -31,7 +31,7 @@ from skipless_jax.data import device_images, inputs, multicrop, sources
 from skipless_jax.models import dino_head, flops, roles
 from skipless_jax.models.common import layer_ndim
 from skipless_jax.optim import OPTIMIZERS
-from skipless_jax.trainers import common, image_geometry, image_trainer, loop, model_ema, nonfinite, perf
+from skipless_jax.trainers import common, image_geometry, image_trainer, loop, model_ema, nonfinite, perf, warm_start
 from skipless_jax.trainers.workdir import open_workdir
 
 EVALUATOR_TYPES = ("knn", "linear_probe", "tokencut", "linear_segmentation", "feature_pca", "fewshot", "dino_linear")
@@ -529,7 +529,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     if finished is not None:
         return finished
 
-    load_init_from = common.init_from_loader(
+    load_init_from = warm_start.loader(
         config, tx, shardings, lambda key: init_from_rename(checkpoint.param_shapes(config.init_from, key)))
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
                                        load_init_from=load_init_from)

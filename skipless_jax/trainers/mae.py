@@ -8,7 +8,7 @@ decoder and the loss are `config.mae`. Evaluators (kNN, linear probe) read the e
 token through a `vit.ViT` view of the same parameters (the names are the ViT's). At every
 evaluation and at the end a picture of original / masked / reconstructed eval images is written
 to `<workdir>/reconstructions/`. Fine-tuning is the supervised trainer with `config.init_from`
-pointing at this run (the MAE → classifier mapping is `supervised.init_from_rename`).
+pointing at this run (the MAE → classifier mapping is `warm_start.classifier_rename`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from skipless_jax.models import flops, vit
 from skipless_jax.models import mae as mae_lib
 from skipless_jax.models.common import patchify, unpatchify
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, image_geometry, image_trainer, loop, nonfinite, perf
+from skipless_jax.trainers import common, image_geometry, image_trainer, loop, nonfinite, perf, warm_start
 from skipless_jax.trainers.workdir import open_workdir
 
 EVALUATOR_TYPES = ("knn", "linear_probe", "fewshot", "dino_linear")
@@ -278,7 +278,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
         return finished
 
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
-                                       load_init_from=common.init_from_loader(config, tx, shardings))
+                                       load_init_from=warm_start.loader(config, tx, shardings))
 
     # ---- The update step (state donated), the evaluators and the picture.
     train_step = jax.jit(make_train_step(model, tx, schedule, config), donate_argnums=0,

@@ -4,7 +4,7 @@ shardings → update step → checkpoint load → evaluators → the loop (train
     python -m skipless_jax.main --config=configs/quickstart.py --workdir=/tmp/quickstart
 
 `config.init_from` loads the parameters of another run (a supervised run, a DINO teacher with
-`config.init_from_key='teacher'`) whose names match after `init_from_rename`; the classifier
+`config.init_from_key='teacher'`) whose names match after `warm_start.classifier_rename`; the classifier
 head keeps its initialization when the source has none.
 """
 
@@ -22,9 +22,9 @@ from absl import logging
 
 from skipless_jax import checkpoint, evaluators, losses, models, pretrained, rng_streams, sharding, validate
 from skipless_jax.data import device_images, device_mix, inputs, sources
-from skipless_jax.models import flops, roles
+from skipless_jax.models import flops
 from skipless_jax.optim import build_optimizer
-from skipless_jax.trainers import common, image_geometry, image_trainer, loop, model_ema, nonfinite, perf
+from skipless_jax.trainers import common, image_geometry, image_trainer, loop, model_ema, nonfinite, perf, warm_start
 from skipless_jax.trainers.workdir import open_workdir
 
 EVALUATOR_TYPES = (
@@ -38,40 +38,6 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int | None = No
     evaluators.check_config(config, EVALUATOR_TYPES)
     model_ema.check_config(config)
     evaluators.check_data(config)
-
-
-HEAD_ROLES = (roles.HEAD_KERNEL, roles.HEAD_BIAS)  # a classifier's own: never read from another run
-
-
-def init_from_rename(key: str, source_config: dict[str, Any] | None = None) -> Any:
-    """Target parameter path -> its source in the checkpoint's `state[key]` (see `pretrained.init_from`).
-
-    'params' of a classifier run: the same names. 'teacher' (a DINO run): the backbone's
-    parameters under 'backbone/'; the classifier head is new. 'params' of an MAE run (the
-    source's saved `trainer`): the encoder's parameters by name, the decoder unused, `fc_norm` and
-    the head new, the position table the encoder's fixed table at its grid (docs/method/ssl.md §9).
-    The head and the position table are found by their roles (models/roles.py)."""
-    if key == "teacher":
-        return lambda name: None if models.role_of(name) in HEAD_ROLES else f"backbone/{name}"
-    if (source_config or {}).get("trainer") == "mae":
-        from skipless_jax.models import mae
-
-        source_model = source_config["model"]
-        source = models.describe(ml_collections.ConfigDict(source_model))
-        image_size = (source_config.get("input") or {}).get("image_size") or sources.dataset_info(
-            source_config["dataset"]["name"]).image_shape[0]
-        grid = image_size // source.patch_size
-
-        def rename(name: str) -> Any:
-            role = models.role_of(name)
-            if role in HEAD_ROLES or name.startswith("fc_norm/"):
-                return None
-            if role == roles.POSITION_TABLE:
-                return lambda shape: mae.encoder_position_table(grid, source.width, shape)
-            return name
-
-        return rename
-    return lambda name: name
 
 
 def make_init_state(model_config: ml_collections.ConfigDict, model: Any, tx: optax.GradientTransformation,
@@ -231,8 +197,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     if finished is not None:
         return finished
 
-    load_init_from = common.init_from_loader(
-        config, tx, shardings, lambda key: init_from_rename(key, checkpoint.saved_config(config.init_from)))
+    load_init_from = warm_start.loader(
+        config, tx, shardings, lambda key: warm_start.classifier_rename(key, checkpoint.saved_config(config.init_from)))
     state = pretrained.restore_or_init(config, workdir, mngr, init_state, rng, abstract_state, shardings,
                                        load_init_from=load_init_from)
 
