@@ -467,12 +467,19 @@ def init_state_fn(
     return init_state
 
 
-def initial_state(config: ml_collections.ConfigDict) -> Callable[[jax.Array], DinoState]:
-    """rng -> the fresh train state of `config`, as `train_and_evaluate` builds it."""
+def build(config: ml_collections.ConfigDict) -> tuple[Any, optax.GradientTransformation, Any,
+                                                       Callable[[jax.Array], DinoState]]:
+    """(model, optimizer, schedules, rng -> the fresh train state) of `config`."""
     sched = schedules_from_config(config, inputs.num_train_examples(config))
     size, channels = inputs.image_size(config), sources.dataset_info(config.dataset.name).image_shape[-1]
-    return init_state_fn(config.model, build_model(config), build_dino_optimizer(config, sched), sched,
-                         jnp.zeros((1, size, size, channels), jnp.float32), config.dino.out_dim)
+    model, tx = build_model(config), build_dino_optimizer(config, sched)
+    dummy = jnp.zeros((1, size, size, channels), jnp.float32)
+    return model, tx, sched, init_state_fn(config.model, model, tx, sched, dummy, config.dino.out_dim)
+
+
+def initial_state(config: ml_collections.ConfigDict) -> Callable[[jax.Array], DinoState]:
+    """rng -> the fresh train state of `config`, as `train_and_evaluate` builds it."""
+    return build(config)[3]
 
 
 # ----------------------------------------------------------------------------------------
@@ -510,16 +517,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, devices:
     saving when stopped by SIGTERM or a preemption notice.
     """
     mesh = common.setup(config, devices, check_config)
-    info = sources.dataset_info(config.dataset.name)
-    sched = schedules_from_config(config, inputs.num_train_examples(config))
-    total_steps = sched.total_steps
-    global_size = inputs.image_size(config)
 
     # ---- Model and optimizer, abstract first.
-    model = build_model(config)
-    tx = build_dino_optimizer(config, sched)
-    dummy = jnp.zeros((1, global_size, global_size, info.image_shape[-1]), jnp.float32)
-    init_state = init_state_fn(config.model, model, tx, sched, dummy, config.dino.out_dim)
+    model, tx, sched, init_state = build(config)
+    total_steps = sched.total_steps
     rng, abstract_state, shardings = common.abstract_state(init_state, config, mesh)
     logging.info("DINO: %s student parameters, %d steps (%d per epoch).",
                  f"{common.num_parameters(abstract_state.params):,}", total_steps, sched.steps_per_epoch)
