@@ -137,6 +137,12 @@ GRIDS = {
         f"skip_sab=True skip_ffn=True init=default opt=adamw depth=8,12 lr=3e-4,2e-3,4e-3,8e-3 val=True seed={_SEEDS}",
         f"skip_sab=True skip_ffn=True init=default opt=adamw depth=8,12 val=True seed={_SEEDS}",
     ],
+    # The fork_recipe cells whose lr chosen on validation is an end of its grid get the next value
+    # past that end (lrs in factors of 2), 5 seeds; `report` then chooses again. Depth 12, eigh
+    # every 100 steps chose 7.5e-4, the grid's lowest.
+    "fork_recipe_wider": [
+        f"{_SKIPLESS} init=skipless opt=shampoo_ec depth=12 init_source=fork pf=100 lr=3.75e-4 val=True seed={_SEEDS}",
+    ],
     # Seeds 5-9 on each committed cell whose trained count k/n (final train loss below
     # ½ ln 10) is strictly between 0 and n, in the folders of its grid (seeds 0-4 are committed):
     #   no skips, default init, AdamW, depth 8                    4/5  (quickstart_runs.csv)
