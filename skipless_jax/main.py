@@ -184,7 +184,8 @@ def train(module, config: ml_collections.ConfigDict) -> dict:
     from skipless_jax import checkpoint
     from skipless_jax.trainers.devices import DoesNotFit
     from skipless_jax.trainers.nonfinite import NonFiniteError
-    from skipless_jax.trainers.run import EXIT_INTERRUPTED, EXIT_PREEMPTED, Preempted
+    from skipless_jax.trainers.outcome import EXIT_INTERRUPTED, EXIT_PREEMPTED
+    from skipless_jax.trainers.run import Preempted
 
     try:
         metrics = module.train_and_evaluate(

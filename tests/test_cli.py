@@ -228,7 +228,8 @@ def test_allow_config_change_reaches_the_trainer(parsed, trainer, tmp_path):
 
 
 def test_preempted_run_exits_75_without_the_final_summary(parsed, trainer, tmp_path, capsys, caplog):
-    from skipless_jax.trainers.run import EXIT_PREEMPTED, Preempted
+    from skipless_jax.trainers.outcome import EXIT_PREEMPTED
+    from skipless_jax.trainers.run import Preempted
 
     trainer.outcome = Preempted(7)
     with pytest.raises(SystemExit) as exit_:

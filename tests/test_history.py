@@ -9,7 +9,8 @@ from pathlib import Path
 
 import ml_collections
 
-from skipless_jax.trainers.run import HISTORY, Run
+from skipless_jax.trainers.outcome import HISTORY
+from skipless_jax.trainers.run import Run
 
 
 class _Manager:  # what Run asks of an orbax CheckpointManager before it saves

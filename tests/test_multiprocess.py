@@ -15,7 +15,7 @@ import pytest
 
 from skipless_jax import checkpoint
 from skipless_jax.trainers import supervised
-from skipless_jax.trainers.run import EXIT_PREEMPTED
+from skipless_jax.trainers.outcome import EXIT_PREEMPTED
 
 import subprocess_runs as sr
 from util import tiny_config

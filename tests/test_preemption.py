@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from skipless_jax import checkpoint
-from skipless_jax.trainers.run import EXIT_PREEMPTED
+from skipless_jax.trainers.outcome import EXIT_PREEMPTED
 
 import subprocess_runs as sr
 

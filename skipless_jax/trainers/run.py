@@ -28,7 +28,7 @@ from skipless_jax import checkpoint
 from skipless_jax.nested import flatten
 from skipless_jax.trainers import perf, wandb_writer, writers
 from skipless_jax.trainers.nonfinite import NonFiniteError, all_finite, inexact_names, nonfinite_error
-from skipless_jax.trainers.outcome import EXIT_INTERRUPTED, EXIT_PREEMPTED, FINAL_METRICS, HISTORY  # noqa: F401
+from skipless_jax.trainers.outcome import FINAL_METRICS, HISTORY
 from skipless_jax.trainers.profiler import Profiler
 from skipless_jax.trainers.signals import SignalFlag, stop_rule
 from skipless_jax.trainers.workdir import resumed_core_hours, truncate_history
