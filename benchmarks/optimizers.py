@@ -25,6 +25,8 @@ amortized step ≤ 1.10× AdamW, compile ≤ 1.5× AdamW. The issue's size, with
         --output=benchmarks/results/optimizers_s16.json
 
 The step of the call that builds the preconditioner (eigh, once per run) is reported apart.
+`--step_scan` measures part 2 with the encoder scanned (`config.model.scan`): one stacked leaf per
+block parameter, so each optimizer's state has about 1/depth of the leaves.
 """
 
 from __future__ import annotations
@@ -164,15 +166,17 @@ def bench_update(variant: str, tx: optax.GradientTransformation, timing: bool, r
 
 
 def bench_train_step(variant: str, image_size: int, batch: int, repeats: int,
-                     frequencies: dict[str, int]) -> dict[str, Any]:
+                     frequencies: dict[str, int], scan: bool = False) -> dict[str, Any]:
     """The supervised trainer's own step (`supervised.make_train_step`, built as the trainer
     builds it by benchmarks/scaling.py) with the recipe's AdamW, SOAP and shampoo_ec, on random
-    data; `frequencies`: each optimizer's refresh period."""
+    data; `frequencies`: each optimizer's refresh period; `scan`: the encoder scanned
+    (`config.model.scan`, one stacked leaf per block parameter)."""
     images_labels = None
     runs: dict[str, dict[str, Any]] = {}
     for name in OPTIMIZERS:
         config = scaling.vit_config(variant, image_size, batch, opt=name)
         config.optimizer.weight_decay = 0.05
+        config.model.scan = scan
         if name != "adamw":
             config.optimizer.precondition_frequency = frequencies[name]
         program = scaling.supervised_program(config, {"data": 1}, num_classes=10, channels=3)
@@ -240,6 +244,7 @@ def main() -> None:
     parser.add_argument("--step_image_size", type=int, default=32)
     parser.add_argument("--step_batch", type=int, default=128)
     parser.add_argument("--step_repeats", type=int, default=3)
+    parser.add_argument("--step_scan", action="store_true", help="part 2 with the encoder scanned (config.model.scan)")
     parser.add_argument("--skip_step", action="store_true", help="skip part 2")
     parser.add_argument("--output", default="benchmarks/results/optimizers.json")
     args = parser.parse_args()
@@ -269,9 +274,9 @@ def main() -> None:
     step = None
     if not args.skip_step:
         step = bench_train_step(args.step_variant, args.step_image_size, args.step_batch,
-                                args.step_repeats, frequencies)
-        print(f"\nWhole train step, ViT-{args.step_variant} {args.step_image_size}px batch {args.step_batch} "
-              f"({device}):")
+                                args.step_repeats, frequencies, scan=args.step_scan)
+        print(f"\nWhole train step, ViT-{args.step_variant} {args.step_image_size}px batch {args.step_batch}"
+              f"{', scanned encoder' if args.step_scan else ''} ({device}):")
         print(f"{'opt':10} {'compile s':>9} {'ordinary ms':>11} {'refresh ms':>10} {'amortized ms':>12}")
         for name in OPTIMIZERS:
             s = step[name]
