@@ -40,7 +40,7 @@ def restore_from_path(path: str, abstract_state: Any) -> tuple[int, Any, dict[st
         args = save_restore.full_args(save_restore.entries(abstract_state))
         restored = mngr.restore(int(name), args=ocp.args.Composite(**args))
         mngr.close()
-        error = save_restore.verify_full(int(name), restored)
+        error = save_restore.verify_restored(int(name), restored)
         if error is not None:
             raise CorruptCheckpointError(f"the checkpoint at {path} is unusable: {error}")
         return int(name), save_restore.like(restored[STATE], abstract_state), integrity.split_meta(restored[META])[0]
@@ -70,12 +70,9 @@ def restore_params(path: str, abstract_params: Any, key: str = "params") -> tupl
         META: ocp.args.JsonRestore(),
     }
 
-    def verify_params(step: int, restored: Any) -> str | None:
-        return integrity.verify(step, restored[STATE], integrity.split_meta(restored[META])[1])
-
     skipped = []
     for step in sorted(mngr.all_steps(), reverse=True):
-        error, restored = save_restore.restore_verified(mngr, step, args, verify_params)
+        error, restored = save_restore.restore_verified(mngr, step, args, save_restore.verify_restored)
         if error is not None:
             logging.error("Checkpoint at step %d is unreadable (%s); trying the previous one.", step, error)
             skipped.append(step)
@@ -110,7 +107,7 @@ def load_raw(workdir: str, step: int | None = None, verify: bool = True) -> tupl
     restored = mngr.restore(step, args=ocp.args.Composite(**items))
     mngr.close()
     if verify:
-        error = save_restore.verify_full(step, restored)
+        error = save_restore.verify_restored(step, restored)
         if error is not None:
             raise CorruptCheckpointError(f"the checkpoint of step {step} in {workdir} is unusable: {error}")
     return step, restored[STATE]

@@ -151,7 +151,8 @@ def full_args(abstract_state: Any) -> dict[str, Any]:
     return {STATE: ocp.args.StandardRestore(abstract_state), META: ocp.args.JsonRestore()}
 
 
-def verify_full(step: int, restored: Any) -> str | None:
+def verify_restored(step: int, restored: Any) -> str | None:
+    """`integrity.verify` of a restore's {STATE: the (whole or partial) state, META: meta}."""
     return integrity.verify(step, restored[STATE], integrity.split_meta(restored[META])[1])
 
 
@@ -171,7 +172,7 @@ def restore_latest(
     skipped, target = [], entries(abstract_state)
     for step in sorted(mngr.all_steps(), reverse=True):
         _check_compatible(mngr, step, target)
-        error, restored = restore_verified(mngr, step, full_args(target), verify_full)
+        error, restored = restore_verified(mngr, step, full_args(target), verify_restored)
         if error is None:
             if skipped:
                 logging.warning(
